@@ -1,0 +1,119 @@
+"""The rule catalogue: one literal table.  Codes are stable forever.
+
+Docs and ``ckpt-guard rules`` are generated from this table; a test checks the
+README lists every code.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from guard.findings import Finding, Severity
+
+
+class Rule(NamedTuple):
+    code: str
+    name: str
+    severity: Severity
+    needs: str  # "headers" | "values" | "conversion" | "hub"
+    summary: str
+    example: str
+    fix: str
+
+
+E, W, N = Severity.error, Severity.warning, Severity.note
+
+RULES: tuple[Rule, ...] = (
+    Rule("CG001", "unreadable-checkpoint", E, "headers",
+         "The file cannot be parsed as the checkpoint format its name or magic bytes claim.",
+         "model.safetensors whose header length is 2^40, or a .bin zip without data.pkl.",
+         "Re-export the checkpoint; check the upload or download was not truncated."),
+    Rule("CG002", "lfs-pointer", E, "headers",
+         "A Git LFS pointer file stands where weights should be.",
+         "model.safetensors is 134 bytes starting with 'version https://git-lfs.github.com/spec/v1'.",
+         "Set `lfs: true` on actions/checkout, or run `git lfs pull` before scanning."),
+    Rule("CG003", "unsafe-pickle", E, "headers",
+         "A pickle references a global outside the tensor allowlist; it was never imported or called.",
+         "pytorch_model.bin whose data.pkl calls `os.system` through a REDUCE opcode.",
+         "Do not load the file. Re-export the weights as safetensors from a trusted source."),
+    Rule("CG004", "shard-index-mismatch", E, "headers",
+         "A shard index and its shards disagree: missing shards or tensors, or tensors the index does not list.",
+         "model.safetensors.index.json maps `lm_head.weight` to a shard that does not contain it.",
+         "Regenerate the index with save_pretrained, or upload the missing shard."),
+    Rule("CG005", "unknown-dtype", W, "headers",
+         "A tensor declares a dtype this tool does not know; it is reported once per file.",
+         "A safetensors header with `\"dtype\": \"Q4_K\"`.",
+         "Use a dtype safetensors defines, or ignore CG005 for this file with per-file-ignores."),
+    Rule("CG101", "unexpected-dtype", E, "headers",
+         "Floating tensors are not in the expected dtype (default fp32; see --expect).",
+         "--expect fp32 and a model whose decoder weights are F16.",
+         "Cast the checkpoint (`ckpt-guard convert --dtype fp32`), or set `expect` to what you mean."),
+    Rule("CG102", "mixed-float-dtypes", E, "headers",
+         "More than one floating dtype within one model, beyond the allowed keep-fp32 patterns. "
+         "Integer and bool tensors never count.",
+         "A BART whose encoder is F32 and decoder F16: Flax keeps both and optax fails on the mix.",
+         "Convert to one dtype (`ckpt-guard convert --dtype fp32`), or list deliberate fp32 "
+         "tensors with --keep-fp32 '*norm*'."),
+    Rule("CG103", "config-dtype-mismatch", W, "headers",
+         "config.json's torch_dtype / dtype (nested configs too) disagrees with the weights.",
+         "config.json says \"torch_dtype\": \"bfloat16\" while every floating tensor is F32.",
+         "Set the config dtype to what the weights hold, or cast the weights."),
+    Rule("CG104", "low-precision-norm", N, "headers",
+         "Normalization parameters are stored in bf16/fp16; many recipes keep them in fp32.",
+         "model.layers.0.input_layernorm.weight is BF16.",
+         "Keep norms in fp32 (`convert --dtype bf16 --keep-fp32 '*norm*'`) or ignore CG104."),
+    Rule("CG105", "float64-weights", W, "headers",
+         "Floating weights in F64: twice the size of fp32, and JAX silently narrows them.",
+         "A checkpoint saved from numpy float64 arrays.",
+         "Cast to fp32 before publishing (`ckpt-guard convert --dtype fp32`)."),
+    Rule("CG106", "dtype-unsupported-by-target", W, "headers",
+         "A conversion target cannot hold a dtype as-is: BF16/F8 through plain numpy, "
+         "F64/I64/U64 under JAX's default 32-bit mode, dtypes torch lacks.",
+         "An I64 buffer bound for Flax becomes I32 unless jax_enable_x64 is set.",
+         "Convert with ckpt-guard (bit views via ml_dtypes), or drop the target with --target."),
+    Rule("CG201", "fp16-overflow", E, "values",
+         "Values beyond ±65504 become inf when cast to fp16.",
+         "An fp32 embedding with max |x| = 1.2e5 and --target torch:fp16.",
+         "Keep the tensor in fp32/bf16, or rescale before casting."),
+    Rule("CG202", "fp16-underflow", W, "values",
+         "Non-zero values that flush to zero or lose precision in fp16 (|x| < 2^-14).",
+         "Weights of magnitude 1e-8 that become 0 in fp16.",
+         "Use bf16 instead of fp16, or keep the tensor in fp32."),
+    Rule("CG203", "non-finite-values", E, "values",
+         "NaN or Inf values in the weights.",
+         "A diverged fine-tune saved with NaN in a layer norm.",
+         "Re-export from a healthy checkpoint."),
+    Rule("CG204", "lossy-downcast", N, "values",
+         "The rounding error of casting to the requested narrower dtype.",
+         "fp32 weights cast to bf16: max relative error 3.9e-3.",
+         "Informational; keep sensitive tensors in fp32 with --keep-fp32."),
+    Rule("CG301", "roundtrip-not-exact", E, "conversion",
+         "A same-dtype conversion changed tensor bytes.",
+         "A bf16 tensor that went through an fp32 bridge and lost its NaN payload.",
+         "Report a bug; ckpt-guard conversions are bit-exact by design."),
+    Rule("CG302", "parity-failed", E, "conversion",
+         "PyTorch and Flax outputs differ beyond the dtype's tolerance.",
+         "max |Δ| / max |ref| = 0.3 on BART logits after conversion.",
+         "Check GELU approximation, LayerNorm eps and kernel layout; compare in fp32 first."),
+    Rule("CG303", "parity-unavailable", N, "conversion",
+         "transformers has no paired PyTorch/Flax architecture for this model_type.",
+         "model_type 'mamba' has no Flax class in transformers 4.x.",
+         "Informational: the weights were converted but outputs could not be compared."),
+    Rule("CG304", "key-or-shape-mismatch", E, "conversion",
+         "Tensors missing, unexpected, or of the wrong shape for the target architecture.",
+         "decoder.layers.3.fc1.weight has no place in the Flax parameter tree.",
+         "Check the config matches the weights; never load with missing keys left random."),
+    Rule("CG401", "not-scannable-remotely", N, "hub",
+         "A Hub file could not be scanned through ranged reads.",
+         "A legacy pickle larger than the remote read budget.",
+         "Scan the file locally after download."),
+)
+
+RULES_BY_CODE: dict[str, Rule] = {rule.code: rule for rule in RULES}
+
+
+def make_finding(
+    code: str, path: str, message: str, *, tensor: str | None = None, line: int | None = None
+) -> Finding:
+    """A Finding with the rule's default severity (policy may change it later)."""
+    return Finding(code, RULES_BY_CODE[code].severity, path, message, tensor, line)

@@ -1,0 +1,58 @@
+"""Severity and the immutable Finding record."""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+
+class Severity(str, enum.Enum):
+    """SARIF's words; the GitHub reporter alone maps note -> notice."""
+
+    error = "error"
+    warning = "warning"
+    note = "note"
+
+    @property
+    def rank(self) -> int:
+        return {"error": 3, "warning": 2, "note": 1}[self.value]
+
+
+FAIL_ON_CHOICES = ("error", "warning", "note", "never")
+
+
+def fail_threshold(fail_on: str) -> int:
+    """Minimum severity rank that fails the run; 4 (unreachable) for ``never``."""
+    return {"error": 3, "warning": 2, "note": 1, "never": 4}[fail_on]
+
+
+class Finding(NamedTuple):
+    code: str
+    severity: Severity
+    path: str
+    message: str
+    tensor: str | None = None
+    line: int | None = None  # 1-based line inside a JSON file (index, config.json)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "path": self.path,
+            "tensor": self.tensor,
+            "message": self.message,
+            "line": self.line,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, object]) -> Finding:
+        line = obj.get("line")
+        tensor = obj.get("tensor")
+        return cls(
+            code=str(obj["code"]),
+            severity=Severity(str(obj["severity"])),
+            path=str(obj["path"]),
+            message=str(obj["message"]),
+            tensor=None if tensor is None else str(tensor),
+            line=line if isinstance(line, int) else None,
+        )

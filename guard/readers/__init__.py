@@ -1,0 +1,93 @@
+"""Reader registry and the dispatcher that turns any parse failure into CG001."""
+
+from __future__ import annotations
+
+import struct
+import zipfile
+from collections.abc import Callable
+
+from guard.catalogue import make_finding
+from guard.errors import MalformedCheckpoint
+from guard.readers.flax_msgpack import read_flax_msgpack
+from guard.readers.lfs import is_lfs_pointer, read_lfs_pointer
+from guard.readers.safetensors import read_safetensors
+from guard.readers.torch_legacy import read_torch_legacy
+from guard.readers.torch_zip import read_torch_zip
+from guard.sources import ByteSource
+from guard.tensors import FileScan
+
+Reader = Callable[[ByteSource], FileScan]
+
+READERS: dict[str, Reader] = {
+    "safetensors": read_safetensors,
+    "torch-zip": read_torch_zip,
+    "torch-legacy": read_torch_legacy,
+    "flax-msgpack": read_flax_msgpack,
+    "lfs-pointer": read_lfs_pointer,
+}
+
+# Failures a reader may hit on hostile bytes; every one becomes CG001, never a traceback.
+READ_FAILURES: tuple[type[BaseException], ...] = (
+    MalformedCheckpoint,
+    ValueError,  # includes UnicodeDecodeError and json.JSONDecodeError
+    struct.error,
+    zipfile.BadZipFile,
+    RecursionError,
+    OverflowError,
+    EOFError,
+    IndexError,
+    KeyError,
+    TypeError,
+)
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_LEGACY_MAGIC = bytes.fromhex("80028a0a6cfc9c46f9206aa850192e")
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack")
+
+
+def sniff_format(source: ByteSource) -> str | None:
+    """The format of a file from its first bytes (and its name as a tie-break)."""
+    head = source.read_at(0, min(source.size, 64))
+    if is_lfs_pointer(head):
+        return "lfs-pointer"
+    if head.startswith(_ZIP_MAGIC) or (source.size == 22 and head.startswith(b"PK\x05\x06")):
+        return "torch-zip"
+    if head.startswith(_LEGACY_MAGIC):
+        return "torch-legacy"
+    name = source.name.lower()
+    if name.endswith(".msgpack"):
+        return "flax-msgpack"
+    if name.endswith(".safetensors"):
+        return "safetensors"
+    if len(head) >= 9 and head[8:9] == b"{":
+        return "safetensors"
+    return None
+
+
+def scan_file(source: ByteSource) -> FileScan:
+    """Read one checkpoint file's headers.  Never raises for a problem in the file."""
+    try:
+        fmt = sniff_format(source)
+        if fmt is None:
+            raise MalformedCheckpoint("not a safetensors, torch, flax msgpack or LFS pointer file")
+        return READERS[fmt](source)
+    except READ_FAILURES as exc:
+        return unreadable(source, exc)
+
+
+def unreadable(source: ByteSource, exc: BaseException | str) -> FileScan:
+    reason = exc if isinstance(exc, str) else _describe(exc)
+    finding = make_finding("CG001", source.name, f"unreadable checkpoint: {reason}")
+    return FileScan(
+        path=source.name, format=None, size=source.size, findings=(finding,),
+        bytes_read=getattr(source, "bytes_read", 0),
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "structure nested too deeply"
+    text = str(exc) or type(exc).__name__
+    text = text.splitlines()[0] if text.strip() else type(exc).__name__
+    return text[:300]

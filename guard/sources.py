@@ -1,0 +1,70 @@
+"""ByteSource: the only way readers touch bytes, local or remote."""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+from guard.errors import MalformedCheckpoint
+
+
+class ByteSource(Protocol):
+    name: str  # display path, used in findings
+    size: int
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Return exactly ``size`` bytes at ``offset``, or raise MalformedCheckpoint."""
+        ...
+
+
+class LocalFile:
+    """A local file read with pread; counts the bytes it read (for the benchmarks)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        self.path = os.fspath(path)
+        self.name = name if name is not None else self.path
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        self.size = os.fstat(self._fd).st_size
+        self.bytes_read = 0
+        self.reads = 0
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise MalformedCheckpoint(
+                f"read of {size} bytes at offset {offset} runs past the end of the file ({self.size} bytes)"
+            )
+        data = os.pread(self._fd, size, offset)
+        self.bytes_read += len(data)
+        self.reads += 1
+        if len(data) != size:
+            raise MalformedCheckpoint(f"short read at offset {offset}: file changed while reading?")
+        return data
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> LocalFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BytesSource:
+    """An in-memory source: tests, fuzzing, and small files fetched whole."""
+
+    def __init__(self, data: bytes, *, name: str = "<bytes>") -> None:
+        self._data = data
+        self.name = name
+        self.size = len(data)
+        self.bytes_read = 0
+        self.reads = 0
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise MalformedCheckpoint(
+                f"read of {size} bytes at offset {offset} runs past the end of the file ({self.size} bytes)"
+            )
+        self.bytes_read += size
+        self.reads += 1
+        return self._data[offset : offset + size]

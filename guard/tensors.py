@@ -1,0 +1,54 @@
+"""What a reader learns about a checkpoint file from its headers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+from guard import dtypes
+from guard.findings import Finding
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor, from headers only.
+
+    ``data_start``/``data_end`` are absolute byte offsets of the tensor's bytes in
+    its file (None where the format does not place them: e.g. a chunked flax
+    array).  ``stride`` is in elements and None for C-contiguous data;
+    ``storage`` names a shared torch storage (views and tied weights share one).
+    """
+
+    name: str
+    dtype: str  # a safetensors code, or the raw string for an unknown dtype (CG005)
+    shape: tuple[int, ...]
+    file: str
+    data_start: int | None = None
+    data_end: int | None = None
+    stride: tuple[int, ...] | None = None
+    storage: str | None = None
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def nbytes(self) -> int | None:
+        return dtypes.nbytes(self.dtype, self.numel)
+
+
+# Formats a reader may report.
+FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer")
+
+
+@dataclass(frozen=True, slots=True)
+class FileScan:
+    """A reader's result for one file: tensors plus findings in the file itself."""
+
+    path: str
+    format: str | None  # one of FORMATS; None when unreadable
+    size: int
+    tensors: tuple[TensorInfo, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    metadata: dict[str, str] = field(default_factory=dict)
+    bytes_read: int = 0
