@@ -1,0 +1,214 @@
+"""Policy: what a scan expects.  From pyproject.toml / .ckpt-guard.toml; CLI flags win."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from guard import dtypes
+from guard.catalogue import RULES_BY_CODE
+from guard.errors import ConfigError
+from guard.findings import FAIL_ON_CHOICES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+EXPECT_MODES = ("uniform", "config")
+DEFAULT_KEEP_FP32 = ("*norm*", "*ln_*")  # layer/RMS norms (LayerNorm, layer_norm, ln_f, ln_1, ...)
+NORM_PATTERNS = DEFAULT_KEEP_FP32
+TARGET_FRAMEWORKS = ("torch", "flax", "jax", "numpy")
+CONFIG_FILES = (".ckpt-guard.toml", "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class Target:
+    framework: str  # torch | flax | jax | numpy
+    dtype: str | None = None  # a cast target such as F16 (torch:fp16)
+
+    def __str__(self) -> str:
+        return self.framework + (f":{dtypes.display_name(self.dtype)}" if self.dtype else "")
+
+
+@dataclass(frozen=True)
+class Policy:
+    expect: str = "F32"  # a dtype code, "uniform" or "config"
+    keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32
+    targets: tuple[Target, ...] = (Target("torch"), Target("flax"))
+    select: tuple[str, ...] = ("CG",)
+    extend_select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    fail_on: str = "error"
+    source: str | None = None  # the config file it came from
+
+    def keeps_fp32(self, tensor: str) -> bool:
+        lowered = tensor.lower()
+        return any(fnmatch.fnmatchcase(lowered, pattern.lower()) for pattern in self.keep_fp32)
+
+    def is_enabled(self, code: str, path: str | None = None) -> bool:
+        """Longest matching prefix wins between select/extend-select and ignore."""
+        best_select = max((len(p) for p in self.select + self.extend_select if code.startswith(p)), default=-1)
+        ignores = list(self.ignore)
+        if path is not None:
+            for pattern, codes in self.per_file_ignores:
+                if fnmatch.fnmatch(path, pattern) or fnmatch.fnmatch(os.path.basename(path), pattern):
+                    ignores.extend(codes)
+        best_ignore = max((len(p) for p in ignores if code.startswith(p)), default=-1)
+        return best_select > best_ignore
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "expect": self.expect if self.expect in EXPECT_MODES else dtypes.display_name(self.expect),
+            "keep_fp32": list(self.keep_fp32),
+            "targets": [str(t) for t in self.targets],
+            "select": list(self.select),
+            "extend_select": list(self.extend_select),
+            "ignore": list(self.ignore),
+            "per_file_ignores": {p: list(c) for p, c in self.per_file_ignores},
+            "fail_on": self.fail_on,
+            "config_file": self.source,
+        }
+
+
+def parse_expect(value: str) -> str:
+    if value in EXPECT_MODES:
+        return value
+    code = dtypes.parse_dtype_name(value)
+    if code is None or not dtypes.is_float(code):
+        raise ConfigError(f"expect: {value!r} is not fp32, bf16, fp16, uniform or config")
+    return code
+
+
+def parse_target(value: str) -> Target:
+    framework, _, dtype = value.partition(":")
+    framework = framework.strip().lower()
+    if framework not in TARGET_FRAMEWORKS:
+        raise ConfigError(f"target: {value!r}: framework must be one of {', '.join(TARGET_FRAMEWORKS)}")
+    code = None
+    if dtype:
+        code = dtypes.parse_dtype_name(dtype)
+        if code is None:
+            raise ConfigError(f"target: {value!r}: unknown dtype {dtype!r}")
+    return Target(framework, code)
+
+
+def parse_codes(values: list[str] | tuple[str, ...], *, key: str) -> tuple[str, ...]:
+    out: list[str] = []
+    for value in values:
+        for part in str(value).split(","):
+            part = part.strip().upper()
+            if not part:
+                continue
+            if part == "ALL":
+                part = "CG"
+            if not part.startswith("CG") or not any(code.startswith(part) for code in RULES_BY_CODE):
+                raise ConfigError(f"{key}: {part!r} matches no rule code")
+            out.append(part)
+    return tuple(out)
+
+
+def parse_fail_on(value: str) -> str:
+    if value not in FAIL_ON_CHOICES:
+        raise ConfigError(f"fail-on: {value!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
+    return value
+
+
+# ---------------------------------------------------------------- files
+
+_KEYS = {"expect", "keep-fp32", "targets", "select", "extend-select", "ignore", "per-file-ignores", "fail-on"}
+
+
+def find_config_file(start: Path | None = None) -> Path | None:
+    """The nearest .ckpt-guard.toml, or pyproject.toml with [tool.ckpt-guard], upwards from start."""
+    current = (start or Path.cwd()).resolve()
+    for directory in (current, *current.parents):
+        for name in CONFIG_FILES:
+            candidate = directory / name
+            if candidate.is_file() and (name != "pyproject.toml" or _has_tool_table(candidate)):
+                return candidate
+        if (directory / ".git").exists():
+            break
+    return None
+
+
+def _has_tool_table(path: Path) -> bool:
+    try:
+        return "ckpt-guard" in _load_toml(path).get("tool", {})
+    except ConfigError:
+        return False
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+
+
+def load_config(path: Path | None) -> dict[str, Any]:
+    """The raw [tool.ckpt-guard] table (or a .ckpt-guard.toml's top level), keys normalised."""
+    if path is None:
+        return {}
+    data = _load_toml(path)
+    if path.name == "pyproject.toml" or "tool" in data:
+        data = data.get("tool", {}).get("ckpt-guard", {})
+    table = {key.replace("_", "-"): value for key, value in data.items()}
+    unknown = sorted(set(table) - _KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_KEYS))}")
+    return table
+
+
+def build_policy(
+    table: dict[str, Any], *, source: str | None = None, overrides: dict[str, Any] | None = None
+) -> Policy:
+    """Policy from a config table, then CLI overrides (None / empty = not given)."""
+    merged = dict(table)
+    for key, value in (overrides or {}).items():
+        if value is not None and value != ():
+            merged[key] = value
+    policy = Policy(source=source)
+    try:
+        if "expect" in merged:
+            policy = replace(policy, expect=parse_expect(str(merged["expect"])))
+        if "keep-fp32" in merged:
+            extra = tuple(str(p) for p in _as_list(merged["keep-fp32"], "keep-fp32"))
+            policy = replace(policy, keep_fp32=DEFAULT_KEEP_FP32 + extra)
+        if "targets" in merged:
+            targets = tuple(parse_target(str(t)) for t in _as_list(merged["targets"], "targets"))
+            policy = replace(policy, targets=targets)
+        for key in ("select", "extend-select", "ignore"):
+            if key in merged:
+                codes = parse_codes(_as_list(merged[key], key), key=key)
+                policy = replace(policy, **{key.replace("-", "_"): codes})
+        if "per-file-ignores" in merged:
+            value = merged["per-file-ignores"]
+            if not isinstance(value, dict):
+                raise ConfigError("per-file-ignores: expected a table of glob = [codes]")
+            pairs = tuple(
+                (str(glob), parse_codes(_as_list(codes, "per-file-ignores"), key="per-file-ignores"))
+                for glob, codes in value.items()
+            )
+            policy = replace(policy, per_file_ignores=pairs)
+        if "fail-on" in merged:
+            policy = replace(policy, fail_on=parse_fail_on(str(merged["fail-on"])))
+    except TypeError as exc:  # wrong TOML types
+        raise ConfigError(f"{source or 'config'}: {exc}") from None
+    return policy
+
+
+def _as_list(value: Any, key: str) -> list[Any]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise ConfigError(f"{key}: expected a string or a list of strings, got {type(value).__name__}")

@@ -1,0 +1,1 @@
+"""Hugging Face Hub gate: remote scans, gated uploads, a webhook reviewer."""

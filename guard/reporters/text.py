@@ -1,0 +1,71 @@
+"""--format text: readable on a terminal, colour only when asked (a TTY)."""
+
+from __future__ import annotations
+
+from guard.dtypes import display_name
+from guard.findings import Severity
+from guard.report import Report
+from guard.reporters.inert import inert_text
+
+_COLORS = {Severity.error: "31", Severity.warning: "33", Severity.note: "36"}
+
+
+def _paint(text: str, code: str, color: bool) -> str:
+    return f"\x1b[{code}m{text}\x1b[0m" if color else text
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def human_count(n: float) -> str:
+    for unit in ("", "K", "M", "B"):
+        if abs(n) < 1000 or unit == "B":
+            return f"{n:.0f}" if unit == "" else f"{n:.1f}{unit}"
+        n /= 1000
+    return f"{n:.1f}B"
+
+
+def render_text(report: Report, *, color: bool = False) -> str:
+    lines: list[str] = []
+    for model in report.models:
+        head = f"{inert_text(model.path)}  ({len(model.files)} file(s)"
+        if model.config_dtype:
+            head += f", config dtype {inert_text(model.config_dtype)}"
+        if model.quantization:
+            head += f", quantized: {inert_text(model.quantization)}"
+        lines.append(_paint(head + ")", "1", color))
+        total = model.parameters or 1
+        lines.append(f"  {'dtype':<12}{'tensors':>9}{'parameters':>14}{'share':>8}{'bytes':>12}")
+        for code, stats in model.dtypes.items():
+            lines.append(
+                f"  {inert_text(display_name(code), limit=12):<12}{stats.tensors:>9}"
+                f"{human_count(stats.parameters):>14}{stats.parameters / total:>8.1%}"
+                f"{human_bytes(stats.bytes):>12}"
+            )
+        lines.append("")
+    for finding in report.sorted_findings():
+        where = inert_text(finding.path)
+        if finding.line:
+            where += f":{finding.line}"
+        sev = _paint(finding.severity.value, _COLORS[finding.severity], color)
+        lines.append(f"{where}: {finding.code} [{sev}] {inert_text(finding.message, limit=600)}")
+    if report.findings:
+        lines.append("")
+    counts = report.counts()
+    files = sum(len(m.files) for m in report.models)
+    unreadable = sum(1 for m in report.models for f in m.files if f.format is None)
+    verdict = "FAILED" if report.failed else "passed"
+    verdict = _paint(verdict, "31" if report.failed else "32", color)
+    lines.append(
+        f"ckpt-guard: {verdict}: {len(report.models)} model(s), {files} file(s) scanned"
+        f" ({unreadable} unreadable); {counts['error']} error(s), {counts['warning']} warning(s), "
+        f"{counts['note']} note(s) (fail-on: {report.fail_on})"
+    )
+    if not report.models:
+        lines.append("ckpt-guard: no checkpoint files found")
+    return "\n".join(lines) + "\n"

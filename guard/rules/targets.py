@@ -1,0 +1,49 @@
+"""CG106: dtypes a conversion target cannot hold as-is."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from guard.catalogue import make_finding
+from guard.config import Policy
+from guard.dtypes import display_name as dn
+from guard.findings import Finding
+from guard.inventory import ModelInventory
+
+_NEEDS_ML_DTYPES = {"BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0",
+                    "F6_E2M3", "F6_E3M2", "F4"}
+
+# framework -> {code: why}
+UNSUPPORTED: dict[str, dict[str, str]] = {
+    "numpy": {code: "plain numpy has no such dtype (it needs ml_dtypes)" for code in _NEEDS_ML_DTYPES},
+    "jax": {
+        "F64": "becomes fp32 under JAX's default 32-bit mode (jax_enable_x64 off)",
+        "I64": "becomes int32 under JAX's default 32-bit mode (jax_enable_x64 off)",
+        "U64": "becomes uint32 under JAX's default 32-bit mode (jax_enable_x64 off)",
+    },
+    "torch": {
+        "F6_E2M3": "torch has no float6 dtype",
+        "F6_E3M2": "torch has no float6 dtype",
+        "U16": "torch before 2.3 has no uint16, and few ops support it",
+        "U32": "torch before 2.3 has no uint32, and few ops support it",
+        "U64": "torch before 2.3 has no uint64, and few ops support it",
+    },
+}
+UNSUPPORTED["flax"] = UNSUPPORTED["jax"]
+
+
+def check_target_support(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
+    for target in policy.targets:
+        table = UNSUPPORTED.get(target.framework, {})
+        groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for tensor in inv.tensors:
+            if tensor.dtype in table:
+                groups[(tensor.file, tensor.dtype)].append(tensor.name)
+        for (file, code), names in sorted(groups.items()):
+            yield make_finding(
+                "CG106", file,
+                f"target {target.framework}: {len(names)} {dn(code)} tensor(s) {table[code]}; "
+                f"e.g. {names[0]!r}",
+                tensor=names[0],
+            )
