@@ -136,7 +136,8 @@ def rules(code: str | None, fmt: str) -> int:
     elif fmt == "markdown":
         click.echo("| code | name | default | needs | summary |\n|---|---|---|---|---|")
         for r in selected:
-            click.echo(f"| {r.code} | {r.name} | {r.severity.value} | {r.needs} | {r.summary} |")
+            summary = r.summary.replace("|", "\\|")
+            click.echo(f"| {r.code} | {r.name} | {r.severity.value} | {r.needs} | {summary} |")
     elif code is None:
         for r in selected:
             click.echo(f"{r.code}  {r.name:<28} {r.severity.value:<8} {r.summary}")

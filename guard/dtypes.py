@@ -43,6 +43,11 @@ DTYPES: dict[str, DtypeInfo] = {
     "F4": DtypeInfo("F4", 4, "float", "float4_e2m1fn_x2", "float4_e2m1fn"),
 }
 
+# Low-precision codes used by quantized checkpoints (payloads and block scales).
+QUANTIZED_CODES = frozenset(
+    {"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"}
+)
+
 # Short names users type (--expect, --dtype, config.json values) -> code.
 DTYPE_ALIASES: dict[str, str] = {
     "fp32": "F32", "float32": "F32", "float": "F32", "f32": "F32",

@@ -99,7 +99,7 @@ class ModelInventory:
             method = self.config["quantization_config"].get("quant_method", "quantized")
             return str(method)
         codes = {t.dtype for t in self.tensors}
-        low = sorted(c for c in codes if c.startswith(("F8", "F6", "F4")))
+        low = sorted(codes & dtypes.QUANTIZED_CODES)
         if low:
             return "+".join(dtypes.display_name(c) for c in low)
         return None

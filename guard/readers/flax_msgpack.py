@@ -9,12 +9,15 @@ There is no index, so we read every token but never a payload: the cursor reads
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from math import prod
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
+from guard.findings import Finding
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 
@@ -24,6 +27,7 @@ MAX_KEY_BYTES = 64 * 1024
 MAX_RANK = 64  # numpy's limit
 CHUNKED_MARKER = "__msgpack_chunked_array__"
 EXT_NDARRAY, EXT_COMPLEX, EXT_NPSCALAR = 1, 2, 3
+T = TypeVar("T")
 
 # numpy dtype names with no safetensors code, for the payload size check (CG005 all the same).
 EXTRA_ITEMSIZES = {"complex128": 16, "complex256": 32, "float128": 16, "float8_e4m3": 1,
@@ -95,7 +99,7 @@ class _Cursor:
         return self.source.read_at(offset, n)
 
 
-def read_head(cur: _Cursor) -> _Head:
+def _read_head(cur: _Cursor) -> _Head:
     """One msgpack token's header; lengths are checked against the bytes left."""
     at = cur.pos
     marker = cur.take(1)[0]
@@ -139,7 +143,7 @@ def read_flax_msgpack(source: ByteSource) -> FileScan:
     if cur.remaining:
         raise MalformedCheckpoint(f"{cur.remaining:,} trailing bytes after the top-level map")
     unknown = sorted({t.dtype for t in tensors if t.dtype not in dtypes.DTYPES})
-    findings = ()
+    findings: tuple[Finding, ...] = ()
     if unknown:
         first = next(t.name for t in tensors if t.dtype in unknown)
         count = sum(t.dtype in unknown for t in tensors)
@@ -165,7 +169,7 @@ class _Frame:
 
 def walk_flax_msgpack(cur: _Cursor) -> list[TensorInfo]:
     """All tensors of the tree, by an explicit stack capped at MAX_DEPTH (no recursion)."""
-    head = read_head(cur)
+    head = _read_head(cur)
     if head.kind != "map":
         raise MalformedCheckpoint(f"top level is a msgpack {head.kind}, not a map")
     tensors: list[TensorInfo] = []
@@ -186,7 +190,7 @@ def walk_flax_msgpack(cur: _Cursor) -> list[TensorInfo]:
             path, frame.peeked = (*frame.path, frame.peeked), None
         else:
             path = (*frame.path, _read_key(cur, frame))
-        head = read_head(cur)
+        head = _read_head(cur)
         if head.kind in ("map", "array"):
             if len(stack) >= MAX_DEPTH:
                 raise MalformedCheckpoint(f"nesting deeper than {MAX_DEPTH} levels")
@@ -217,7 +221,7 @@ def _peek_first_key(cur: _Cursor, frame: _Frame) -> None:
 
 def _read_key(cur: _Cursor, frame: _Frame, *, allow_marker: bool = False) -> str:
     where = "/".join(frame.path) or "the top level"
-    head = read_head(cur)
+    head = _read_head(cur)
     if head.kind != "str":
         raise MalformedCheckpoint(f"a map key under {where} is a msgpack {head.kind}, not a string")
     if head.value > MAX_KEY_BYTES:
@@ -236,6 +240,8 @@ def _read_key(cur: _Cursor, frame: _Frame, *, allow_marker: bool = False) -> str
 
 def _skip_leaf(cur: _Cursor, head: _Head) -> None:
     """Python scalars, strings, bytes and foreign ext types are not tensors: seek past them."""
+    if head.kind == "ext" and head.ext_type < 0:  # msgpack's reserved types; flax writes none
+        raise MalformedCheckpoint(f"reserved msgpack ext type {head.ext_type} at offset {cur.pos:,}")
     if head.kind == "ext" and head.ext_type == EXT_COMPLEX:
         _check_complex(cur, head.value)
     elif head.kind in ("str", "bin", "ext"):
@@ -244,11 +250,11 @@ def _skip_leaf(cur: _Cursor, head: _Head) -> None:
 
 def _check_complex(cur: _Cursor, length: int) -> None:
     end = cur.pos + length
-    pair = read_head(cur)
+    pair = _read_head(cur)
     if pair.kind != "array" or pair.value != 2:
         raise MalformedCheckpoint(f"complex value at offset {end - length:,} is not a [real, imag] pair")
     for _ in range(2):
-        if read_head(cur).kind not in ("int", "float"):
+        if _read_head(cur).kind not in ("int", "float"):
             raise MalformedCheckpoint(f"complex value at offset {end - length:,} has a non-numeric part")
     if cur.pos != end:
         raise MalformedCheckpoint(f"complex value at offset {end - length:,} does not fill its ext")
@@ -257,16 +263,16 @@ def _check_complex(cur: _Cursor, length: int) -> None:
 def _read_array_ext(cur: _Cursor, length: int, name: str, *, source: str) -> TensorInfo:
     """``[shape, dtype.name, bin]`` inside an ext; the payload is skipped, never read."""
     end = cur.pos + length
-    if read_head(cur) != ("array", 3, 0):
+    if _read_head(cur) != ("array", 3, 0):
         raise MalformedCheckpoint(f"tensor {name!r}: ext payload is not a [shape, dtype, bytes] list")
     shape = _read_shape(cur, name)
-    dtype_head = read_head(cur)
+    dtype_head = _read_head(cur)
     if dtype_head.kind != "str" or not 0 < dtype_head.value <= 64:
         raise MalformedCheckpoint(f"tensor {name!r}: dtype is not a short string")
     dtype_name = cur.take(dtype_head.value).decode("ascii", errors="replace")
     if not all("!" <= c <= "~" for c in dtype_name):
         raise MalformedCheckpoint(f"tensor {name!r}: dtype name {dtype_name!r} is not printable ASCII")
-    data = read_head(cur)
+    data = _read_head(cur)
     if data.kind != "bin":
         raise MalformedCheckpoint(f"tensor {name!r}: array bytes are a msgpack {data.kind}, not bin")
     start = cur.pos
@@ -279,10 +285,10 @@ def _read_array_ext(cur: _Cursor, length: int, name: str, *, source: str) -> Ten
 
 
 def _read_shape(cur: _Cursor, name: str) -> tuple[int, ...]:
-    head = read_head(cur)
+    head = _read_head(cur)
     if head.kind != "array" or head.value > MAX_RANK:
         raise MalformedCheckpoint(f"tensor {name!r}: shape is not a list of at most {MAX_RANK} dims")
-    shape = tuple(read_head(cur) for _ in range(head.value))
+    shape = tuple(_read_head(cur) for _ in range(head.value))
     if not all(dim.kind == "int" and dim.value >= 0 for dim in shape):
         raise MalformedCheckpoint(f"tensor {name!r}: shape is not a list of non-negative integers")
     return tuple(dim.value for dim in shape)
@@ -303,44 +309,47 @@ def _check_nbytes(name: str, code: str, shape: tuple[int, ...], nbytes: int) -> 
 
 def _read_chunked(cur: _Cursor, count: int, name: str, *, source: str) -> TensorInfo:
     """``{marker: true, "shape": {"0": d0, ...}, "chunks": {"0": ext, ...}}`` as one tensor."""
-    if count != 3 or read_head(cur) != ("bool", 1, 0):
+    if count != 3 or _read_head(cur) != ("bool", 1, 0):
         raise MalformedCheckpoint(f"tensor {name!r}: chunked array is not {{marker: true, shape, chunks}}")
+
+    def dim(i: int, head: _Head) -> int:
+        if head.kind != "int" or head.value < 0:
+            raise MalformedCheckpoint(f"tensor {name!r}: chunked shape dim {i} is not a non-negative integer")
+        return head.value
+
+    def chunk(i: int, head: _Head) -> TensorInfo:
+        if head.kind != "ext" or head.ext_type != EXT_NDARRAY:
+            raise MalformedCheckpoint(f"tensor {name!r}: chunk {i} is not an array")
+        return _read_array_ext(cur, head.value, f"{name} chunk {i}", source=source)
+
     frame = _Frame(tuple(name.split("/")), count, keys={CHUNKED_MARKER})
-    shape: tuple[int, ...] = ()
+    shape: list[int] = []
     chunks: list[TensorInfo] = []
     for _ in range(2):
         key = _read_key(cur, frame)
         if key == "shape":
-            shape = tuple(h.value for h in _read_numbered(cur, name, "shape", MAX_RANK))
-            if not all(h >= 0 for h in shape):
-                raise MalformedCheckpoint(f"tensor {name!r}: chunked shape has a negative dim")
+            shape = _read_numbered(cur, name, "shape", dim, limit=MAX_RANK)
         elif key == "chunks":
-            chunks = [_read_array_ext(cur, h.value, f"{name}/chunks/{i}", source=source)
-                      for i, h in enumerate(_read_numbered(cur, name, "chunks", None))]
+            chunks = _read_numbered(cur, name, "chunks", chunk, limit=None)
         else:
             raise MalformedCheckpoint(f"tensor {name!r}: unexpected key {key!r} in a chunked array")
     if not chunks or any(c.dtype != chunks[0].dtype or len(c.shape) != 1 for c in chunks):
         raise MalformedCheckpoint(f"tensor {name!r}: chunks must be 1-D arrays of one dtype")
     if sum(c.numel for c in chunks) != prod(shape):
-        raise MalformedCheckpoint(f"tensor {name!r}: chunks do not add up to shape {list(shape)}")
-    return TensorInfo(name, chunks[0].dtype, shape, source)
+        raise MalformedCheckpoint(f"tensor {name!r}: chunks do not add up to shape {shape}")
+    return TensorInfo(name, chunks[0].dtype, tuple(shape), source)
 
 
-def _read_numbered(cur: _Cursor, name: str, what: str, limit: int | None) -> list[_Head]:
-    """A ``{"0": v0, "1": v1, ...}`` map, in order; ints are returned, an ext is left unread."""
-    head = read_head(cur)
+def _read_numbered(cur: _Cursor, name: str, what: str, read_entry: Callable[[int, _Head], T],
+                   *, limit: int | None) -> list[T]:
+    """A ``{"0": v0, "1": v1, ...}`` map, keys in order, each value read by ``read_entry``."""
+    head = _read_head(cur)
     if head.kind != "map" or (limit is not None and head.value > limit):
-        raise MalformedCheckpoint(f"tensor {name!r}: chunked {what} is not a small map")
-    values = []
+        raise MalformedCheckpoint(f"tensor {name!r}: chunked {what} is not a map (of at most {limit} entries)")
+    entries = []
     for i in range(head.value):
-        key = read_head(cur)
-        if key.kind != "str" or cur.take(key.value) != str(i).encode():
+        key = _read_head(cur)
+        if key.kind != "str" or key.value > 20 or cur.take(key.value) != str(i).encode():
             raise MalformedCheckpoint(f"tensor {name!r}: chunked {what} keys are not 0, 1, 2, ... in order")
-        value = read_head(cur)
-        if value.kind != ("int" if what == "shape" else "ext") or (what == "chunks" and value.ext_type != EXT_NDARRAY):
-            raise MalformedCheckpoint(f"tensor {name!r}: chunked {what} entry {i} has the wrong type")
-        if what == "chunks":  # read this chunk's header now, before the next key
-            values.append(value)
-            values[-1:] = [value]
-        values.append(value) if what == "shape" else None
-    return values
+        entries.append(read_entry(i, _read_head(cur)))
+    return entries

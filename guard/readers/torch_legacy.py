@@ -1,11 +1,156 @@
-"""torch legacy (non-zip) pickles.  (Being written.)"""
+"""torch legacy (non-zip) checkpoints: consecutive pickles, then raw storages.
+
+Layout (torch < 1.6, or ``_use_new_zipfile_serialization=False``): the magic
+number, the protocol (1001), ``sys_info``, the object, the list of storage keys;
+then per key an 8-byte little-endian element count and the raw bytes.  Every
+pickle goes through the static walker (``sys_info`` could hide a global too).
+The storages section is walked by its count headers, seeking over the data.
+"""
 
 from __future__ import annotations
 
+import struct
+
 from guard.errors import MalformedCheckpoint
+from guard.readers.torch_pickle import (
+    ITEMSIZES,
+    MAX_LINE,
+    MAX_PICKLE_BYTES,
+    CountingSource,
+    DictDesc,
+    PickleWalker,
+    StorageRef,
+    Unsafe,
+    build_tensor_infos,
+    iter_named_tensors,
+    storage_from_pid,
+    unsafe_and_unreadable,
+    unsafe_findings,
+)
 from guard.sources import ByteSource
 from guard.tensors import FileScan
 
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+LEGACY_PROTOCOL = 1001
+_CHUNK = 1024 * 1024  # pickles are read ahead in chunks: few ranged reads, bounded memory
+
+
+class SourceStream:
+    """A read-ahead file view of a ByteSource, for the pickle walker.
+
+    Reads never go past ``limit``: a 2^40 length field fails at once instead of
+    fetching the rest of the file.
+    """
+
+    def __init__(self, source: ByteSource, offset: int, limit: int) -> None:
+        self._source = source
+        self._pos = offset
+        self._limit = limit
+        self._buf = b""
+        self._buf_at = offset
+
+    def tell(self) -> int:
+        return self._pos
+
+    def _fill(self, end: int) -> None:
+        buf_end = self._buf_at + len(self._buf)
+        if end <= buf_end:
+            return
+        want = min(max(end - buf_end, _CHUNK), self._limit - buf_end)
+        fresh = self._source.read_at(buf_end, want) if want > 0 else b""
+        self._buf = self._buf[self._pos - self._buf_at :] + fresh
+        self._buf_at = self._pos
+
+    def read(self, size: int = -1, /) -> bytes:
+        if size < 0 or self._pos + size > self._limit:
+            raise MalformedCheckpoint(
+                f"pickle asks for {size:,} bytes at byte {self._pos}, past the end of the pickle data"
+            )
+        self._fill(self._pos + size)
+        start = self._pos - self._buf_at
+        self._pos += size
+        return self._buf[start : start + size]
+
+    def readline(self, size: int = -1, /) -> bytes:
+        size = MAX_LINE if size < 0 else min(size, MAX_LINE)
+        end = min(self._pos + size, self._limit)
+        self._fill(end)
+        start = self._pos - self._buf_at
+        newline = self._buf.find(b"\n", start, start + (end - self._pos))
+        stop = start + (end - self._pos) if newline < 0 else newline + 1
+        line = self._buf[start:stop]
+        self._pos += len(line)
+        return line
+
 
 def read_torch_legacy(source: ByteSource) -> FileScan:
-    raise MalformedCheckpoint("torch legacy reader not implemented yet")
+    counted = CountingSource(source)
+    if source.size >= 262 and counted.read_at(257, 5) == b"ustar":
+        raise MalformedCheckpoint("legacy tar-format torch checkpoint is not supported")
+    storages: dict[str, str] = {}  # key -> torch dtype of its elements
+
+    def persistent_load(pid: object) -> object:
+        ref = storage_from_pid(pid)
+        if isinstance(ref, StorageRef):
+            storages.setdefault(ref.key, ref.dtype)
+        return ref
+
+    walker = PickleWalker(persistent_load)
+    limit = min(source.size, MAX_PICKLE_BYTES)
+    stream = SourceStream(counted, 0, limit)
+    try:
+        if walker.walk(stream) != LEGACY_MAGIC:
+            raise MalformedCheckpoint("legacy torch magic number is wrong")
+        if walker.walk(stream) != LEGACY_PROTOCOL:
+            raise MalformedCheckpoint("legacy torch protocol version is not 1001")
+        if not isinstance(walker.walk(stream), DictDesc):
+            raise MalformedCheckpoint("legacy torch sys_info is not a dict")
+        root = walker.walk(stream)
+        keys = walker.walk(stream)
+        spans = _storage_spans(counted, stream.tell(), _key_list(keys), storages)
+        budget = max(100_000, 4 * walker.opcodes)
+        tensors, findings = build_tensor_infos(
+            iter_named_tensors(root, budget=budget), file=source.name,
+            locate=lambda storage: _span(spans, storage),
+        )
+    except MalformedCheckpoint as exc:
+        if not walker.unsafe:
+            raise
+        return unsafe_and_unreadable(source, "torch-legacy", walker, exc, counted.bytes_read)
+    return FileScan(
+        path=source.name, format="torch-legacy", size=source.size, tensors=tensors,
+        findings=(*unsafe_findings(walker, source.name), *findings), metadata={},
+        bytes_read=counted.bytes_read,
+    )
+
+
+def _key_list(keys: object) -> list[str]:
+    if isinstance(keys, Unsafe):
+        raise MalformedCheckpoint("legacy torch storage key list is not a list")
+    if not isinstance(keys, list) or not all(isinstance(k, (str, bytes)) for k in keys):
+        raise MalformedCheckpoint("legacy torch storage key list is not a list of strings")
+    return [k.decode("latin-1") if isinstance(k, bytes) else k for k in keys]
+
+
+def _storage_spans(source: ByteSource, offset: int, keys: list[str], storages: dict[str, str]
+                   ) -> dict[str, tuple[int, int]]:
+    """Key -> absolute (start, end) of its bytes, seeking from one count header to the next."""
+    spans: dict[str, tuple[int, int]] = {}
+    pos = offset
+    for key in keys:
+        if key not in storages:
+            raise MalformedCheckpoint(f"storage {key!r} is listed but no tensor uses it")
+        (count,) = struct.unpack("<q", source.read_at(pos, 8))
+        end = pos + 8 + count * ITEMSIZES[storages[key]]
+        if count < 0 or end > source.size:
+            raise MalformedCheckpoint(f"storage {key!r} runs past the end of the file (truncated?)")
+        spans[key] = (pos + 8, end)
+        pos = end
+    return spans
+
+
+def _span(spans: dict[str, tuple[int, int]], storage: StorageRef) -> tuple[int, int]:
+    span = spans.get(storage.key)
+    if span is None:
+        raise MalformedCheckpoint(f"storage {storage.key!r} is missing from the storage list")
+    return span

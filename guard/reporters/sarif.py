@@ -1,10 +1,106 @@
-"""--format sarif.  (Being written with the CI-surfaces issue.)"""
+"""--format sarif: SARIF 2.1.0 for GitHub code scanning (one run, every rule).
+
+Weight files get no `region`: upload-sarif streams every file that has a
+`startLine` through a line hasher, and a shard can be tens of GB.  We set
+`partialFingerprints` ourselves from (code, path, tensor), so alerts stay
+stable across runs without anyone reading the weights.
+"""
 
 from __future__ import annotations
 
-from guard.errors import UsageError
+import hashlib
+import json
+from pathlib import PurePosixPath
+from typing import Any
+from urllib.parse import quote
+
+from guard import __version__
+from guard.catalogue import RULES, Rule
+from guard.findings import Finding
 from guard.report import Report
+from guard.reporters.github import workspace_relative
+
+SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
+MAX_RESULTS = 25_000  # GitHub rejects a run with more
+SRCROOT = "%SRCROOT%"
+
+
+def rule_descriptor(rule: Rule) -> dict[str, Any]:
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": f"{rule.code} {rule.name}"},
+        "fullDescription": {"text": rule.summary[:1024]},
+        "help": {
+            "text": f"{rule.summary}\n\nExample: {rule.example}\n\nFix: {rule.fix}",
+            "markdown": f"{rule.summary}\n\n**Example:** {rule.example}\n\n**Fix:** {rule.fix}",
+        },
+        "defaultConfiguration": {"level": rule.severity.value},
+        # no security-severity: dtype rules are quality findings, not security alerts
+        "properties": {"tags": ["checkpoint", "dtype", rule.needs], "precision": "very-high"},
+    }
+
+
+def artifact_location(path: str) -> dict[str, Any]:
+    posix = workspace_relative(path)
+    if PurePosixPath(posix).is_absolute():  # outside the repository: an absolute file URI
+        return {"uri": "file://" + quote(posix, safe="/")}
+    return {"uri": quote(posix, safe="/"), "uriBaseId": SRCROOT}
+
+
+def fingerprint(finding: Finding, occurrence: int) -> str:
+    key = "\x1f".join((finding.code, workspace_relative(finding.path), finding.tensor or "", str(occurrence)))
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16] + ":1"
+
+
+def result(finding: Finding, rule_index: dict[str, int], occurrence: int) -> dict[str, Any]:
+    physical: dict[str, Any] = {"artifactLocation": artifact_location(finding.path)}
+    if finding.line:  # a JSON index or config.json: a real line, cheap to hash
+        physical["region"] = {"startLine": int(finding.line)}
+    location: dict[str, Any] = {"physicalLocation": physical}
+    if finding.tensor:
+        location["logicalLocations"] = [{"name": finding.tensor, "kind": "member"}]
+    out: dict[str, Any] = {
+        "ruleId": finding.code,
+        "level": finding.severity.value,
+        "message": {"text": f"{finding.message}" or finding.code},
+        "locations": [location],
+        "partialFingerprints": {"primaryLocationLineHash": fingerprint(finding, occurrence)},
+    }
+    if finding.code in rule_index:
+        out["ruleIndex"] = rule_index[finding.code]
+    return out
 
 
 def render_sarif(report: Report) -> str:
-    raise UsageError("--format sarif is not available yet")
+    rule_index = {rule.code: i for i, rule in enumerate(RULES)}
+    findings = report.sorted_findings()
+    seen: dict[tuple[str, str, str], int] = {}
+    results = []
+    for finding in findings[:MAX_RESULTS]:
+        key = (finding.code, finding.path, finding.tensor or "")
+        seen[key] = seen.get(key, 0) + 1
+        results.append(result(finding, rule_index, seen[key] - 1))
+    invocation: dict[str, Any] = {"executionSuccessful": True}
+    if len(findings) > MAX_RESULTS:
+        invocation["toolExecutionNotifications"] = [{
+            "level": "warning",
+            "message": {"text": f"{len(findings) - MAX_RESULTS} of {len(findings)} findings left out: "
+                                f"code scanning accepts {MAX_RESULTS} results per run; "
+                                "the JSON report has them all."},
+        }]
+    log = {
+        "$schema": SCHEMA_URI,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {
+                "name": "ckpt-guard",
+                "version": report.tool_version or __version__,
+                "rules": [rule_descriptor(rule) for rule in RULES],
+            }},
+            "invocations": [invocation],
+            "columnKind": "unicodeCodePoints",
+            "results": results,
+        }],
+    }
+    return json.dumps(log, indent=2, ensure_ascii=True) + "\n"

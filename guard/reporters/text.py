@@ -39,6 +39,10 @@ def render_text(report: Report, *, color: bool = False) -> str:
         if model.quantization:
             head += f", quantized: {inert_text(model.quantization)}"
         lines.append(_paint(head + ")", "1", color))
+        if not model.dtypes:
+            lines.append("  no tensors read (see the findings below)")
+            lines.append("")
+            continue
         total = model.parameters or 1
         lines.append(f"  {'dtype':<12}{'tensors':>9}{'parameters':>14}{'share':>8}{'bytes':>12}")
         for code, stats in model.dtypes.items():

@@ -14,7 +14,6 @@ from guard.findings import Finding
 from guard.inventory import ModelInventory
 from guard.tensors import TensorInfo
 
-_QUANT_PREFIXES = ("F8", "F6", "F4")
 
 
 def policed_float_tensors(inv: ModelInventory, policy: Policy) -> Iterator[TensorInfo]:
@@ -27,7 +26,7 @@ def policed_float_tensors(inv: ModelInventory, policy: Policy) -> Iterator[Tenso
     for tensor in inv.tensors:
         if not dtypes.is_float(tensor.dtype):
             continue
-        if tensor.dtype.startswith(_QUANT_PREFIXES):
+        if tensor.dtype in dtypes.QUANTIZED_CODES:
             continue
         if quantized and "scale" in tensor.name.lower():
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -32,13 +33,21 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
 }
 UNSUPPORTED["flax"] = UNSUPPORTED["jax"]
 
+# Integer buffers Flax models do not carry (transformers rebuilds them), so their
+# width never reaches JAX: position/token-type id tables, batch-norm counters.
+_FLAX_DROPPED_BUFFERS = ("*_ids", "*num_batches_tracked")
+
 
 def check_target_support(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
     for target in policy.targets:
         table = UNSUPPORTED.get(target.framework, {})
         groups: dict[tuple[str, str], list[str]] = defaultdict(list)
         for tensor in inv.tensors:
-            if tensor.dtype in table:
+            if tensor.dtype in table and not (
+                target.framework in ("flax", "jax")
+                and tensor.dtype in ("I64", "U64")
+                and any(fnmatch.fnmatchcase(tensor.name, p) for p in _FLAX_DROPPED_BUFFERS)
+            ):
                 groups[(tensor.file, tensor.dtype)].append(tensor.name)
         for (file, code), names in sorted(groups.items()):
             yield make_finding(

@@ -1,0 +1,113 @@
+"""Benchmark: header-only scan vs the reference loaders, whole processes, alternating.
+
+Generates a ~1 GiB torch zip `.bin` and the same weights as safetensors, then
+times, in alternating order:
+  * `ckpt-guard scan FILE`                                (ours)
+  * `python -c "torch.load(p, mmap=True, weights_only=True)"`   (target: ours >= 5x faster)
+  * listing dtypes with `safetensors.safe_open`           (target: ours within 2x)
+and reports the bytes our readers read as a share of each file (target < 1%).
+
+Usage: .venv/bin/python bench/scan.py [--size-gib 1.0] [--rounds 7] [--out bench/out]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def generate(out: Path, size_gib: float) -> tuple[Path, Path]:
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    bin_path, st_path = out / "pytorch_model.bin", out / "model.safetensors"
+    if bin_path.exists() and st_path.exists():
+        return bin_path, st_path
+    hidden, layers = 2048, 0
+    tensors: dict[str, torch.Tensor] = {"model.embed_tokens.weight": torch.zeros(32000, hidden)}
+    budget = size_gib * 2**30 - tensors["model.embed_tokens.weight"].nbytes
+    while budget > 0:  # Llama-style blocks until the size is reached
+        p = f"model.layers.{layers}."
+        block = {
+            p + "self_attn.q_proj.weight": torch.zeros(hidden, hidden),
+            p + "self_attn.k_proj.weight": torch.zeros(hidden // 4, hidden),
+            p + "self_attn.v_proj.weight": torch.zeros(hidden // 4, hidden),
+            p + "self_attn.o_proj.weight": torch.zeros(hidden, hidden),
+            p + "mlp.gate_proj.weight": torch.zeros(5632, hidden),
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
+        }
+        tensors.update(block)
+        budget -= sum(t.nbytes for t in block.values())
+        layers += 1
+    torch.save(tensors, bin_path)
+    save_file(tensors, st_path)
+    return bin_path, st_path
+
+
+def timed(cmd: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def bytes_share(path: Path) -> tuple[int, int]:
+    sys.path.insert(0, str(ROOT))
+    from guard.readers import scan_file
+    from guard.sources import LocalFile
+
+    with LocalFile(path) as src:
+        scan = scan_file(src)
+        assert not scan.findings or all(f.code != "CG001" for f in scan.findings), scan.findings
+        return src.bytes_read, src.size
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size-gib", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scan")
+    args = parser.parse_args()
+    bin_path, st_path = generate(args.out, args.size_gib)
+    py = sys.executable
+    cases = {
+        "ckpt-guard scan .bin": [py, "-m", "guard", "scan", "--no-summary", str(bin_path)],
+        "ckpt-guard scan .safetensors": [py, "-m", "guard", "scan", "--no-summary", str(st_path)],
+        "torch.load(mmap=True, weights_only=True) .bin": [
+            py, "-c", f"import torch; torch.load({str(bin_path)!r}, mmap=True, weights_only=True)"],
+        "safe_open dtype listing .safetensors": [
+            py, "-c",
+            "from safetensors import safe_open\n"
+            f"with safe_open({str(st_path)!r}, framework='numpy') as f:\n"
+            "    [f.get_slice(k).get_dtype() for k in f.keys()]"],
+    }
+    for cmd in cases.values():  # warm the page cache and the interpreters
+        timed(cmd)
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.rounds):
+        for name, cmd in cases.items():  # alternate, so drift hits every case alike
+            samples[name].append(timed(cmd))
+    med = {name: statistics.median(v) for name, v in samples.items()}
+    print(f"files: {bin_path.stat().st_size / 2**30:.2f} GiB .bin, {st_path.stat().st_size / 2**30:.2f} GiB "
+          f".safetensors; {args.rounds} alternating rounds, median wall time per whole process")
+    for name, value in med.items():
+        print(f"  {name:<48} {value * 1000:8.1f} ms")
+    ratio_torch = med["torch.load(mmap=True, weights_only=True) .bin"] / med["ckpt-guard scan .bin"]
+    ratio_st = med["ckpt-guard scan .safetensors"] / med["safe_open dtype listing .safetensors"]
+    print(f"torch.load / ckpt-guard (.bin):          {ratio_torch:5.1f}x faster  (target >= 5x)")
+    print(f"ckpt-guard / safe_open (.safetensors):   {ratio_st:5.2f}x         (target <= 2x)")
+    for path in (bin_path, st_path):
+        read, size = bytes_share(path)
+        print(f"bytes read, {path.name:<22} {read:>10,} of {size:>14,} = {read / size:.5%}  (target < 1%)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""`make demo`: build sample checkpoints with the real libraries, then scan them.
+
+Run as ``python -m guard.demo [DIR]`` (default ``demo-models``).  Needs the
+``parity`` extra (torch, transformers); the scan itself needs none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def build_samples(root: Path) -> list[Path]:
+    import torch
+    from transformers import (
+        BartConfig,
+        BartForConditionalGeneration,
+        BertConfig,
+        BertModel,
+        MistralConfig,
+        MistralForCausalLM,
+    )
+
+    torch.manual_seed(0)
+    root.mkdir(parents=True, exist_ok=True)
+    made = []
+
+    clean = root / "clean-bert-fp32"
+    BertModel(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(clean)
+    made.append(clean)
+
+    # The seed case: a BART whose decoder was saved in half precision next to an fp32 encoder,
+    # as a torch zip .bin (Flax keeps the fp16 decoder and optax breaks on the mix).
+    bart = root / "bart-fp16-decoder"
+    model = BartForConditionalGeneration(BartConfig(
+        vocab_size=128, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64))
+    model.model.decoder.half()
+    model.save_pretrained(bart, safe_serialization=False)
+    made.append(bart)
+
+    # A bf16 Mistral whose config.json still says float32.
+    mistral = root / "mistral-bf16-config-fp32"
+    MistralForCausalLM(MistralConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64)).to(torch.bfloat16).save_pretrained(mistral)
+    config = json.loads((mistral / "config.json").read_text())
+    config.pop("dtype", None)
+    config["torch_dtype"] = "float32"
+    (mistral / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    made.append(mistral)
+
+    # What CI sees when actions/checkout ran without `lfs: true`.
+    pointer = root / "lfs-pointer-checkout"
+    pointer.mkdir(exist_ok=True)
+    (pointer / "model.safetensors").write_text(
+        "version https://git-lfs.github.com/spec/v1\n"
+        "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\n"
+        "size 437955512\n"
+    )
+    made.append(pointer)
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    root = Path(args[0] if args else "demo-models")
+    print(f"== building sample checkpoints in {root}/ with torch + transformers")
+    for path in build_samples(root):
+        print(f"   {path}")
+    cli = [sys.executable, "-m", "guard"]
+    print(f"\n== ckpt-guard scan {root}")
+    subprocess.run([*cli, "scan", str(root), "--no-summary"], check=False)
+    report = root / "report.json"
+    subprocess.run([*cli, "scan", str(root), "--format", "json", "-o", str(report), "--no-summary"],
+                   check=False)
+    print(f"\n== the same findings as JSON for machines: {report}")
+    print("   (render it again with: ckpt-guard report demo-models/report.json --format markdown)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""Remote scans: Hub files -> the same readers and inventory as a local scan.
+
+One ``model_info(files_metadata=True)`` call lists a revision's files with their
+sizes; weight files are read through ``HubFile`` ranged reads, config.json and
+shard indexes are fetched whole (they are small).  Repositories scan in one
+thread pool and their files in another, so an organisation audit is bounded by
+latency rather than by the number of repositories.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from guard.catalogue import make_finding
+from guard.config import Policy
+from guard.errors import GuardError
+from guard.hub.client import HubClient, hub_errors
+from guard.hub.remote import HubFile, RemoteBudgetExceeded
+from guard.inventory import CONFIG_NAME, MAX_JSON_BYTES, ModelInventory, build_inventory, is_index_file, is_weight_file
+from guard.readers import scan_file
+from guard.report import Report
+from guard.scan import scan_inventories
+from guard.tensors import FileScan
+
+REPO_WORKERS = 8
+FILE_WORKERS = 16
+
+
+@dataclass
+class RemoteFileStat:
+    path: str
+    size: int
+    requests: int
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "requests": self.requests, "bytes": self.bytes}
+
+
+@dataclass
+class RepoScan:
+    repo_id: str
+    revision: str | None  # as asked
+    sha: str | None = None  # the commit that was read
+    inventories: list[ModelInventory] = field(default_factory=list)
+    files: list[RemoteFileStat] = field(default_factory=list)
+    error: GuardError | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "repo": self.repo_id, "revision": self.revision, "sha": self.sha,
+            "requests": sum(f.requests for f in self.files), "bytes": sum(f.bytes for f in self.files),
+            "files": [f.to_json() for f in self.files],
+            "error": str(self.error) if self.error else None,
+        }
+
+
+@dataclass
+class HubScanResult:
+    report: Report
+    repos: list[RepoScan]
+
+    @property
+    def errors(self) -> list[GuardError]:
+        return [r.error for r in self.repos if r.error is not None]
+
+
+def list_author_models(client: HubClient, author: str) -> list[str]:
+    with hub_errors(author, endpoint=client.endpoint):
+        return client.call(lambda: [m.id for m in client.api.list_models(author=author)])
+
+
+def scan_hub(repo_ids: Sequence[str], policy: Policy, client: HubClient, *, revision: str | None = None,
+             repo_workers: int = REPO_WORKERS, file_workers: int = FILE_WORKERS) -> HubScanResult:
+    """Scan every repository that can be read; the others carry their error (exit 2 in the CLI)."""
+    with ThreadPoolExecutor(file_workers, thread_name_prefix="hub-file") as file_pool, \
+            ThreadPoolExecutor(repo_workers, thread_name_prefix="hub-repo") as repo_pool:
+        futures = [repo_pool.submit(scan_repo, client, repo_id, revision=revision, pool=file_pool)
+                   for repo_id in repo_ids]
+        repos = [f.result() for f in futures]
+    report = scan_inventories((inv for r in repos for inv in r.inventories), policy)
+    report.extra["hub"] = {
+        "endpoint": client.endpoint,
+        "repos": [r.to_json() for r in repos],
+        "requests": sum(f.requests for r in repos for f in r.files),
+        "bytes": sum(f.bytes for r in repos for f in r.files),
+    }
+    return HubScanResult(report, repos)
+
+
+def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: ThreadPoolExecutor) -> RepoScan:
+    result = RepoScan(repo_id, revision)
+    try:
+        with hub_errors(repo_id, revision=revision, endpoint=client.endpoint):
+            info = client.call(lambda: client.api.model_info(
+                repo_id, revision=revision, files_metadata=True, timeout=client.timeout))
+        result.sha = info.sha or revision or "main"
+        groups = _group_by_directory(info.siblings or [])
+        pending = [
+            (directory, [pool.submit(_scan_weight, client, repo_id, result.sha, name, size)
+                         for name, size in weights],
+             {name: pool.submit(_fetch_json, client, repo_id, result.sha, name, size)
+              for name, size in jsons})
+            for directory, (weights, jsons) in groups.items()
+        ]
+        for directory, weight_futures, json_futures in pending:
+            scans = [_result(f, result) for f in weight_futures]
+            json_files = {_display(repo_id, n): _result(f, result) for n, f in json_futures.items()}
+            path = _display(repo_id, directory) if directory else repo_id
+            result.inventories.append(build_inventory(path, scans, json_files=json_files))
+    except GuardError as exc:
+        result.error = exc
+        result.inventories.clear()
+    return result
+
+
+def _result(future: Future[tuple[Any, RemoteFileStat]], into: RepoScan) -> Any:
+    value, stat = future.result()  # a HubError propagates to scan_repo
+    into.files.append(stat)
+    return value
+
+
+def _group_by_directory(siblings: Sequence[Any]) -> dict[str, tuple[list[tuple[str, int | None]],
+                                                                     list[tuple[str, int | None]]]]:
+    groups: dict[str, tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]] = {}
+    for sibling in sorted(siblings, key=lambda s: s.rfilename):
+        name: str = sibling.rfilename
+        base = posixpath.basename(name)
+        size = sibling.size if isinstance(getattr(sibling, "size", None), int) else None
+        if is_weight_file(base):
+            groups.setdefault(posixpath.dirname(name), ([], []))[0].append((name, size))
+        elif base == CONFIG_NAME or is_index_file(base):
+            groups.setdefault(posixpath.dirname(name), ([], []))[1].append((name, size))
+    # A directory with only a config.json is not a model (same rule as the local scan).
+    return {d: g for d, g in groups.items() if g[0] or any(is_index_file(posixpath.basename(n)) for n, _ in g[1])}
+
+
+def _display(repo_id: str, name: str) -> str:
+    return f"{repo_id}/{name}"
+
+
+def _scan_weight(client: HubClient, repo_id: str, sha: str, filename: str,
+                 size: int | None) -> tuple[FileScan, RemoteFileStat]:
+    extra = 0
+    if size is None:  # no size in the listing: one HEAD
+        size = _head_size(client, repo_id, sha, filename)
+        extra = 1
+    source = HubFile(client, repo_id=repo_id, revision=sha, filename=filename, size=size,
+                     name=_display(repo_id, filename))
+    try:
+        scan = scan_file(source)
+    except RemoteBudgetExceeded as exc:
+        scan = FileScan(path=source.name, format=None, size=size, findings=(make_finding(
+            "CG401", source.name, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
+    scan = replace(scan, bytes_read=source.bytes_read)
+    return scan, RemoteFileStat(filename, size, source.requests + extra, source.bytes_read)
+
+
+def _head_size(client: HubClient, repo_id: str, sha: str, filename: str) -> int:
+    from huggingface_hub import get_hf_file_metadata
+
+    url = client.file_url(repo_id, filename, sha)
+    with hub_errors(repo_id, revision=sha, endpoint=client.endpoint):
+        meta = client.call(lambda: get_hf_file_metadata(url, token=client.token, timeout=client.timeout))
+    return int(meta.size or 0)
+
+
+def _fetch_json(client: HubClient, repo_id: str, sha: str, filename: str,
+                size: int | None) -> tuple[bytes | None, RemoteFileStat]:
+    if size is not None and size > MAX_JSON_BYTES:
+        return b"\xff", RemoteFileStat(filename, size, 0, 0)  # reported as invalid JSON, as locally
+    with hub_errors(repo_id, revision=sha, endpoint=client.endpoint):
+        data = client.get_whole(client.file_url(repo_id, filename, sha))
+    return data, RemoteFileStat(filename, len(data), 1, len(data))

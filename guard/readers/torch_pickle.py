@@ -1,0 +1,605 @@
+"""A static walker for torch pickles: it builds descriptions, never objects.
+
+Nothing here imports a module named in a pickle, calls ``find_class`` or runs
+``pickle.load``.  Each opcode moves *descriptions* (``Global``, ``StorageRef``,
+``TensorRef``, plain containers) on a bounded stack; a global outside
+``ALLOWED_GLOBALS`` is recorded by name (CG003) and whatever it would have built
+becomes an inert ``Unsafe`` marker.
+"""
+
+from __future__ import annotations
+
+import pickletools
+from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING  # pure data tables, as pickle uses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from guard import dtypes
+from guard.catalogue import make_finding
+from guard.errors import MalformedCheckpoint
+from guard.findings import Finding
+from guard.sources import ByteSource
+from guard.tensors import FileScan, TensorInfo
+
+# A torch data.pkl costs ~200 bytes per tensor: 256 MiB is >1M tensors, far past any
+# real checkpoint, yet small enough to hold in memory on a CI runner.
+MAX_PICKLE_BYTES = 256 * 1024 * 1024
+MAX_STACK = 1_000_000  # items on the stack at once (SETITEMS batches hold 2,000)
+MAX_MARKS = 1_000  # open MARKs; state dicts nest a handful deep
+MAX_MEMO = 4_000_000  # memo slots: ~5 per tensor
+MAX_NESTING = 200  # container depth when naming tensors
+MAX_LINE = 64 * 1024  # a protocol-0 text argument (GLOBAL module name, INT digits)
+MAX_DIMS = 1_000
+
+# Storage classes (torch.X and torch.cuda.X) -> torch dtype name.
+STORAGE_DTYPES: dict[str, str] = {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8",
+    "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128", "QInt8Storage": "qint8", "QUInt8Storage": "quint8",
+    "QInt32Storage": "qint32", "QUInt4x2Storage": "quint4x2", "QUInt2x4Storage": "quint2x4",
+}
+# torch dtype name -> bytes per element (torch's ``dtype.itemsize``).
+ITEMSIZES: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+    "complex32": 4, "complex64": 8, "complex128": 16, "qint8": 1, "quint8": 1, "qint32": 4,
+    "quint4x2": 1, "quint2x4": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1, "bits8": 1, "bits16": 2,
+    "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+    **{f"{sign}int{bits}": 1 for sign in ("", "u") for bits in range(1, 8)},
+}
+_REBUILDERS = (
+    "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
+    "_rebuild_parameter_with_state", "_rebuild_qtensor", "_rebuild_sparse_tensor",
+    "_rebuild_nested_tensor", "_rebuild_meta_tensor_no_storage",
+    "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_device_tensor_from_numpy",
+    "_rebuild_wrapper_subclass",
+)
+_TENSOR_TYPES = ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
+_UNTYPED_STORAGES = ("torch.storage.UntypedStorage", "torch.storage.TypedStorage")
+
+# Mirrors torch._weights_only_unpickler._get_allowed_globals (torch 2.13); a test
+# checks this is a subset of torch's own list.
+ALLOWED_GLOBALS: frozenset[str] = frozenset({
+    "collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
+    "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device",
+    "_codecs.encode", "builtins.bytearray", "builtins.set", "builtins.complex",
+    "torch._tensor._rebuild_from_type_v2", *_UNTYPED_STORAGES,
+    "torch.per_tensor_affine", "torch.per_tensor_symmetric", "torch.per_channel_affine",
+    "torch.per_channel_symmetric", "torch.per_channel_affine_float_qparams",
+    *(f"torch.{name}" for name in ITEMSIZES),
+    *(f"torch._utils.{name}" for name in _REBUILDERS),
+    *(f"{mod}.{name}" for mod in ("torch", "torch.cuda") for name in STORAGE_DTYPES
+      if mod == "torch" or not name.startswith("Q")),
+    *(f"{mod}.{t}Tensor" for mod in ("torch", "torch.cuda") for t in _TENSOR_TYPES),
+    *(f"{mod}.{t}Tensor" for mod in ("torch.sparse", "torch.cuda.sparse") for t in _TENSOR_TYPES
+      if t != "Bool"),
+})
+
+
+@dataclass(frozen=True, slots=True)
+class Global:
+    module: str
+    name: str
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Unsafe:
+    """What a call or instance of a non-allowlisted global would have produced."""
+
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A call to an allowlisted global we need not model (torch.device('cpu'), ...)."""
+
+    func: str
+
+
+@dataclass(frozen=True, slots=True)
+class StorageRef:
+    key: str
+    dtype: str  # torch dtype name of the storage; "uint8" for untyped storages
+    nbytes: int
+    view_offset: int = 0  # bytes into the root storage (legacy storage views)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    storage: StorageRef | None  # None for meta tensors
+    offset: int  # in elements
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str  # torch dtype name
+
+
+class DictDesc:
+    """A dict or OrderedDict: key/value pairs in pickle order (keys need not be hashable)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: list[tuple[object, object]] = []
+
+
+class SetDesc:
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: list[object] = []
+
+
+class PickleStream(Protocol):
+    def read(self, size: int, /) -> bytes: ...
+    def readline(self, size: int = -1, /) -> bytes: ...
+    def tell(self) -> int: ...
+
+
+def _bad(message: str) -> MalformedCheckpoint:
+    return MalformedCheckpoint(message)
+
+
+class PickleWalker:
+    """Walks one or more pickles; ``unsafe`` collects non-allowlisted globals in order."""
+
+    def __init__(self, persistent_load: Callable[[object], object]) -> None:
+        self.persistent_load = persistent_load
+        self.unsafe: dict[str, None] = {}
+        self.opcodes = 0
+
+    def walk(self, stream: PickleStream) -> object:
+        """Walk one pickle up to STOP and return the description of its result."""
+        stack: list[object] = []
+        marks: list[list[object]] = []
+        memo: dict[int, object] = {}
+
+        def pop() -> object:
+            if not stack:
+                raise _bad("pickle stack underflow")
+            return stack.pop()
+
+        def pop_mark() -> list[object]:
+            nonlocal stack
+            if not marks:
+                raise _bad("pickle MARK missing")
+            items, stack = stack, marks.pop()
+            return items
+
+        def top() -> object:
+            if not stack:
+                raise _bad("pickle stack underflow")
+            return stack[-1]
+
+        while True:
+            pos = stream.tell()
+            code = stream.read(1)
+            if not code:
+                raise _bad("pickle ends before its STOP opcode")
+            op = pickletools.code2op.get(code.decode("latin-1"))
+            if op is None:
+                raise _bad(f"unknown pickle opcode {code!r} at byte {pos}")
+            self.opcodes += 1
+            name = op.name
+            if name in ("GLOBAL", "INST"):
+                arg: object = (self._line(stream), self._line(stream))
+            elif op.arg is None:
+                arg = None
+            else:
+                try:
+                    arg = op.arg.reader(stream)
+                except (ValueError, OverflowError) as exc:
+                    raise _bad(f"bad {name} argument at byte {pos}: {exc}") from None
+            if len(stack) > MAX_STACK or len(memo) > MAX_MEMO:
+                raise _bad("pickle stack or memo exceeds the size limit")
+
+            if name in ("BINPUT", "LONG_BINPUT", "PUT"):
+                memo[int(arg)] = top()  # type: ignore[call-overload]
+            elif name == "MEMOIZE":
+                memo[len(memo)] = top()
+            elif name in ("BINGET", "LONG_BINGET", "GET"):
+                if arg not in memo:
+                    raise _bad(f"pickle memo slot {arg} read before it is written")
+                stack.append(memo[arg])  # type: ignore[index]
+            elif name == "MARK":
+                if len(marks) >= MAX_MARKS:
+                    raise _bad(f"pickle nests more than {MAX_MARKS} MARKs")
+                marks.append(stack)
+                stack = []
+            elif name in ("TUPLE", "LIST", "DICT", "FROZENSET", "POP_MARK"):
+                items = pop_mark()
+                if name == "TUPLE":
+                    stack.append(tuple(items))
+                elif name == "LIST":
+                    stack.append(items)
+                elif name == "DICT":
+                    stack.append(_dict_from(items))
+                elif name == "FROZENSET":
+                    frozen = SetDesc()
+                    frozen.items.extend(items)
+                    stack.append(frozen)
+            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                n = int(name[-1])
+                if len(stack) < n:
+                    raise _bad("pickle stack underflow")
+                stack[-n:] = [tuple(stack[-n:])]
+            elif name == "EMPTY_TUPLE":
+                stack.append(())
+            elif name == "EMPTY_LIST":
+                stack.append([])
+            elif name == "EMPTY_DICT":
+                stack.append(DictDesc())
+            elif name == "EMPTY_SET":
+                stack.append(SetDesc())
+            elif name == "APPEND":
+                item = pop()
+                _append(top(), [item])
+            elif name == "APPENDS":
+                items = pop_mark()
+                _append(top(), items)
+            elif name == "SETITEM":
+                value, key = pop(), pop()
+                _setitems(top(), [key, value])
+            elif name == "SETITEMS":
+                items = pop_mark()
+                _setitems(top(), items)
+            elif name == "ADDITEMS":
+                items = pop_mark()
+                target = top()
+                if isinstance(target, SetDesc):
+                    target.items.extend(items)
+                elif not isinstance(target, Unsafe):
+                    raise _bad("ADDITEMS on something that is not a set")
+            elif name == "POP":
+                if stack:
+                    stack.pop()
+                else:
+                    pop_mark()
+            elif name == "DUP":
+                stack.append(top())
+            elif name in ("GLOBAL", "INST"):
+                module, attr = arg  # type: ignore[misc]
+                glob = self._global(module, attr)
+                if name == "GLOBAL":
+                    stack.append(glob)
+                else:
+                    stack.append(self._call(glob, tuple(pop_mark())))
+            elif name == "STACK_GLOBAL":
+                attr, module = pop(), pop()
+                if not isinstance(module, str) or not isinstance(attr, str):
+                    raise _bad("STACK_GLOBAL needs two strings")
+                stack.append(self._global(module, attr))
+            elif name in ("EXT1", "EXT2", "EXT4"):
+                origin = f"copyreg extension code {arg}"
+                self.unsafe.setdefault(origin)
+                stack.append(Unsafe(origin))
+            elif name == "REDUCE":
+                args = pop()
+                stack.append(self._call(pop(), args))
+            elif name == "NEWOBJ":
+                args = pop()
+                stack.append(self._call(pop(), args))
+            elif name == "NEWOBJ_EX":
+                _kwargs, args = pop(), pop()
+                stack.append(self._call(pop(), args))
+            elif name == "OBJ":
+                items = pop_mark()
+                if not items:
+                    raise _bad("OBJ without a class")
+                stack.append(self._call(items[0], tuple(items[1:])))
+            elif name == "BUILD":
+                pop()  # state: set on an object we never build
+                top()
+            elif name == "BINPERSID":
+                stack.append(self.persistent_load(pop()))
+            elif name == "PERSID":
+                raise _bad("text persistent ids (PERSID) are not written by torch")
+            elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):
+                raise _bad("pickle uses out-of-band buffers (protocol 5), which torch never writes")
+            elif name in ("PROTO", "FRAME"):
+                pass
+            elif name == "STOP":
+                return pop()
+            elif name in ("NONE", "NEWTRUE", "NEWFALSE"):
+                stack.append({"NONE": None, "NEWTRUE": True, "NEWFALSE": False}[name])
+            else:  # every remaining opcode pushes its decoded argument (ints, floats, strings, bytes)
+                stack.append(arg)
+
+    def _line(self, stream: PickleStream) -> str:
+        line = stream.readline(MAX_LINE)
+        if not line.endswith(b"\n"):
+            raise _bad("GLOBAL/INST name is not newline-terminated")
+        try:
+            return line[:-1].decode("utf-8")
+        except UnicodeDecodeError:
+            raise _bad("GLOBAL/INST name is not UTF-8") from None
+
+    def _global(self, module: str, name: str) -> Global | Unsafe:
+        # pickle maps Python 2 names (``__builtin__.eval``) the same way before importing.
+        if (module, name) in NAME_MAPPING:
+            module, name = NAME_MAPPING[(module, name)]
+        elif module in IMPORT_MAPPING:
+            module = IMPORT_MAPPING[module]
+        glob = Global(module, name)
+        if glob.dotted in ALLOWED_GLOBALS:
+            return glob
+        self.unsafe.setdefault(glob.dotted)
+        return Unsafe(glob.dotted)
+
+    def _call(self, func: object, args: object) -> object:
+        if isinstance(func, Unsafe):
+            return func
+        if not isinstance(func, Global):
+            raise _bad(f"pickle calls a {type(func).__name__}, not a global")
+        if not isinstance(args, tuple):
+            if isinstance(args, Unsafe):
+                return args
+            raise _bad(f"arguments to {func.dotted} are not a tuple")
+        dotted = func.dotted
+        if dotted in ("torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2",
+                      "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_qtensor"):
+            return _rebuild_tensor(func.name, args)
+        if dotted in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
+                      "torch.nn.parameter.Parameter"):
+            return args[0] if args else Call(dotted)
+        if dotted == "torch._tensor._rebuild_from_type_v2":
+            if len(args) != 4:
+                raise _bad("_rebuild_from_type_v2 takes 4 arguments")
+            return self._call(args[0], args[2])
+        if dotted == "torch._utils._rebuild_meta_tensor_no_storage" and len(args) >= 3:
+            dtype = _torch_dtype(args[0])
+            shape, stride = _ints(args[1], "size"), _ints(args[2], "stride")
+            return TensorRef(None, 0, shape, stride, dtype)
+        if dotted in ("collections.OrderedDict", "collections.Counter"):
+            out = DictDesc()
+            if args and isinstance(args[0], list):
+                for pair in args[0]:
+                    if isinstance(pair, tuple) and len(pair) == 2:
+                        out.items.append(pair)
+            return out
+        if dotted == "torch.Size" and args and isinstance(args[0], (tuple, list)):
+            return tuple(args[0])
+        if dotted == "_codecs.encode" and len(args) == 2 and all(isinstance(a, str) for a in args):
+            try:
+                return args[0].encode(args[1])  # type: ignore[union-attr]
+            except LookupError:
+                raise _bad(f"_codecs.encode with unknown codec {args[1]!r}") from None
+        return Call(dotted)
+
+
+def _dict_from(items: list[object]) -> DictDesc:
+    out = DictDesc()
+    _setitems(out, items)
+    return out
+
+
+def _append(target: object, items: list[object]) -> None:
+    if isinstance(target, list):
+        target.extend(items)
+    elif not isinstance(target, (Unsafe, Call)):
+        raise _bad(f"APPEND on a {type(target).__name__}, not a list")
+
+
+def _setitems(target: object, items: list[object]) -> None:
+    if len(items) % 2:
+        raise _bad("SETITEMS with an odd number of items")
+    if isinstance(target, DictDesc):
+        target.items.extend(zip(items[::2], items[1::2]))
+    elif not isinstance(target, (Unsafe, Call)):
+        raise _bad(f"SETITEM on a {type(target).__name__}, not a dict")
+
+
+def _ints(value: object, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or len(value) > MAX_DIMS:
+        raise _bad(f"tensor {what} is not a tuple of integers")
+    if not all(type(v) is int and v >= 0 for v in value):
+        raise _bad(f"tensor {what} holds a negative or non-integer value")
+    return tuple(value)  # type: ignore[arg-type]
+
+
+def _torch_dtype(value: object) -> str:
+    if isinstance(value, Global) and value.module == "torch" and value.name in ITEMSIZES:
+        return value.name
+    raise _bad("tensor dtype is not a torch dtype")
+
+
+def _rebuild_tensor(kind: str, args: tuple[object, ...]) -> TensorRef | Unsafe:
+    need = {"_rebuild_tensor": 4, "_rebuild_tensor_v2": 6, "_rebuild_tensor_v3": 7,
+            "_rebuild_qtensor": 7}[kind]
+    if len(args) < need:
+        raise _bad(f"{kind} takes at least {need} arguments, got {len(args)}")
+    for arg in args:
+        if isinstance(arg, Unsafe):
+            return arg  # already reported as CG003; the tensor is not worth guessing
+    storage, offset = args[0], args[1]
+    if not isinstance(storage, StorageRef):
+        raise _bad(f"{kind}: first argument is a {type(storage).__name__}, not a storage")
+    if type(offset) is not int or offset < 0:
+        raise _bad(f"{kind}: storage offset is not a non-negative integer")
+    shape, stride = _ints(args[2], "size"), _ints(args[3], "stride")
+    if len(shape) != len(stride):
+        raise _bad(f"{kind}: size has {len(shape)} dims but stride has {len(stride)}")
+    dtype = _torch_dtype(args[6]) if kind == "_rebuild_tensor_v3" else storage.dtype
+    itemsize = ITEMSIZES[dtype]
+    extent = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    if (offset + extent) * itemsize > storage.nbytes:
+        raise _bad(
+            f"tensor of size {list(shape)} at offset {offset} runs past its storage "
+            f"{storage.key!r} ({storage.nbytes} bytes)"
+        )
+    return TensorRef(storage, offset, shape, stride, dtype)
+
+
+def storage_from_pid(pid: object) -> StorageRef | Unsafe:
+    """A persistent id ``('storage', Class, key, location, numel[, view_metadata])``."""
+    if not isinstance(pid, tuple) or len(pid) not in (5, 6):
+        raise _bad("persistent id is not a 5- or 6-tuple")
+    kind, cls, key, _location, numel = pid[:5]
+    if isinstance(kind, bytes):
+        kind = kind.decode("latin-1")
+    if kind != "storage":
+        raise _bad(f"persistent id of kind {kind!r}: torch loads only storages")
+    if isinstance(cls, Unsafe):
+        return cls
+    if not isinstance(cls, Global):
+        raise _bad("persistent id names no storage class")
+    if cls.dotted in _UNTYPED_STORAGES:
+        dtype = "uint8"
+    elif cls.module in ("torch", "torch.cuda") and cls.name in STORAGE_DTYPES:
+        dtype = STORAGE_DTYPES[cls.name]
+    else:
+        raise _bad(f"persistent id names {cls.dotted}, not a storage class")
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = str(key)
+    if not isinstance(key, str) or type(numel) is not int or numel < 0:
+        raise _bad("persistent id has a bad storage key or element count")
+    itemsize = ITEMSIZES[dtype]
+    view = pid[5] if len(pid) == 6 else None
+    if view is None:
+        return StorageRef(key, dtype, numel * itemsize)
+    # Pre-1.0 legacy files: a view (view_key, offset, size) into the root storage ``key``.
+    if not (isinstance(view, tuple) and len(view) == 3
+            and all(type(v) is int and v >= 0 for v in view[1:])):
+        raise _bad("persistent id has a malformed storage view")
+    _, view_offset, view_size = view
+    if view_offset + view_size > numel:
+        raise _bad(f"storage view runs past its root storage {key!r}")
+    return StorageRef(key, dtype, view_size * itemsize, view_offset * itemsize)
+
+
+def iter_named_tensors(root: object, *, budget: int) -> Iterator[tuple[str, TensorRef]]:
+    """(dotted name, tensor) for every tensor reachable through dicts, lists and tuples.
+
+    ``budget`` bounds the nodes visited, so memo-shared subtrees cannot expand
+    exponentially (a "billion laughs" pickle).
+    """
+    todo: list[tuple[object, tuple[str, ...], tuple[int, ...]]] = [(root, (), ())]
+    while todo:
+        node, path, ancestors = todo.pop()
+        budget -= 1
+        if budget < 0:
+            raise _bad("pickle references expand to too many objects")
+        if isinstance(node, TensorRef):
+            yield ".".join(path) if path else "<root>", node
+            continue
+        if isinstance(node, DictDesc):
+            children = [(_component(k), v) for k, v in node.items]
+        elif isinstance(node, (list, tuple)):
+            children = [(str(i), v) for i, v in enumerate(node)]
+        else:
+            continue
+        if id(node) in ancestors:
+            continue  # a container that holds itself; torch.load would build the cycle
+        if len(path) >= MAX_NESTING:
+            raise _bad(f"pickle nests containers more than {MAX_NESTING} deep")
+        inner = (*ancestors, id(node))
+        todo.extend((v, (*path, k), inner) for k, v in reversed(children))
+
+
+def _component(key: object) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bytes):
+        return key.decode("latin-1")
+    if key is None or isinstance(key, (int, float)):
+        return str(key)
+    return f"<{type(key).__name__}>"
+
+
+# torch dtype name -> safetensors code; quantized storages are their integer bytes.
+TORCH_CODES: dict[str, str] = {**dtypes.TORCH_NAMES, "qint8": "I8", "quint8": "U8", "qint32": "I32"}
+
+Locate = Callable[[StorageRef], "tuple[int, int] | None"]
+
+
+def build_tensor_infos(
+    named: Iterator[tuple[str, TensorRef]], *, file: str, locate: Locate
+) -> tuple[tuple[TensorInfo, ...], tuple[Finding, ...]]:
+    """TensorInfo records (later duplicates of a name win, as in a dict) and CG005 findings.
+
+    ``locate`` gives the absolute (start, end) of a storage's bytes in the file,
+    or None where finding them would cost extra reads.
+    """
+    infos: dict[str, TensorInfo] = {}
+    for name, ref in named:
+        itemsize = ITEMSIZES[ref.dtype]
+        code = TORCH_CODES.get(ref.dtype, ref.dtype)
+        shape, stride = ref.shape, ref.stride
+        extent = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        contiguous = _is_contiguous(shape, stride)
+        if code == "F4" and shape:  # torch counts packed pairs; the F4 code's shape is logical
+            shape = (*shape[:-1], shape[-1] * 2)
+            stride = tuple(s * 2 for s in stride[:-1]) + stride[-1:]
+        start = end = None
+        span = locate(ref.storage) if ref.storage is not None else None
+        if span is not None and ref.storage is not None:
+            start = span[0] + ref.storage.view_offset + ref.offset * itemsize
+            end = start + extent * itemsize
+            if end > span[1]:
+                raise _bad(f"tensor {name!r} runs past the bytes of storage {ref.storage.key!r}")
+        infos.pop(name, None)
+        infos[name] = TensorInfo(
+            name, code, shape, file, start, end, None if contiguous else stride,
+            ref.storage.key if ref.storage is not None else None,
+        )
+    unknown: dict[str, list[str]] = {}
+    for info in infos.values():
+        if info.dtype not in dtypes.DTYPES:
+            unknown.setdefault(info.dtype, []).append(info.name)
+    findings = tuple(
+        make_finding("CG005", file, f"unknown dtype {dtype!r} on {len(names)} tensor(s), "
+                     f"e.g. {names[0]!r}", tensor=names[0])
+        for dtype, names in unknown.items()
+    )
+    return tuple(infos.values()), findings
+
+
+def _is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """torch's rule: dims of size 1 may have any stride; empty tensors are contiguous."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for n, s in zip(reversed(shape), reversed(stride)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def unsafe_findings(walker: PickleWalker, path: str) -> tuple[Finding, ...]:
+    return tuple(
+        make_finding("CG003", path, f"pickle references {dotted}, which is not in the tensor "
+                     "allowlist (it was not imported or called)")
+        for dotted in walker.unsafe
+    )
+
+
+def unsafe_and_unreadable(
+    source: ByteSource, fmt: str, walker: PickleWalker, exc: MalformedCheckpoint, bytes_read: int
+) -> FileScan:
+    """A file with unsafe globals that is also malformed: keep both verdicts."""
+    broken = make_finding("CG001", source.name, f"unreadable checkpoint: {exc}")
+    return FileScan(path=source.name, format=fmt, size=source.size,
+                    findings=(*unsafe_findings(walker, source.name), broken), bytes_read=bytes_read)
+
+
+class CountingSource:
+    """Counts what a reader asked for, for ``FileScan.bytes_read``."""
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source = source
+        self.name = source.name
+        self.size = source.size
+        self.bytes_read = 0
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        data = self.source.read_at(offset, size)
+        self.bytes_read += len(data)
+        return data

@@ -1,0 +1,223 @@
+"""Streaming value statistics for one tensor, computed on raw bits.
+
+A float's magnitude is its bit pattern with the sign bit cleared, and for IEEE
+formats (fp16, bf16, fp32, fp64) magnitudes order like unsigned integers.  So
+max |x|, min non-zero |x|, NaN/Inf counts and "beyond the fp16 range" are
+integer comparisons on a ``uint`` view: no float conversion on the hot path.
+Only the rare values near a target's range limits, and the rounding error of a
+requested narrower cast (CG204), are ever converted.
+
+numpy and ml_dtypes are imported by ``guard.values`` before this module is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+# Source dtypes read on their own bits: code -> (uint view, magnitude mask, +inf bits).
+IEEE_BITS: dict[str, tuple[type, int, int]] = {
+    "F16": (np.uint16, 0x7FFF, 0x7C00),
+    "BF16": (np.uint16, 0x7FFF, 0x7F80),
+    "F32": (np.uint32, 0x7FFF_FFFF, 0x7F80_0000),
+    "F64": (np.uint64, 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
+}
+# Read by converting each chunk to fp32 first (exact: every value fits in fp32).
+WIDENED_TO_F32 = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
+# Dtypes a value can be cast *to* (CG201/CG202/CG204).  E8M0 holds scales, F4/F6 packed codes.
+CAST_TARGETS = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ")
+
+
+def numpy_dtype(code: str) -> np.dtype[Any]:
+    names = {"F16": "float16", "F32": "float32", "F64": "float64"}
+    return np.dtype(names[code]) if code in names else np.dtype(getattr(ml_dtypes, _ML_NAMES[code]))
+
+
+_ML_NAMES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+             "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+             "F8_E8M0": "float8_e8m0fnu"}
+
+
+@lru_cache(maxsize=None)
+def cast_is_exact(source: str, target: str) -> bool:
+    """True when every finite value of ``source`` survives a cast to ``target`` unchanged."""
+    if source == target:
+        return True
+    src = numpy_dtype(source)
+    if src.itemsize <= 2:  # enumerate every bit pattern
+        values = np.arange(2 ** (8 * src.itemsize), dtype=np.uint64).astype(
+            np.uint16 if src.itemsize == 2 else np.uint8).view(src).astype(np.float64)
+        values = values[np.isfinite(values)]
+        with np.errstate(over="ignore", invalid="ignore"):
+            back = values.astype(numpy_dtype(target)).astype(np.float64)
+        return bool(np.array_equal(values, back))
+    return (source, target) == ("F32", "F64")
+
+
+@dataclass(frozen=True)
+class CastLimits:
+    """A target's limits in a source's magnitude bits: at or above ``overflow`` -> non-finite,
+    below ``normal`` -> subnormal or zero in the target."""
+
+    target: str
+    overflow: int
+    normal: int
+
+
+@lru_cache(maxsize=None)
+def cast_limits(source: str, target: str) -> CastLimits:
+    uint, _mask, inf_bits = IEEE_BITS[source]
+    src, dst = numpy_dtype(source), numpy_dtype(target)
+    tiny = float(ml_dtypes.finfo(dst).smallest_normal)
+
+    def value(bits: int) -> float:
+        return float(np.array([bits], dtype=uint).view(src)[0])
+
+    def overflows(bits: int) -> bool:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return not np.isfinite(np.array([value(bits)], dtype=src).astype(dst)[0])
+
+    return CastLimits(target, _first_true(overflows, inf_bits), _first_true(lambda b: value(b) >= tiny, inf_bits))
+
+
+def _first_true(predicate: Any, hi: int) -> int:
+    """Smallest bits in [0, hi] where a monotonic predicate holds (hi if none before it)."""
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if predicate(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@dataclass
+class CastStats:
+    """What casting one tensor to ``target`` would do."""
+
+    target: str
+    overflow: int = 0  # values that become inf (or NaN in the fn formats)
+    flush: int = 0  # non-zero values that become zero
+    inexact_subnormal: int = 0  # tiny values that survive, rounded
+    max_rel_error: float = 0.0  # over values in the target's normal range (CG204)
+    worst_rel_value: float | None = None
+    rounded: int = 0  # values in the normal range that change
+
+    def to_json(self) -> dict[str, Any]:
+        return {"overflow": self.overflow, "flush": self.flush,
+                "inexact_subnormal": self.inexact_subnormal, "rounded": self.rounded,
+                "max_rel_error": self.max_rel_error, "worst_rel_value": self.worst_rel_value}
+
+
+@dataclass
+class TensorStats:
+    dtype: str
+    numel: int = 0
+    nan: int = 0
+    inf: int = 0
+    max_bits: int = -1  # magnitude bits of the largest finite |x|
+    worst_bits: int = 0  # the same value with its sign
+    min_bits: int = -1  # magnitude bits of the smallest non-zero finite |x|
+    casts: dict[str, CastStats] = field(default_factory=dict)
+    kernel: str = ""  # the IEEE dtype the bits were read as
+
+    def value_of(self, bits: int) -> float:
+        uint = IEEE_BITS[self.kernel][0]
+        return float(np.array([bits], dtype=uint).view(numpy_dtype(self.kernel))[0])
+
+    @property
+    def max_abs(self) -> float | None:
+        return self.value_of(self.max_bits) if self.max_bits >= 0 else None
+
+    @property
+    def worst_value(self) -> float | None:
+        return self.value_of(self.worst_bits) if self.max_bits >= 0 else None
+
+    @property
+    def min_nonzero_abs(self) -> float | None:
+        return self.value_of(self.min_bits) if self.min_bits > 0 else None
+
+
+class TensorScanner:
+    """Feed raw chunks of one tensor (whole elements) to ``update``; read ``stats``.
+
+    ``range_targets`` get overflow/underflow counts (cheap: only values past a
+    limit are touched); ``rounding_targets`` also get the relative rounding error,
+    which converts every value and costs a few passes per chunk.
+    """
+
+    def __init__(self, dtype: str, *, range_targets: tuple[str, ...], rounding_targets: tuple[str, ...]) -> None:
+        self.kernel = "F32" if dtype in WIDENED_TO_F32 else dtype
+        if self.kernel not in IEEE_BITS:
+            raise ValueError(f"no value kernel for {dtype}")
+        self.source = dtype
+        self.stats = TensorStats(dtype, kernel=self.kernel)
+        wanted = dict.fromkeys(range_targets + rounding_targets)
+        self.limits = [cast_limits(self.kernel, t) for t in wanted if not cast_is_exact(dtype, t)]
+        self.rounding = {t for t in rounding_targets if not cast_is_exact(dtype, t)}
+        for limit in self.limits:
+            self.stats.casts[limit.target] = CastStats(limit.target)
+        self.uint, self.mask, self.inf_bits = IEEE_BITS[self.kernel]
+
+    def update(self, raw: memoryview | bytes) -> None:
+        if self.source in WIDENED_TO_F32:
+            bits = np.frombuffer(raw, dtype=numpy_dtype(self.source)).astype(np.float32).view(np.uint32)
+        elif self.source == "F32" or self.kernel == self.source:
+            bits = np.frombuffer(raw, dtype=self.uint)
+        if bits.size == 0:
+            return
+        st = self.stats
+        st.numel += bits.size
+        mag = np.bitwise_and(bits, self.uint(self.mask))
+        top = int(mag.max())
+        if top >= self.inf_bits:  # NaN or Inf present: count them, keep going on the finite rest
+            inf = int(np.count_nonzero(mag == self.inf_bits))
+            st.inf += inf
+            finite = mag < self.inf_bits
+            st.nan += bits.size - inf - int(np.count_nonzero(finite))
+            bits, mag = bits[finite], mag[finite]
+            if mag.size == 0:
+                return
+        index = int(mag.argmax())
+        if int(mag[index]) > st.max_bits:
+            st.max_bits, st.worst_bits = int(mag[index]), int(bits[index])
+        # min over non-zero: x - 1 wraps 0 to the largest uint, so zeros never win.
+        low = (int(np.subtract(mag, 1).min()) + 1) & int(np.iinfo(self.uint).max)
+        if low and (st.min_bits < 0 or low < st.min_bits):
+            st.min_bits = low
+        for limit in self.limits:
+            self._range(limit, bits, mag, low)
+            if limit.target in self.rounding:
+                self._rounding(limit, bits, mag)
+
+    def _range(self, limit: CastLimits, bits: Any, mag: Any, low: int) -> None:
+        cast = self.stats.casts[limit.target]
+        if self.stats.max_bits >= limit.overflow:
+            cast.overflow += int(np.count_nonzero(mag >= limit.overflow))
+        if low and low < limit.normal:
+            tiny = bits[(mag > 0) & (mag < limit.normal)]
+            values = tiny.view(numpy_dtype(self.kernel))
+            with np.errstate(under="ignore"):
+                cast_back = values.astype(numpy_dtype(limit.target)).astype(values.dtype)
+            flushed = int(np.count_nonzero(cast_back == 0))
+            cast.flush += flushed
+            cast.inexact_subnormal += int(np.count_nonzero(cast_back != values)) - flushed
+
+    def _rounding(self, limit: CastLimits, bits: Any, mag: Any) -> None:
+        cast = self.stats.casts[limit.target]
+        in_range = (mag >= limit.normal) & (mag < limit.overflow)
+        wide = np.float64 if self.kernel == "F64" else np.float32
+        values = bits[in_range].view(numpy_dtype(self.kernel)).astype(wide)
+        if values.size == 0:
+            return
+        err = np.abs(values.astype(numpy_dtype(limit.target)).astype(wide) - values)
+        cast.rounded += int(np.count_nonzero(err))
+        rel = err / np.abs(values)
+        index = int(rel.argmax())
+        if float(rel[index]) > cast.max_rel_error:
+            cast.max_rel_error, cast.worst_rel_value = float(rel[index]), float(values[index])

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Install ckpt-guard into its own venv under $RUNNER_TEMP, with only the extras the inputs need.
+set -euo pipefail
+
+fail() { echo "::error title=ckpt-guard::$1"; exit 2; }
+
+case "$CG_FAIL_ON" in error|warning|note|never) ;; *) fail "fail-on must be error, warning, note or never" ;; esac
+for pair in "values=$CG_VALUES" "parity=$CG_PARITY" "changed-only=$CG_CHANGED_ONLY" \
+            "summary=$CG_SUMMARY" "annotate=$CG_ANNOTATE"; do
+  case "${pair#*=}" in true|false) ;; *) fail "${pair%%=*} must be true or false" ;; esac
+done
+case "$CG_CONVERT" in ""|flax|torch) ;; *) fail "convert must be flax, torch or empty" ;; esac
+if [ "$CG_PARITY" = true ] && [ -z "$CG_CONVERT" ]; then fail "parity needs convert"; fi
+
+extras=()
+[ "$CG_VALUES" = true ] && extras+=(values)
+[ -n "$CG_CONVERT" ] && extras+=(convert)
+[ "$CG_PARITY" = true ] && extras+=(parity)
+suffix=""
+if [ "${#extras[@]}" -gt 0 ]; then suffix="[$(IFS=,; echo "${extras[*]}")]"; fi
+
+if [ -n "$CG_VERSION" ]; then
+  spec="ckpt-guard${suffix}==${CG_VERSION#v}"
+else
+  spec="${GITHUB_ACTION_PATH}${suffix}"
+fi
+
+root="${RUNNER_TEMP:?RUNNER_TEMP is not set}/ckpt-guard"
+venv="$root/venv"
+mkdir -p "$root"
+python=python3
+command -v "$python" >/dev/null 2>&1 || python=python
+"$python" -m venv "$venv"
+bindir="$venv/bin"
+[ -d "$bindir" ] || bindir="$venv/Scripts"  # Windows
+"$bindir/python" -m pip install --quiet --disable-pip-version-check "$spec"
+
+{
+  echo "bin=$bindir/ckpt-guard"
+  echo "python=$bindir/python"
+} >> "$GITHUB_OUTPUT"
+"$bindir/ckpt-guard" --version
