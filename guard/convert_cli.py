@@ -1,14 +1,103 @@
-"""`ckpt-guard convert`.  (Being written with the conversion issue.)"""
+"""`ckpt-guard convert SRC --to flax|torch --out DIR`: bit-exact by default, every cast explicit."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
+from pathlib import Path
+
 import click
 
-from guard.errors import UsageError
+from guard.errors import MissingExtraError, UsageError
+from guard.reporters import REPORTERS
+
+CONVERT_MODULES = ("numpy", "ml_dtypes", "msgpack", "torch", "jax", "flax")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """transformers' convention: 5GB = 5 * 10**9 bytes, 5GiB = 5 * 2**30; a bare number is bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise UsageError(f"--max-shard-size {text!r}: expected a size such as 5GB, 500MB or 2GiB")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    scale = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}.get(unit)
+    if scale is None or number * scale < 1:
+        raise UsageError(f"--max-shard-size {text!r}: expected a size such as 5GB, 500MB or 2GiB")
+    return int(number * scale)
+
+
+def require_extras(modules: tuple[str, ...], extra: str) -> None:
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtraError(module, extra)
 
 
 @click.command()
-@click.argument("src")
-def convert(src: str) -> int:
-    """Convert a model between PyTorch and Flax, bit-exactly."""
-    raise UsageError("convert is not available yet")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("--to", "to", type=click.Choice(["flax", "torch"]), required=True, help="Target framework.")
+@click.option("--out", "out", type=click.Path(path_type=Path), required=True,
+              help="New output directory (must not exist, or be empty; never SRC).")
+@click.option("--dtype", "dtype", type=click.Choice(["keep", "fp32", "bf16", "fp16"]), default="keep",
+              show_default=True, help="Cast floating tensors; keep is bit-exact.")
+@click.option("--keep-fp32", "keep_fp32", multiple=True, metavar="PATTERN",
+              help="Tensor-name glob held in fp32 whatever --dtype says (repeatable), e.g. '*norm*'.")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard.")
+@click.option("--allow-lossy", is_flag=True, help="Write even when a cast overflows (CG201 becomes a warning).")
+@click.option("--parity", "run_parity", is_flag=True, help="Then compare PyTorch and Flax outputs (CG302/CG303).")
+@click.option("--format", "-f", "fmt", type=click.Choice(tuple(REPORTERS)), default="text", show_default=True,
+              help="Output format.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report to FILE instead of stdout.")
+def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], max_shard_size: str,
+            allow_lossy: bool, run_parity: bool, fmt: str, output: Path | None) -> int:
+    """Convert a model directory between PyTorch and Flax, bit-exactly unless --dtype says otherwise."""
+    require_extras(CONVERT_MODULES, "convert")
+    from guard.cli import emit
+    from guard.convert.cast import DTYPE_CHOICES, CastPolicy
+    from guard.convert.run import ConvertRequest, convert_model
+    from guard.report import Report
+
+    request = ConvertRequest(src, out, to, CastPolicy(DTYPE_CHOICES[dtype], tuple(keep_fp32)),
+                             parse_size(max_shard_size), allow_lossy)
+    findings, figures = convert_model(request)
+    report = Report(findings=findings, policy={"fail_on": "error"}, extra={"conversion": figures})
+    if figures.get("written"):
+        report.models.extend(_summaries(out))
+        if run_parity:
+            _add_parity(report, request, figures)
+    if fmt == "text" and output is None:
+        click.echo(conversion_line(figures))
+    emit(report, fmt, output)
+    return report.exit_code
+
+
+def _summaries(out: Path) -> list:  # type: ignore[type-arg]
+    from guard.inventory import discover_models, load_local_model
+    from guard.report import ModelSummary
+
+    return [ModelSummary.from_inventory(load_local_model(m)) for m in discover_models([out])]
+
+
+def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-def]
+    if (figures["from"] == "flax-msgpack") == (request.to == "flax"):
+        raise UsageError("--parity compares a PyTorch and a Flax model; source and target are the same framework")
+    require_extras(("transformers",), "parity")
+    from guard.parity import run_parity
+
+    torch_dir, flax_dir = (request.src, request.out) if request.to == "flax" else (request.out, request.src)
+    findings, parity_figures = run_parity(torch_dir, flax_dir)
+    report.findings.extend(findings)
+    report.extra["parity"] = parity_figures
+
+
+def conversion_line(figures: dict) -> str:  # type: ignore[type-arg]
+    if not figures.get("written"):
+        return f"ckpt-guard: convert: nothing written to {figures['output']}"
+    casts = ", ".join(f"{k} x{n}" for k, n in figures.get("casts", {}).items()) or "none (bit-exact)"
+    return (f"ckpt-guard: converted {figures['source']} ({figures['from']}, {figures['tensors_in']} tensors, "
+            f"{figures['shards_in']} file(s)) -> {figures['output']} ({figures['to']}, {figures['tensors_out']} "
+            f"tensors, {figures['shards_out']} shard(s)); mapping: {figures.get('mapping')}; casts: {casts}; "
+            f"tied: {len(figures.get('tied', []))}, dropped: {len(figures.get('dropped', []))}; "
+            f"verified {figures.get('verified', 0)} tensors in {figures.get('seconds', 0):.1f}s")

@@ -49,10 +49,10 @@ def cast_is_exact(source: str, target: str) -> bool:
         return True
     src = numpy_dtype(source)
     if src.itemsize <= 2:  # enumerate every bit pattern
-        values = np.arange(2 ** (8 * src.itemsize), dtype=np.uint64).astype(
-            np.uint16 if src.itemsize == 2 else np.uint8).view(src).astype(np.float64)
-        values = values[np.isfinite(values)]
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            values = np.arange(2 ** (8 * src.itemsize), dtype=np.uint64).astype(
+                np.uint16 if src.itemsize == 2 else np.uint8).view(src).astype(np.float64)
+            values = values[np.isfinite(values)]
             back = values.astype(numpy_dtype(target)).astype(np.float64)
         return bool(np.array_equal(values, back))
     return (source, target) == ("F32", "F64")
@@ -143,6 +143,21 @@ class TensorStats:
         return self.value_of(self.min_bits) if self.min_bits > 0 else None
 
 
+class Scratch:
+    """Work arrays reused across chunks and tensors: fresh 16 MiB temporaries per chunk
+    cost more in page faults than the arithmetic on them."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[Any, tuple[Any, Any]] = {}
+
+    def arrays(self, uint: Any, size: int) -> tuple[Any, Any]:
+        held = self._arrays.get(uint)
+        if held is None or held[0].size < size:
+            held = (np.empty(size, uint), np.empty(size, np.bool_))
+            self._arrays[uint] = held
+        return held[0][:size], held[1][:size]
+
+
 class TensorScanner:
     """Feed raw chunks of one tensor (whole elements) to ``update``; read ``stats``.
 
@@ -163,50 +178,63 @@ class TensorScanner:
         for limit in self.limits:
             self.stats.casts[limit.target] = CastStats(limit.target)
         self.uint, self.mask, self.inf_bits = IEEE_BITS[self.kernel]
+        self.small = cast_limits(self.kernel, "F16").normal  # |x| < 2^-14: few in real weights
 
-    def update(self, raw: memoryview | bytes) -> None:
+    def update(self, raw: memoryview | bytes, scratch: Scratch) -> None:
         if self.source in WIDENED_TO_F32:
             bits = np.frombuffer(raw, dtype=numpy_dtype(self.source)).astype(np.float32).view(np.uint32)
-        elif self.source == "F32" or self.kernel == self.source:
+        else:
             bits = np.frombuffer(raw, dtype=self.uint)
         if bits.size == 0:
             return
         st = self.stats
         st.numel += bits.size
-        mag = np.bitwise_and(bits, self.uint(self.mask))
-        top = int(mag.max())
-        if top >= self.inf_bits:  # NaN or Inf present: count them, keep going on the finite rest
-            inf = int(np.count_nonzero(mag == self.inf_bits))
+        mag, flags = scratch.arrays(self.uint, bits.size)
+        np.bitwise_and(bits, self.uint(self.mask), out=mag)
+        index = int(mag.argmax())
+        if int(mag[index]) >= self.inf_bits:  # NaN or Inf present: count them, go on with the finite rest
+            inf = int(np.count_nonzero(np.equal(mag, self.inf_bits, out=flags)))
+            finite = np.less(mag, self.inf_bits, out=flags)
             st.inf += inf
-            finite = mag < self.inf_bits
             st.nan += bits.size - inf - int(np.count_nonzero(finite))
             bits, mag = bits[finite], mag[finite]
+            flags = flags[: mag.size]
             if mag.size == 0:
                 return
-        index = int(mag.argmax())
-        if int(mag[index]) > st.max_bits:
-            st.max_bits, st.worst_bits = int(mag[index]), int(bits[index])
-        # min over non-zero: x - 1 wraps 0 to the largest uint, so zeros never win.
-        low = (int(np.subtract(mag, 1).min()) + 1) & int(np.iinfo(self.uint).max)
+            index = int(mag.argmax())
+        top = int(mag[index])
+        if top > st.max_bits:
+            st.max_bits, st.worst_bits = top, int(bits[index])
+        # Everything below the highest "normal" limit, zeros included: few values in real
+        # weights, so one comparison and one extraction cover min |x| and every underflow.
+        normal = max([limit.normal for limit in self.limits] + [self.small])
+        small = bits.take(np.flatnonzero(np.less(mag, normal, out=flags)))
+        small_mag = np.bitwise_and(small, self.uint(self.mask))
+        nonzero = small_mag[small_mag != 0]
+        if nonzero.size:
+            low = int(nonzero.min())
+        elif small.size == bits.size:  # all zeros
+            low = 0
+        else:  # no non-zero value below the limits: the smallest is the min of the rest
+            low = int(np.where(mag == 0, mag.dtype.type(self.mask), mag).min())
         if low and (st.min_bits < 0 or low < st.min_bits):
             st.min_bits = low
         for limit in self.limits:
-            self._range(limit, bits, mag, low)
+            cast = st.casts[limit.target]
+            if top >= limit.overflow:
+                cast.overflow += int(np.count_nonzero(np.greater_equal(mag, limit.overflow, out=flags)))
+            if low and low < limit.normal:
+                self._underflow(cast, small[(small_mag != 0) & (small_mag < limit.normal)])
             if limit.target in self.rounding:
                 self._rounding(limit, bits, mag)
 
-    def _range(self, limit: CastLimits, bits: Any, mag: Any, low: int) -> None:
-        cast = self.stats.casts[limit.target]
-        if self.stats.max_bits >= limit.overflow:
-            cast.overflow += int(np.count_nonzero(mag >= limit.overflow))
-        if low and low < limit.normal:
-            tiny = bits[(mag > 0) & (mag < limit.normal)]
-            values = tiny.view(numpy_dtype(self.kernel))
-            with np.errstate(under="ignore"):
-                cast_back = values.astype(numpy_dtype(limit.target)).astype(values.dtype)
-            flushed = int(np.count_nonzero(cast_back == 0))
-            cast.flush += flushed
-            cast.inexact_subnormal += int(np.count_nonzero(cast_back != values)) - flushed
+    def _underflow(self, cast: CastStats, tiny: Any) -> None:
+        values = tiny.view(numpy_dtype(self.kernel))
+        with np.errstate(under="ignore"):
+            cast_back = values.astype(numpy_dtype(cast.target)).astype(values.dtype)
+        flushed = int(np.count_nonzero(cast_back == 0))
+        cast.flush += flushed
+        cast.inexact_subnormal += int(np.count_nonzero(cast_back != values)) - flushed
 
     def _rounding(self, limit: CastLimits, bits: Any, mag: Any) -> None:
         cast = self.stats.casts[limit.target]

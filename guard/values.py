@@ -1,13 +1,42 @@
-"""Value checks (scan --values): CG201-CG204.  (Being written with the conversion issue.)"""
+"""Value checks (``scan --values``): CG201-CG204 from tensor data, read in bounded chunks.
+
+Which checks fire:
+- CG203 (NaN/Inf) always, on every floating tensor.
+- CG201 / CG202 (overflow / underflow) and CG204 (rounding) for each cast that is
+  *in play*: a ``--target framework:DTYPE`` narrower than the tensor, plus fp16
+  when ``--expect fp16``.  Without one, nothing is being cast, so nothing can
+  overflow; the fp16 range figures are still computed and land in the report's
+  ``extra["values"]`` (they cost nothing unless values sit near the limits).
+- CG204 is one note per file and target (the worst tensor named): every tensor
+  of an fp32 model rounds under bf16, and one note per tensor would bury the rest.
+  The per-tensor figures are in ``extra["values"]``.
+
+Reading: ``os.preadv`` into one reused 16 MiB buffer per tensor chunk rather
+than ``mmap``: the same bounded memory, no page fault per 4 KiB, and a file
+that shrinks while it is read gives a short read (a CG001 finding) instead of
+SIGBUS killing the process.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from guard import dtypes
+from guard.catalogue import make_finding
 from guard.config import Policy
-from guard.errors import UsageError
+from guard.errors import MissingExtraError
 from guard.findings import Finding
 from guard.inventory import ModelInventory
+from guard.tensors import TensorInfo
+
+CHUNK_BYTES = 16 * 1024 * 1024
+WORKERS = min(4, os.cpu_count() or 1)  # peak memory: about 45 MiB per worker
+FP16_MAX, FP16_TINY = "65504", "2^-14"
 
 
 class ValueResults(NamedTuple):
@@ -16,4 +45,222 @@ class ValueResults(NamedTuple):
 
 
 def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
-    raise UsageError("scan --values is not available yet")
+    _require_extras()
+    from guard.value_stats import CAST_TARGETS
+
+    requested = tuple(dict.fromkeys(t.dtype for t in policy.targets if t.dtype in CAST_TARGETS))
+    in_play = requested + (("F16",) if policy.expect == "F16" and "F16" not in requested else ())
+    labels = {t.dtype: str(t) for t in policy.targets if t.dtype}
+    labels.setdefault("F16", "--expect fp16")
+    checked = [t for t in inv.tensors if dtypes.is_float(t.dtype) or t.dtype == "C64"]
+    findings: list[Finding] = []
+    stats: list[dict[str, Any]] = []
+    rounding: dict[tuple[str, str], list[tuple[float, float | None, str, int]]] = {}
+    with _Files() as files:
+        skips = [_skip_reason(info, files) for info in checked]
+        # Tied weights and views share bytes: each range is read once.
+        jobs = list(dict.fromkeys(_key(info) for info, skip in zip(checked, skips) if skip is None))
+        total = sum(end - start for _file, start, end, _dtype in jobs)
+        with _Progress(total, desc=f"values {inv.path}") as bar:
+
+            def scan(key: tuple[str, int, int, str]) -> Any:
+                try:
+                    return _scan_range(key, files, ranges=("F16",) + in_play, rounding=requested, bar=bar)
+                except _Truncated as exc:
+                    return exc
+
+            # numpy and preadv release the GIL: ranges are scanned on a few threads.
+            with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+                results = dict(zip(jobs, pool.map(scan, jobs)))
+    for info, skip in zip(checked, skips):
+        result = results[_key(info)] if skip is None else None
+        if skip is not None or isinstance(result, _Truncated):
+            if result is not None:
+                findings.append(make_finding("CG001", info.file, str(result), tensor=info.name))
+            stats.append({**_where(info), "skipped": skip or str(result)})
+            continue
+        stats.append({**_where(info), **_figures(result), "numel": info.numel})
+        findings.extend(_tensor_findings(info, result, in_play, labels))
+        for code, cast in result.casts.items():
+            if code in requested and cast.rounded:
+                rounding.setdefault((info.file, code), []).append(
+                    (cast.max_rel_error, cast.worst_rel_value, info.name, cast.rounded))
+    for (path, code), rows in rounding.items():
+        err, value, name, _count = max(rows, key=lambda r: r[0])
+        findings.append(make_finding(
+            "CG204", path,
+            f"casting to {dtypes.display_name(code)} ({labels[code]}) rounds {sum(r[3] for r in rows):,} values "
+            f"in {len(rows)} tensor(s); max relative error {err:.3g} in {name!r} (value {value:.9g})",
+            tensor=name))
+    return ValueResults(findings, stats)
+
+
+def _require_extras() -> None:
+    for module in ("numpy", "ml_dtypes"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise MissingExtraError(module, "values") from None
+
+
+def _is_checked(code: str) -> bool:
+    from guard.value_stats import IEEE_BITS, WIDENED_TO_F32
+
+    return code in IEEE_BITS or code in WIDENED_TO_F32 or code == "C64"
+
+
+def _where(info: TensorInfo) -> dict[str, Any]:
+    return {"file": info.file, "tensor": info.name, "dtype": info.dtype, "shape": list(info.shape)}
+
+
+def _skip_reason(info: TensorInfo, files: _Files) -> str | None:
+    if not _is_checked(info.dtype):
+        return f"{info.dtype} cannot hold NaN or Inf; not checked"
+    if info.data_start is None or info.data_end is None:
+        return "the reader did not locate this tensor's bytes (chunked or pickled storage); not checked"
+    span, need = info.data_end - info.data_start, info.nbytes or 0
+    if info.stride is not None and span != need:
+        return "a strided view over part of its storage; not checked"
+    if span != need:
+        return f"byte range of {span:,} bytes does not match {need:,} bytes of data; not checked"
+    if files.open(info.file) is None:
+        return "not a local file; not checked"
+    return None
+
+
+class _Truncated(Exception):
+    pass
+
+
+def _key(info: TensorInfo) -> tuple[str, int, int, str]:
+    assert info.data_start is not None and info.data_end is not None
+    return info.file, info.data_start, info.data_end, info.dtype
+
+
+def _scan_range(key: tuple[str, int, int, str], files: _Files, *, ranges: tuple[str, ...],
+                rounding: tuple[str, ...], bar: _Progress) -> Any:
+    from guard.value_stats import TensorScanner
+
+    path, start, end, code = key
+    dtype = "F32" if code == "C64" else code  # NaN/Inf only: a complex is two fp32
+    targets = ((), ()) if code == "C64" else (ranges, rounding)
+    scanner = TensorScanner(dtype, range_targets=targets[0], rounding_targets=targets[1])
+    fd, size = files.open(path)  # type: ignore[misc]
+    if end > size:
+        raise _Truncated(f"tensor bytes truncated: they end at byte {end:,} but the file has {size:,}")
+    buffer, scratch = files.workspace()
+    for view in _chunks(fd, start, end, buffer):
+        scanner.update(view, scratch)
+        bar.advance(len(view))
+    return scanner.stats
+
+
+def _chunks(fd: int, start: int, end: int, buffer: bytearray) -> Iterator[memoryview]:
+    whole = memoryview(buffer)
+    pos = start
+    while pos < end:
+        want = min(len(buffer), end - pos)
+        got = os.preadv(fd, [whole[:want]], pos)
+        if got != want:
+            raise _Truncated(f"tensor bytes truncated: short read at byte {pos + got:,} (file changed?)")
+        yield whole[:want]
+        pos += want
+
+
+def _figures(st: Any) -> dict[str, Any]:
+    return {
+        "numel": st.numel, "nan": st.nan, "inf": st.inf,
+        "max_abs": st.max_abs, "worst_value": st.worst_value, "min_nonzero_abs": st.min_nonzero_abs,
+        "casts": {dtypes.display_name(code): cast.to_json() for code, cast in st.casts.items()},
+    }
+
+
+def _tensor_findings(info: TensorInfo, st: Any, in_play: tuple[str, ...], labels: dict[str, str]) -> list[Finding]:
+    shape = f"{info.dtype}{list(info.shape)}"
+    out = []
+    if st.nan or st.inf:
+        out.append(make_finding(
+            "CG203", info.file,
+            f"{st.nan + st.inf:,} non-finite value(s) in {shape}: {st.nan:,} NaN, {st.inf:,} Inf",
+            tensor=info.name))
+    for code in in_play:
+        cast = st.casts.get(code)
+        if cast is None:
+            continue
+        name = dtypes.display_name(code)
+        if cast.overflow:
+            out.append(make_finding(
+                "CG201", info.file,
+                f"{cast.overflow:,} value(s) of {shape} overflow {name} ({labels[code]}); "
+                f"worst {st.worst_value:.9g}" + (f" (fp16 max ±{FP16_MAX})" if code == "F16" else ""),
+                tensor=info.name))
+        if cast.flush or cast.inexact_subnormal:
+            out.append(make_finding(
+                "CG202", info.file,
+                f"{cast.flush + cast.inexact_subnormal:,} non-zero value(s) of {shape} underflow {name} "
+                f"({labels[code]}): {cast.flush:,} flush to zero, {cast.inexact_subnormal:,} lose precision; "
+                f"smallest |x| {st.min_nonzero_abs:.9g}" + (f" (fp16 normal min {FP16_TINY})" if code == "F16" else ""),
+                tensor=info.name))
+    return out
+
+
+class _Files:
+    """Open descriptors for one model's files; one read buffer per worker thread."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, tuple[int, int] | None] = {}
+        self._local = threading.local()
+
+    def workspace(self) -> tuple[bytearray, Any]:
+        """This thread's read buffer and scratch arrays, kept across its tensors."""
+        from guard.value_stats import Scratch
+
+        if not hasattr(self._local, "buffer"):
+            self._local.buffer, self._local.scratch = bytearray(CHUNK_BYTES), Scratch()
+        return self._local.buffer, self._local.scratch
+
+    def open(self, path: str) -> tuple[int, int] | None:
+        if path not in self._fds:
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            except OSError:
+                self._fds[path] = None
+            else:
+                self._fds[path] = (fd, os.fstat(fd).st_size)
+        return self._fds[path]
+
+    def __enter__(self) -> _Files:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for entry in self._fds.values():
+            if entry is not None:
+                os.close(entry[0])
+
+
+class _Progress:
+    """A byte progress bar on a terminal (stderr); silent in CI and pipes."""
+
+    def __init__(self, total: int, *, desc: str) -> None:
+        self.total, self.desc, self.done, self._shown = total, desc, 0, -1
+        self._lock = threading.Lock()
+        self.enabled = sys.stderr.isatty() and not os.environ.get("CI") and total >= 64 * CHUNK_BYTES
+
+    def advance(self, n: int) -> None:
+        with self._lock:
+            self._advance(n)
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        percent = self.done * 100 // max(self.total, 1)
+        if self.enabled and percent != self._shown:
+            self._shown = percent
+            sys.stderr.write(f"\r{self.desc}: {percent:3d}% of {self.total / 1e9:.2f} GB")
+            sys.stderr.flush()
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled and self._shown >= 0:
+            sys.stderr.write("\n")

@@ -19,7 +19,7 @@ serialization = pytest.importorskip("flax.serialization")
 
 from guard.dtypes import DTYPES, NUMPY_NAMES  # noqa: E402
 from guard.readers import scan_file  # noqa: E402
-from guard.readers.flax_msgpack import MAX_DEPTH, read_flax_msgpack  # noqa: E402
+from guard.readers.flax_msgpack import MAX_DEPTH, MAX_ENTRIES, read_flax_msgpack  # noqa: E402
 from guard.sources import BytesSource, LocalFile  # noqa: E402
 from guard.tensors import FileScan  # noqa: E402
 
@@ -111,6 +111,7 @@ def test_mixed_tree_with_python_leaves_lists_and_sorted_keys(tmp_path: Path) -> 
         "nested/deeper/deepest/w", "pair/0", "pair/1/inner", "z/a", "z/b"]
 
 
+@pytest.mark.slow
 def test_to_bytes_of_linen_params(tmp_path: Path) -> None:
     import jax
     import jax.numpy as jnp
@@ -129,6 +130,7 @@ def test_to_bytes_of_linen_params(tmp_path: Path) -> None:
     assert {t.name: t.dtype for t in result.tensors}["params/Dense_0/kernel"] == "BF16"
 
 
+@pytest.mark.slow
 def test_transformers_flax_bert_save_pretrained(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=2,
@@ -188,6 +190,7 @@ def test_nesting_just_under_the_cap_is_read() -> None:
 
 # --- reading little ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_large_arrays_are_skipped_not_read(tmp_path: Path) -> None:
     elements = 16 * 1024 * 1024  # 64 MB of float32 each
     tree = {"params": {f"layer_{i}": {"kernel": np.full(elements, i, np.float32), "scale": np.ones(4)}
@@ -346,6 +349,12 @@ BROKEN = {
         {"a": {"b": msgpack.ExtType(1, array_payload([1], "int8", b"\0"))},
          "a/b": msgpack.ExtType(1, array_payload([1], "int8", b"\0"))}),
 }
+
+
+def test_too_many_entries_is_cg001_fast() -> None:
+    many = MAX_ENTRIES + 1
+    assert_unreadable(top(b"\xdd" + struct.pack(">I", many) + b"\xc0" * many))
+    assert_unreadable(b"\xdf" + struct.pack(">I", many) + b"\xa0\xc0" * many)
 
 
 @pytest.mark.parametrize("data", BROKEN.values(), ids=BROKEN.keys())

@@ -18,6 +18,8 @@ from guard.errors import GuardError, MissingExtraError
 
 T = TypeVar("T")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+ATTEMPTS = 3
+BACKOFF = 0.5  # seconds before the 2nd attempt; doubles after (tests set 0)
 
 
 class HubError(GuardError):
@@ -54,8 +56,8 @@ class HubClient:
 
     token: str | bool | None = None
     timeout: float = 30.0
-    attempts: int = 3
-    backoff: float = 0.5  # seconds before the 2nd attempt; doubles after
+    attempts: int = field(default_factory=lambda: ATTEMPTS)
+    backoff: float = field(default_factory=lambda: BACKOFF)
     endpoint: str = ""
     api: Any = field(init=False, repr=False)
 
@@ -113,7 +115,11 @@ class HubClient:
     def file_url(self, repo_id: str, filename: str, revision: str) -> str:
         from huggingface_hub import hf_hub_url
 
-        return hf_hub_url(repo_id, filename, revision=revision, endpoint=self.endpoint)
+        url = hf_hub_url(repo_id, filename, revision=revision, endpoint=self.endpoint)
+        if not url.startswith(self.endpoint + "/"):
+            # hf_hub_url's template is fixed at import from HF_ENDPOINT; keep its path, use our host.
+            url = self.endpoint + url[url.index(f"/{repo_id}/resolve/"):]
+        return url
 
 
 def _hub_http_error() -> type[BaseException]:

@@ -136,7 +136,8 @@ def _group_by_directory(siblings: Sequence[Any]) -> dict[str, tuple[list[tuple[s
         elif base == CONFIG_NAME or is_index_file(base):
             groups.setdefault(posixpath.dirname(name), ([], []))[1].append((name, size))
     # A directory with only a config.json is not a model (same rule as the local scan).
-    return {d: g for d, g in groups.items() if g[0] or any(is_index_file(posixpath.basename(n)) for n, _ in g[1])}
+    return {d: groups[d] for d in sorted(groups)
+            if groups[d][0] or any(is_index_file(posixpath.basename(n)) for n, _ in groups[d][1])}
 
 
 def _display(repo_id: str, name: str) -> str:

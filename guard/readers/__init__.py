@@ -48,13 +48,13 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack")
 
 def sniff_format(source: ByteSource) -> str | None:
     """The format of a file from its first bytes (and its name as a tie-break)."""
-    head = source.read_at(0, min(source.size, 64))
+    head = source.read_at(0, min(source.size, 512))
     if is_lfs_pointer(head):
         return "lfs-pointer"
     if head.startswith(_ZIP_MAGIC) or (source.size == 22 and head.startswith(b"PK\x05\x06")):
         return "torch-zip"
-    if head.startswith(_LEGACY_MAGIC):
-        return "torch-legacy"
+    if head.startswith(_LEGACY_MAGIC) or head[257:262] == b"ustar":
+        return "torch-legacy"  # the legacy reader explains the old tar variant itself
     name = source.name.lower()
     if name.endswith(".msgpack"):
         return "flax-msgpack"

@@ -24,6 +24,7 @@ from guard.tensors import FileScan, TensorInfo
 BLOCK_SIZE = 64 * 1024
 MAX_DEPTH = 512  # flax trees are a few levels deep; the cap bounds hostile nesting
 MAX_KEY_BYTES = 64 * 1024
+MAX_ENTRIES = 250_000  # map/array entries per file: far beyond any model (~1 s to walk)
 MAX_RANK = 64  # numpy's limit
 CHUNKED_MARKER = "__msgpack_chunked_array__"
 EXT_NDARRAY, EXT_COMPLEX, EXT_NPSCALAR = 1, 2, 3
@@ -172,6 +173,9 @@ def walk_flax_msgpack(cur: _Cursor) -> list[TensorInfo]:
     head = _read_head(cur)
     if head.kind != "map":
         raise MalformedCheckpoint(f"top level is a msgpack {head.kind}, not a map")
+    if head.value > MAX_ENTRIES:
+        raise MalformedCheckpoint(f"more than {MAX_ENTRIES:,} map/array entries")
+    entries = head.value
     tensors: list[TensorInfo] = []
     seen: set[str] = set()
     stack = [_Frame((), head.value)]
@@ -194,6 +198,9 @@ def walk_flax_msgpack(cur: _Cursor) -> list[TensorInfo]:
         if head.kind in ("map", "array"):
             if len(stack) >= MAX_DEPTH:
                 raise MalformedCheckpoint(f"nesting deeper than {MAX_DEPTH} levels")
+            entries += head.value
+            if entries > MAX_ENTRIES:
+                raise MalformedCheckpoint(f"more than {MAX_ENTRIES:,} map/array entries")
             child = _Frame(path, head.value, is_map=head.kind == "map")
             if child.is_map:
                 _peek_first_key(cur, child)
@@ -225,7 +232,8 @@ def _read_key(cur: _Cursor, frame: _Frame, *, allow_marker: bool = False) -> str
     if head.kind != "str":
         raise MalformedCheckpoint(f"a map key under {where} is a msgpack {head.kind}, not a string")
     if head.value > MAX_KEY_BYTES:
-        raise MalformedCheckpoint(f"a map key of {head.value:,} bytes exceeds the {MAX_KEY_BYTES:,}-byte limit")
+        raise MalformedCheckpoint(
+            f"a map key of {head.value:,} bytes exceeds the {MAX_KEY_BYTES:,}-byte limit")
     try:
         key = cur.take(head.value).decode("utf-8")
     except UnicodeDecodeError:
@@ -345,7 +353,8 @@ def _read_numbered(cur: _Cursor, name: str, what: str, read_entry: Callable[[int
     """A ``{"0": v0, "1": v1, ...}`` map, keys in order, each value read by ``read_entry``."""
     head = _read_head(cur)
     if head.kind != "map" or (limit is not None and head.value > limit):
-        raise MalformedCheckpoint(f"tensor {name!r}: chunked {what} is not a map (of at most {limit} entries)")
+        most = "" if limit is None else f" of at most {limit} entries"
+        raise MalformedCheckpoint(f"tensor {name!r}: chunked {what} is not a map{most}")
     entries = []
     for i in range(head.value):
         key = _read_head(cur)

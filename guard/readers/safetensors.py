@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import struct
-from math import prod
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -35,7 +34,9 @@ def parse_header(raw: bytes) -> dict[str, object]:
     except UnicodeDecodeError as exc:
         raise MalformedCheckpoint(f"header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
-        header = json.loads(text, object_pairs_hook=_no_duplicates)
+        # parse_constant/parse_int: the Rust reader (serde_json) refuses NaN and reads -0 as a float
+        header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                            parse_int=_json_int)
     except json.JSONDecodeError as exc:
         raise MalformedCheckpoint(f"header is not valid JSON ({exc.msg} at char {exc.pos})") from None
     if not isinstance(header, dict):
@@ -48,8 +49,23 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
     for key, value in pairs:
         if key in out:
             raise MalformedCheckpoint(f"duplicate key {key!r} in header")
+        for text in (key, value) if isinstance(value, str) else (key,):
+            # a lone surrogate (\ud800) decodes in Python but is not UTF-8: no output could encode it
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise MalformedCheckpoint("header holds a lone UTF-16 surrogate escape") from None
         out[key] = value
     return out
+
+
+def _no_constant(name: str) -> object:
+    raise MalformedCheckpoint(f"header holds {name}, which is not JSON")
+
+
+def _json_int(text: str) -> int | float:
+    return float(text) if text.startswith("-") else int(text)
 
 
 def read_safetensors(source: ByteSource) -> FileScan:
@@ -63,7 +79,7 @@ def read_safetensors(source: ByteSource) -> FileScan:
     spans: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         dtype, shape, begin, end = _entry(name, entry)
-        size = dtypes.nbytes(dtype, prod(shape))
+        size = _span_size(name, dtype, shape)
         if size is None:
             unknown.setdefault(dtype, []).append(name)
         elif end - begin != size:
@@ -109,6 +125,23 @@ def _entry(name: str, entry: object) -> tuple[str, tuple[int, ...], int, int]:
             or offsets[0] > offsets[1]):
         raise MalformedCheckpoint(f"tensor {name!r}: data_offsets must be [begin, end] with begin <= end")
     return dtype, tuple(shape), offsets[0], offsets[1]
+
+
+def _span_size(name: str, dtype: str, shape: tuple[int, ...]) -> int | None:
+    """Bytes the tensor needs, with the reference's checks: no u64 overflow, whole bytes only."""
+    numel = 1
+    for dim in shape:  # stepwise, as Rust's checked_mul: also bounds the work on a hostile shape
+        numel *= dim
+        if numel >= 2**64:
+            raise MalformedCheckpoint(f"tensor {name!r}: shape {list(shape)[:8]} overflows a 64-bit size")
+    if dtype not in dtypes.DTYPES:
+        return None
+    total = numel * dtypes.DTYPES[dtype].bits
+    if total >= 2**64:
+        raise MalformedCheckpoint(f"tensor {name!r}: {dtype}{list(shape)[:8]} overflows a 64-bit size")
+    if total % 8:
+        raise MalformedCheckpoint(f"tensor {name!r}: {dtype}{list(shape)} does not fill whole bytes")
+    return total // 8
 
 
 def _is_uint(value: object) -> bool:

@@ -147,6 +147,21 @@ def _bad(message: str) -> MalformedCheckpoint:
     return MalformedCheckpoint(message)
 
 
+# Opcodes that push their decoded argument: ints, floats, strings, bytes.
+_PUSH_ARG = frozenset({
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "STRING", "BINSTRING",
+    "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8", "UNICODE",
+    "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "FLOAT", "BINFLOAT",
+})
+
+
+# opcode byte -> (name, argument reader), from pickletools' table.
+_OPCODES = {
+    op.code.encode("latin-1"): (op.name, op.arg.reader if op.arg is not None else None)
+    for op in pickletools.opcodes
+}
+
+
 class PickleWalker:
     """Walks one or more pickles; ``unsafe`` collects non-allowlisted globals in order."""
 
@@ -178,26 +193,31 @@ class PickleWalker:
                 raise _bad("pickle stack underflow")
             return stack[-1]
 
+        read, opcodes = stream.read, _OPCODES
         while True:
-            pos = stream.tell()
-            code = stream.read(1)
+            code = read(1)
             if not code:
                 raise _bad("pickle ends before its STOP opcode")
-            op = pickletools.code2op.get(code.decode("latin-1"))
-            if op is None:
-                raise _bad(f"unknown pickle opcode {code!r} at byte {pos}")
+            entry = opcodes.get(code)
+            if entry is None:
+                raise _bad(f"unknown pickle opcode {code!r} at byte {stream.tell() - 1}")
             self.opcodes += 1
-            name = op.name
+            name, reader = entry
             if name in ("GLOBAL", "INST"):
                 arg: object = (self._line(stream), self._line(stream))
-            elif op.arg is None:
+            elif reader is None:
                 arg = None
             else:
                 try:
-                    arg = op.arg.reader(stream)
+                    arg = reader(stream)
                 except (ValueError, OverflowError) as exc:
-                    raise _bad(f"bad {name} argument at byte {pos}: {exc}") from None
-            if len(stack) > MAX_STACK or len(memo) > MAX_MEMO:
+                    raise _bad(f"bad {name} argument before byte {stream.tell()}: {exc}") from None
+                if name in _PUSH_ARG:
+                    if len(stack) >= MAX_STACK:
+                        raise _bad("pickle stack exceeds the size limit")
+                    stack.append(arg)
+                    continue
+            if len(stack) >= MAX_STACK or len(memo) >= MAX_MEMO:
                 raise _bad("pickle stack or memo exceeds the size limit")
 
             if name in ("BINPUT", "LONG_BINPUT", "PUT"):
@@ -309,8 +329,8 @@ class PickleWalker:
                 return pop()
             elif name in ("NONE", "NEWTRUE", "NEWFALSE"):
                 stack.append({"NONE": None, "NEWTRUE": True, "NEWFALSE": False}[name])
-            else:  # every remaining opcode pushes its decoded argument (ints, floats, strings, bytes)
-                stack.append(arg)
+            else:  # pragma: no cover - pickletools knows no opcode this chain misses
+                raise _bad(f"unhandled pickle opcode {name}")
 
     def _line(self, stream: PickleStream) -> str:
         line = stream.readline(MAX_LINE)

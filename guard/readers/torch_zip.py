@@ -106,7 +106,8 @@ def _find_directory(source: ByteSource) -> tuple[int, int, int, int]:
     if disk or cd_disk:
         raise MalformedCheckpoint("multi-disk zip archives are not torch checkpoints")
     if eocd_at >= _ZIP64_LOCATOR.size:
-        loc = source.read_at(eocd_at - _ZIP64_LOCATOR.size, _ZIP64_LOCATOR.size)
+        loc = (tail[found - _ZIP64_LOCATOR.size : found] if found >= _ZIP64_LOCATOR.size
+               else source.read_at(eocd_at - _ZIP64_LOCATOR.size, _ZIP64_LOCATOR.size))
         sig, _disk, z64_at, _disks = _ZIP64_LOCATOR.unpack(loc)
         if sig == b"PK\x06\x07":
             if z64_at + _ZIP64_EOCD.size > eocd_at - _ZIP64_LOCATOR.size:

@@ -1,0 +1,79 @@
+"""What travels with the weights: config.json with its dtype updated, and the other small files."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from guard import dtypes
+from guard.catalogue import make_finding
+from guard.findings import Finding
+
+CONFIG_FILES = ("config.json", "generation_config.json")
+DTYPE_KEYS = ("torch_dtype", "dtype")
+_WEIGHTS = re.compile(r"\.(safetensors|bin|msgpack|pt|pth|ckpt|h5|onnx)$|\.index\.json$")
+
+
+def read_config(src: Path) -> tuple[dict[str, Any] | None, list[Finding]]:
+    """config.json as a dict (None if absent); a CG001 finding when it is not a JSON object."""
+    path = src / "config.json"
+    if not path.is_file():
+        return None, []
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+        return config, []
+    except (ValueError, UnicodeDecodeError) as exc:
+        reason = str(exc).splitlines()[0][:200]
+        return None, [make_finding("CG001", str(path), f"config.json is not valid JSON: {reason}")]
+
+
+def with_dtype(obj: Any, name: str) -> Any:
+    """A copy with every torch_dtype / dtype field (nested configs too) set to ``name``."""
+    if isinstance(obj, dict):
+        out = {k: with_dtype(v, name) for k, v in obj.items()}
+        for key in DTYPE_KEYS:
+            if isinstance(obj.get(key), str):
+                out[key] = name
+        return out
+    return obj
+
+
+def main_dtype(counts: dict[str, int]) -> str | None:
+    """The floating dtype holding most parameters, by its config.json name."""
+    floats = {code: n for code, n in counts.items() if dtypes.is_float(code)}
+    if not floats:
+        return None
+    return dtypes.DTYPES[max(floats, key=floats.__getitem__)].config
+
+
+def carry_files(src: Path, dest: Path, *, config: dict[str, Any] | None, dtype_name: str | None) -> list[str]:
+    """Copy config.json (dtype updated), generation_config.json and the tokenizer-like files."""
+    carried = []
+    if config is not None:
+        if dtype_name:
+            config = with_dtype(config, dtype_name)
+            if not any(key in config for key in DTYPE_KEYS):
+                config["torch_dtype"] = dtype_name
+        (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        carried.append("config.json")
+    for path in sorted(src.iterdir()):
+        name = path.name
+        if name == "config.json" or name.startswith(".") or not path.is_file() or _WEIGHTS.search(name):
+            continue
+        if name == "generation_config.json" and dtype_name:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                (dest / name).write_text(json.dumps(with_dtype(data, dtype_name), indent=2, sort_keys=True) + "\n",
+                                         encoding="utf-8")
+                carried.append(name)
+                continue
+            except (ValueError, UnicodeDecodeError):
+                pass  # copied as it is, like any other file
+        shutil.copy2(path, dest / name)
+        carried.append(name)
+    return carried

@@ -1,0 +1,161 @@
+"""One conversion, start to finish: findings plus the figures for ``report.extra["conversion"]``."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from guard.convert.bitviews import bits
+from guard.convert.carry import carry_files, main_dtype, read_config
+from guard.convert.cast import CastPolicy, cast_array
+from guard.convert.naming import Mapping, describe_unmatched, map_tensors
+from guard.convert.source import SourceModel, open_source
+from guard.convert.templates import Template, flax_template, load_config, torch_template
+from guard.convert.writer import (OutputTensor, discard, make_temp_dir, plan_shards, publish, verify_written,
+                                  write_shards)
+from guard.errors import UsageError
+from guard.findings import Finding, Severity
+from guard.progress import progress
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+@dataclass(frozen=True)
+class ConvertRequest:
+    src: Path
+    out: Path
+    to: str  # "flax" | "torch"
+    cast: CastPolicy
+    max_shard_size: int
+    allow_lossy: bool = False
+
+
+def check_paths(src: Path, out: Path) -> None:
+    if not src.is_dir():
+        raise UsageError(f"{src}: not a model directory")
+    if out.resolve() == src.resolve():
+        raise UsageError(f"{out}: --out is SRC itself; choose another directory (SRC is never overwritten)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"{out}: already exists and is not empty; choose a new --out directory")
+
+
+def _blocking(findings: list[Finding]) -> bool:
+    return any(f.severity is Severity.error for f in findings)
+
+
+def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
+    start = time.monotonic()
+    check_paths(req.src, req.out)
+    config, findings = read_config(req.src)
+    source = open_source(req.src, to=req.to)
+    findings += source.findings
+    figures: dict[str, Any] = {
+        "source": str(req.src), "output": str(req.out), "from": source.format, "to": req.to,
+        "dtype": req.cast.target or "keep", "keep_fp32": list(req.cast.keep_fp32),
+        "shards_in": len(source.files), "tensors_in": len(source.tensors), "written": False,
+    }
+    if _blocking(findings):
+        return findings, figures
+    try:
+        template = _template(req, source, config)
+    except Exception as exc:  # noqa: BLE001  transformers/jax incompatibilities surface as anything; say so
+        template = None
+        figures["template_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    mapping = map_tensors(source, template, to=req.to)
+    _resolve_unmatched(mapping, template)
+    findings += mapping.findings
+    figures.update(mapping=mapping.how, tied=mapping.tied, dropped=mapping.dropped)
+    if _blocking(findings):
+        return findings, figures
+    sep = "/" if req.to == "flax" else "."
+    outputs = [OutputTensor(m, sep.join(m.target), req.cast.dtype_for(m.source.info.dtype, m.source.name,
+                                                                       sep.join(m.target)))
+               for m in mapping.tensors]
+    shards = plan_shards(outputs, req.max_shard_size)
+    cast_findings: list[Finding] = []
+
+    def produce(tensor: OutputTensor) -> np.ndarray:
+        array = tensor.mapped.source.load()
+        if tensor.mapped.perm is not None:
+            array = array.transpose(tensor.mapped.perm)
+        array, finding = cast_array(array, tensor.dtype, name=tensor.name, path=tensor.mapped.source.info.file)
+        if finding is not None:
+            cast_findings.append(finding)
+        return array
+
+    def ticks(it: Any) -> Any:
+        return progress(it, total=len(outputs), desc=f"converting to {req.to}", unit="tensors")
+
+    temp = make_temp_dir(req.out)
+    try:
+        crcs = write_shards(temp, shards, to=req.to, produce=produce, ticks=ticks)
+        expected = {t.name: (t.dtype, t.shape, crcs[t.name]) for t in outputs}
+        verify_findings, verified = verify_written(temp, expected, to=req.to)
+        if req.allow_lossy:
+            cast_findings = [f._replace(severity=Severity.warning) for f in cast_findings]
+        findings += cast_findings + verify_findings
+        counts = _param_counts(outputs)
+        figures.update(_output_figures(outputs, source, len(shards), verified))
+        if _blocking(findings):
+            discard(temp)
+            return findings, figures
+        figures["carried"] = carry_files(req.src, temp, config=config, dtype_name=main_dtype(counts))
+        publish(temp, req.out)
+    except BaseException:
+        discard(temp)  # nothing half-written survives Ctrl-C or a crash
+        raise
+    figures.update(written=True, seconds=round(time.monotonic() - start, 3))
+    return findings, figures
+
+
+def _template(req: ConvertRequest, source: SourceModel, config: dict[str, Any] | None) -> Template | None:
+    if source.framework == req.to or config is None:
+        return None
+    hf_config = load_config(req.src)
+    if hf_config is None:
+        return None
+    return flax_template(hf_config) if req.to == "flax" else torch_template(hf_config)
+
+
+def _resolve_unmatched(mapping: Mapping, template: Template | None) -> None:
+    """A leftover source tensor bit-identical to a mapped one is a tied alias (lm_head); else CG304."""
+    import numpy as np
+
+    for tensor in mapping.unmatched:
+        twins = [m.source for m in mapping.tensors
+                 if m.source.info.shape == tensor.info.shape and m.source.info.dtype == tensor.info.dtype]
+        data = tensor.load() if twins else None
+        if data is not None and any(np.array_equal(bits(data), bits(t.load())) for t in twins):
+            mapping.tied.append(tensor.name)
+        else:
+            mapping.findings.append(describe_unmatched(tensor, template))
+
+
+def _param_counts(outputs: list[OutputTensor]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in outputs:
+        n = 1
+        for d in t.shape:
+            n *= d
+        counts[t.dtype] = counts.get(t.dtype, 0) + n
+    return counts
+
+
+def _output_figures(outputs: list[OutputTensor], source: SourceModel, shards: int, verified: int) -> dict[str, Any]:
+    dtypes_out: dict[str, int] = {}
+    casts: dict[str, int] = {}
+    for t in outputs:
+        dtypes_out[t.dtype] = dtypes_out.get(t.dtype, 0) + 1
+        if t.dtype != t.mapped.source.info.dtype:
+            key = f"{t.mapped.source.info.dtype}->{t.dtype}"
+            casts[key] = casts.get(key, 0) + 1
+    return {
+        "tensors_out": len(outputs), "shards_out": shards, "dtypes_out": dict(sorted(dtypes_out.items())),
+        "casts": casts, "parameters": sum(_param_counts(outputs).values()),
+        "bytes_in": sum(os.path.getsize(f) for f in source.files),
+        "bytes_out": sum(t.nbytes for t in outputs), "verified": verified,
+    }

@@ -1,0 +1,96 @@
+"""The upload gate: scan a local model directory, upload it only if the policy passes.
+
+With ``create_pr`` the upload always goes to a pull request whose description
+carries the report, and the exit code still says whether the policy passed.
+One ``create_commit`` per upload (not ``upload_folder``): a single predictable
+commit on huggingface_hub 0.3x, 1.x and 2.x, and a PR created by that commit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from guard.config import Policy
+from guard.hub.client import HubClient, hub_errors
+from guard.hub.comment import hub_markdown
+from guard.report import Report
+from guard.scan import scan_paths
+
+DEFAULT_MESSAGE = "Upload with ckpt-guard"
+
+
+@dataclass
+class UploadOutcome:
+    report: Report
+    uploaded: bool
+    message: str  # one line for stderr
+    commit_url: str | None = None
+    pr_url: str | None = None
+
+
+def local_files(directory: Path) -> list[tuple[str, Path]]:
+    """Files to upload, with upload_folder's default exclusions (.git/, .cache/huggingface/)."""
+    out = []
+    for path in sorted(directory.rglob("*")):
+        rel = path.relative_to(directory)
+        if rel.parts[0] == ".git" or rel.parts[:2] == (".cache", "huggingface") or not path.is_file():
+            continue
+        out.append((rel.as_posix(), path))
+    return out
+
+
+def gated_upload(directory: Path, repo_id: str, policy: Policy, *, token: str | None = None,
+                 timeout: float = 30.0, revision: str | None = None, create_pr: bool = False,
+                 private: bool = False, commit_message: str | None = None) -> UploadOutcome:
+    report = scan_paths([directory], policy)
+    if report.failed and not create_pr:
+        return UploadOutcome(report, False, (
+            f"ckpt-guard: nothing uploaded to {repo_id}: the scan has findings at or above "
+            f"fail-on={report.fail_on} (fix them, or use --create-pr to propose the upload with the report)"))
+    client = HubClient(token=token, timeout=timeout)
+    _quiet_hub_progress_when_not_a_terminal()
+    from huggingface_hub import CommitOperationAdd
+
+    from guard.progress import progress
+
+    files = local_files(directory)
+    # Hashing happens here (sha256 per file); for large weights this is the slow part.
+    operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
+                  for rel, path in progress(files, total=len(files), desc="hashing", unit="file")]
+    title = commit_message or DEFAULT_MESSAGE
+    verdict = "failed" if report.failed else "passed"
+    if create_pr:
+        description = hub_markdown(report, intro=(
+            f"Automated upload proposed by ckpt-guard {_version()}: the dtype policy **{verdict}** "
+            f"on the uploaded files. Review the report below before merging."))
+    else:
+        description = f"Scanned with ckpt-guard {_version()} before upload: policy passed."
+    api = client.api
+    with hub_errors(repo_id, revision=revision, endpoint=client.endpoint):
+        client.call(lambda: api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True))
+        if revision and revision != "main" and not revision.startswith("refs/"):
+            client.call(lambda: api.create_branch(repo_id, branch=revision, exist_ok=True))
+        # Not retried: a commit that reached the Hub must not be made twice.
+        info = api.create_commit(repo_id, operations, commit_message=title, commit_description=description,
+                                 revision=revision, create_pr=create_pr)
+    pr_url = getattr(info, "pr_url", None)
+    where = f"pull request {pr_url}" if pr_url else f"{repo_id}@{revision or 'main'}"
+    return UploadOutcome(report, True, f"ckpt-guard: uploaded {len(files)} file(s) to {where} "
+                                       f"(policy {verdict})", commit_url=str(info.commit_url), pr_url=pr_url)
+
+
+def _quiet_hub_progress_when_not_a_terminal() -> None:
+    ci = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+    if ci or not sys.stderr.isatty():
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+
+
+def _version() -> str:
+    from guard import __version__
+
+    return __version__

@@ -1,0 +1,256 @@
+"""The parity smoke test: the same seeded inputs through transformers' paired PyTorch and Flax classes.
+
+Runs, each loading one model at a time:
+- fp32 on both sides (stored weights upcast bit-exactly): judged by the fp32 bound.
+  For bf16/fp16 weights this is the sharpest check of the conversion itself.
+- for bf16/fp16 weights, also each side in its stored dtype, compared with each other
+  and each with the fp32 reference: judged by that dtype's bound plus top-1 agreement.
+Tolerances and their sources: ``guard.parity_metrics`` and docs/parity.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from guard.catalogue import make_finding
+from guard.errors import MissingExtraError
+from guard.findings import Finding
+from guard.inventory import discover_models, display_path, load_local_model
+from guard.parity_runs import Failed as _Failed
+from guard.parity_runs import Unavailable as _Unavailable
+
+BATCH, SEQ_LEN, IMAGE_BATCH = 2, 16, 2
+LOW_PRECISION = ("BF16", "F16")
+# transformers' auto mappings that name Flax classes; the PyTorch twin has the same name minus "Flax".
+FLAX_MAPPINGS = (
+    "FLAX_MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "FLAX_MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "FLAX_MODEL_FOR_MASKED_LM_MAPPING_NAMES", "FLAX_MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "FLAX_MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "FLAX_MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES",
+    "FLAX_MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "FLAX_MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "FLAX_MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "FLAX_MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES",
+    "FLAX_MODEL_FOR_NEXT_SENTENCE_PREDICTION_MAPPING_NAMES", "FLAX_MODEL_FOR_PRETRAINING_MAPPING_NAMES",
+    "FLAX_MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "FLAX_MODEL_MAPPING_NAMES",
+)
+
+def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[Finding], dict[str, Any]]:
+    _require_extras()
+    from guard import parity_metrics as pm
+
+    torch_dir, flax_dir = Path(torch_dir), Path(flax_dir)
+    where = display_path(flax_dir)
+    figures: dict[str, Any] = {"torch_dir": display_path(torch_dir), "flax_dir": where, "seed": seed,
+                               "available": False, "passed": None, "comparisons": []}
+    try:
+        config = _read_config(torch_dir)
+        flax_type = _read_config(flax_dir).get("model_type")
+        if flax_type != config.get("model_type"):
+            raise _Failed(make_finding("CG302", where, f"model_type differs: {config.get('model_type')!r} "
+                                                        f"(PyTorch) vs {flax_type!r} (Flax)"))
+        pt_name, flax_name = find_pair(config)
+        stored = {"torch": stored_dtype(torch_dir), "flax": stored_dtype(flax_dir)}
+        figures.update(model_type=config["model_type"], torch_class=pt_name, flax_class=flax_name,
+                       stored_dtype=stored, available=True)
+        with _numerics(), _quiet_transformers():
+            import transformers
+
+            pt_cls, flax_cls = getattr(transformers, pt_name), getattr(transformers, flax_name)
+            hf_config = transformers.AutoConfig.from_pretrained(torch_dir, local_files_only=True)
+            inputs = make_inputs(hf_config, flax_cls, seed=seed)
+            figures["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
+            runs = _run_all(pt_cls, flax_cls, torch_dir, flax_dir, inputs, stored)
+    except _Unavailable as exc:
+        figures["reason"] = str(exc)
+        return [make_finding("CG303", where, f"parity unavailable: {exc}")], figures
+    except _Failed as exc:
+        figures["passed"] = False
+        return [exc.finding], figures
+    layers = _layer_count(config)
+    findings: list[Finding] = []
+    for label, ref, other, codes in _plan(stored):
+        if ref not in runs or other not in runs:
+            continue
+        tol = pm.tolerance_for(codes, layers=layers)
+        outputs = {name: pm.compare_output(name, runs[ref][name], runs[other][name], tol)
+                   for name in runs[ref] if name in runs[other]}
+        failures = pm.judge(outputs, tol)
+        figures["comparisons"].append({
+            "name": label, "reference": ref, "other": other, "passed": not failures,
+            "tolerance": {"dtype": tol.dtype, "max_rel": tol.max_rel, "top1": tol.top1, "source": tol.source},
+            "outputs": outputs,
+            "failures": [{"output": o, "metric": m, "value": v, "threshold": t} for o, m, v, t in failures],
+        })
+        if failures:
+            output, metric, value, threshold = failures[0]
+            relation = "below" if metric.startswith("top1") else "exceeds"
+            findings.append(make_finding("CG302", where, (
+                f"{label} ({ref} vs {other}): {metric} = {value:.3g} on {output!r} {relation} {threshold:.3g} "
+                f"({tol.dtype} bound: {tol.source}); {len(failures)} failing output(s)")))
+    figures["passed"] = not findings
+    return findings, figures
+
+
+def _plan(stored: dict[str, str]) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """(label, reference run, other run, dtypes that set the bound)."""
+    plan = [("fp32", "torch:fp32", "flax:fp32", ("F32",))]
+    if stored["torch"] in LOW_PRECISION or stored["flax"] in LOW_PRECISION:
+        codes = (stored["torch"], stored["flax"])
+        plan += [("stored dtype", "torch:stored", "flax:stored", codes),
+                 ("torch vs fp32 reference", "torch:fp32", "torch:stored", codes),
+                 ("flax vs fp32 reference", "torch:fp32", "flax:stored", codes)]
+    return plan
+
+
+def _run_all(pt_cls: Any, flax_cls: Any, torch_dir: Path, flax_dir: Path, inputs: dict[str, Any],
+             stored: dict[str, str]) -> dict[str, dict[str, Any]]:
+    from guard.parity_runs import run_flax, run_torch
+
+    runs = {"torch:fp32": run_torch(pt_cls, torch_dir, "F32", inputs),
+            "flax:fp32": run_flax(flax_cls, flax_dir, "F32", inputs)}
+    if stored["torch"] in LOW_PRECISION or stored["flax"] in LOW_PRECISION:
+        runs["torch:stored"] = run_torch(pt_cls, torch_dir, _compute(stored["torch"]), inputs)
+        runs["flax:stored"] = run_flax(flax_cls, flax_dir, _compute(stored["flax"]), inputs)
+    return runs
+
+
+def _compute(code: str) -> str:
+    return code if code in LOW_PRECISION else "F32"
+
+
+def find_pair(config: dict[str, Any]) -> tuple[str, str]:
+    """(PyTorch class, Flax class) for a config: its ``architectures`` where Flax has the twin,
+    else the base models.  Raises _Unavailable when transformers pairs none."""
+    from transformers.models.auto import configuration_auto, modeling_auto, modeling_flax_auto
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise _Unavailable("config.json has no model_type")
+    if model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
+        raise _Unavailable(f"transformers does not know model_type {model_type!r}")
+    flax_names = {getattr(modeling_flax_auto, m).get(model_type) for m in FLAX_MAPPINGS} - {None}
+    for arch in config.get("architectures") or ():
+        if isinstance(arch, str) and f"Flax{arch}" in flax_names:
+            return arch, f"Flax{arch}"
+    base_flax = modeling_flax_auto.FLAX_MODEL_MAPPING_NAMES.get(model_type)
+    base_pt = modeling_auto.MODEL_MAPPING_NAMES.get(model_type)
+    if isinstance(base_pt, tuple | list):
+        base_pt = base_pt[0]
+    if base_flax is None or base_pt is None:
+        raise _Unavailable(f"transformers has no paired PyTorch/Flax classes for model_type {model_type!r}")
+    return base_pt, base_flax
+
+
+def make_inputs(config: Any, flax_cls: Any, *, seed: int) -> dict[str, Any]:
+    """Seeded inputs for whatever the Flax model's __call__ takes."""
+    import numpy as np
+
+    accepted = set(inspect.signature(flax_cls.__call__).parameters)
+    rng = np.random.default_rng(seed)
+    text = getattr(config, "text_config", None) or config
+    vision = getattr(config, "vision_config", None) or config
+    inputs: dict[str, Any] = {}
+    for name in ("input_ids", "decoder_input_ids"):
+        if name in accepted:
+            inputs[name] = _token_ids(rng, text, name)
+    if "input_ids" in inputs and "attention_mask" in accepted:
+        inputs["attention_mask"] = np.ones_like(inputs["input_ids"])
+    if "pixel_values" in accepted:
+        size = getattr(vision, "image_size", 224)
+        size = size if isinstance(size, int) else int(size[0])
+        channels = getattr(vision, "num_channels", 3)
+        inputs["pixel_values"] = rng.standard_normal((IMAGE_BATCH, channels, size, size)).astype(np.float32)
+    if not inputs:
+        wanted = [p for p in accepted if p not in ("self", "params", "dropout_rng", "train")]
+        raise _Unavailable(f"{flax_cls.__name__} takes inputs this tool does not build ({', '.join(wanted)})")
+    return inputs
+
+
+def _token_ids(rng: Any, config: Any, name: str) -> Any:
+    import numpy as np
+
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 2:
+        raise _Unavailable(f"config has no usable vocab_size for {name}")
+    limit = getattr(config, "max_position_embeddings", None)
+    length = min(SEQ_LEN, limit - 2) if isinstance(limit, int) and limit > 4 else SEQ_LEN
+    # Special tokens change positions (RoBERTa counts from the pad id) or masks: avoid them.
+    specials = {getattr(config, k, None) for k in ("pad_token_id", "bos_token_id", "eos_token_id",
+                                                   "decoder_start_token_id")}
+    allowed = np.setdiff1d(np.arange(vocab), [s for s in specials if isinstance(s, int)])
+    return rng.choice(allowed if allowed.size else np.arange(vocab), size=(BATCH, length)).astype(np.int32)
+
+
+def stored_dtype(directory: Path) -> str:
+    """The floating dtype holding most parameters, from the headers (F32 when none)."""
+    from guard import dtypes
+
+    models = [m for m in discover_models([directory]) if m.directory == Path(directory)]
+    if not models:
+        return "F32"
+    summary = load_local_model(models[0]).dtype_summary()
+    return next((code for code in summary if dtypes.is_float(code)), "F32")
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _Unavailable(f"{display_path(directory)} has no config.json") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _Failed(make_finding("CG001", display_path(path), f"config.json is unreadable: {exc}")) from None
+    if not isinstance(config, dict):
+        raise _Failed(make_finding("CG001", display_path(path), "config.json is not a JSON object"))
+    return config
+
+
+def _layer_count(config: dict[str, Any]) -> int:
+    for keys in (("num_hidden_layers",), ("n_layer",), ("encoder_layers", "decoder_layers"),
+                 ("num_layers", "num_decoder_layers")):
+        values = [config.get(k) for k in keys]
+        if any(isinstance(v, int) for v in values):
+            return sum(v for v in values if isinstance(v, int))
+    return 0
+
+
+@contextlib.contextmanager
+def _numerics() -> Iterator[None]:
+    """fp32 matmuls at full precision (TPU defaults to bf16 passes, GPU to TF32: jax#18934)."""
+    import jax
+    import torch
+
+    previous = jax.config.jax_default_matmul_precision
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    jax.config.update("jax_default_matmul_precision", "highest")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        jax.config.update("jax_default_matmul_precision", previous)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        hf_logging.enable_progress_bar()
+
+
+def _require_extras() -> None:
+    for module in ("numpy", "torch", "jax", "flax", "transformers"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise MissingExtraError(module, "parity") from None

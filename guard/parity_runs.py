@@ -1,0 +1,118 @@
+"""One forward pass per side: load with transformers, run the seeded inputs, return float32 outputs.
+
+Each run loads its model, runs once and lets it go, so peak memory is one model
+plus the outputs.  Loading problems become findings (CG001, CG304), never a
+model left silently half-random.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from guard.catalogue import make_finding
+from guard.findings import Finding
+from guard.inventory import display_path
+
+LOAD_FAILURES = (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError)
+SKIPPED_OUTPUTS = ("past_key_values", "attentions", "cross_attentions")
+
+
+class Unavailable(Exception):
+    """No comparison possible (CG303)."""
+
+
+class Failed(Exception):
+    """A side could not be loaded or run; carries the finding."""
+
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(finding.message)
+        self.finding = finding
+
+
+def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    torch_dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype]
+    where = display_path(directory)
+    try:
+        model, info = cls.from_pretrained(directory, torch_dtype=torch_dtype, output_loading_info=True,
+                                          attn_implementation="eager", local_files_only=True)
+    except LOAD_FAILURES as exc:
+        raise Failed(make_finding("CG001", where, f"transformers cannot load {cls.__name__}: {_first_line(exc)}"))
+    problems = [f"{len(info[k])} {k.replace('_', ' ')} (e.g. {sorted(map(str, info[k]))[0]})"
+                for k in ("missing_keys", "mismatched_keys") if info.get(k)]
+    if problems:
+        raise Failed(make_finding("CG304", where, f"{cls.__name__}: " + "; ".join(problems)))
+    model.eval()
+    accepted = inspect.signature(model.forward).parameters
+    kwargs: dict[str, Any] = {}
+    for name, value in inputs.items():
+        if name in accepted:
+            tensor = torch.from_numpy(value.copy())
+            kwargs[name] = tensor.to(torch_dtype) if tensor.is_floating_point() else tensor.long()
+    flags = {"output_hidden_states": True, "return_dict": True, "use_cache": False}
+    kwargs.update({k: v for k, v in flags.items() if k in accepted})
+    try:
+        with torch.no_grad():
+            out = model(**kwargs)
+    except LOAD_FAILURES as exc:
+        raise Failed(make_finding("CG302", where, f"{cls.__name__} ({dtype}) forward pass failed: "
+                                                  f"{_first_line(exc)}"))
+    return {name: value.detach().float().numpy() for name, value in _flatten(out)}
+
+
+def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """``dtype`` F32 upcasts every floating parameter bit-exactly; otherwise params stay as stored."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax.traverse_util import flatten_dict
+
+    compute = {"F32": jnp.float32, "BF16": jnp.bfloat16, "F16": jnp.float16}[dtype]
+    where = display_path(directory)
+    try:
+        model, params = cls.from_pretrained(directory, _do_init=False, dtype=compute, local_files_only=True)
+    except LOAD_FAILURES as exc:
+        raise Failed(make_finding("CG001", where, f"transformers cannot load {cls.__name__}: {_first_line(exc)}"))
+    missing = sorted("/".join(k) for k in model.required_params - set(flatten_dict(params)))
+    if missing:
+        raise Failed(make_finding("CG304", where, f"{cls.__name__}: {len(missing)} missing keys (e.g. {missing[0]})"))
+    if dtype == "F32":
+        params = jax.tree_util.tree_map(
+            lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    accepted = inspect.signature(cls.__call__).parameters
+    kwargs = {name: jnp.asarray(value) for name, value in inputs.items() if name in accepted}
+    flags = {"output_hidden_states": True, "return_dict": True, "train": False}
+    kwargs.update({k: v for k, v in flags.items() if k in accepted})
+    try:
+        out = model(**kwargs, params=params)
+    except LOAD_FAILURES as exc:
+        raise Failed(make_finding("CG302", where, f"{cls.__name__} ({dtype}) forward pass failed: "
+                                                  f"{_first_line(exc)}"))
+    return {name: np.asarray(value).astype(np.float32) for name, value in _flatten(out)}
+
+
+def _flatten(outputs: Any) -> list[tuple[str, Any]]:
+    """``logits``, ``hidden_states.0``, ...: every array output, nested tuples numbered."""
+    flat: list[tuple[str, Any]] = []
+
+    def walk(name: str, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, tuple | list):
+            for i, item in enumerate(value):
+                walk(f"{name}.{i}", item)
+        elif hasattr(value, "shape"):
+            flat.append((name, value))
+
+    for key, value in outputs.items():
+        if key not in SKIPPED_OUTPUTS:
+            walk(key, value)
+    return flat
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]

@@ -1,0 +1,395 @@
+"""Shared by the fuzz tests and fuzz/ scripts: bounded scans, byte mutations, reference loaders.
+
+Not a test module.  ``bounded_scan`` states what "never crashes" means: no
+exception, an alarm instead of a hang, and a tracemalloc peak instead of a
+guess about memory.  ``REFERENCES`` are the real libraries' verdicts, each an
+inventory ``{name: (code, shape)}`` or the reason the library refused the file.
+``KNOWN_DISAGREEMENTS`` is the documented list of cases where our verdict and
+the library's may differ on purpose (docs/reliability.md explains each).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import re
+import signal
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from guard.readers import scan_file
+from guard.sources import BytesSource
+from guard.tensors import FileScan
+
+Inventory = dict[str, tuple[str, tuple[int, ...]]]
+# file name per reader: the dispatcher sniffs content first, the name only breaks ties
+FILE_NAMES = {
+    "safetensors": "model.safetensors",
+    "torch-zip": "pytorch_model.bin",
+    "torch-legacy": "pytorch_model.bin",
+    "flax-msgpack": "flax_model.msgpack",
+}
+SCAN_SECONDS = 1.0  # a header scan of a small file takes milliseconds
+SCAN_PEAK_BYTES = 4 * 1024 * 1024  # beyond a copy of the input itself
+
+
+class ScanHang(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class BoundedScan:
+    scan: FileScan
+    seconds: float
+    peak_bytes: int
+
+    @property
+    def valid(self) -> bool:
+        """Our verdict: readable and safe to load (CG005 unknown dtypes stay valid)."""
+        return self.scan.format is not None and not any(
+            f.code in ("CG001", "CG003") for f in self.scan.findings)
+
+    @property
+    def inventory(self) -> Inventory:
+        return {t.name: (t.dtype, t.shape) for t in self.scan.tensors}
+
+    @property
+    def reason(self) -> str:
+        return " / ".join(f.message for f in self.scan.findings if f.code in ("CG001", "CG003"))
+
+
+@contextmanager
+def alarm(seconds: float) -> Iterator[None]:
+    """Raise ScanHang in the main thread after ``seconds``: a hang becomes a failure."""
+
+    def fire(_signum: int, _frame: object) -> None:
+        raise ScanHang(f"scan still running after {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def bounded_scan(data: bytes, name: str, *, hang_after: float = 10 * SCAN_SECONDS) -> BoundedScan:
+    """``scan_file`` on in-memory bytes, timed and traced.  Exceptions propagate: a failure."""
+    source = BytesSource(data, name=name)
+    tracemalloc.start()
+    try:
+        with alarm(hang_after):
+            start = time.perf_counter()
+            scan = scan_file(source)
+            seconds = time.perf_counter() - start
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return BoundedScan(scan, seconds, peak)
+
+
+def assert_well_behaved(result: BoundedScan, data: bytes) -> None:
+    assert result.seconds < SCAN_SECONDS, f"scan of {len(data)} bytes took {result.seconds:.2f}s"
+    limit = SCAN_PEAK_BYTES + len(data)
+    assert result.peak_bytes < limit, f"scan peaked at {result.peak_bytes:,} bytes (limit {limit:,})"
+    if result.scan.format is None:
+        assert [f.code for f in result.scan.findings] == ["CG001"]
+
+
+# ------------------------------------------------------------------ mutations
+
+MUTATIONS = ("flip", "truncate", "insert", "overwrite", "splice")
+# bytes a format gives meaning to: lengths, markers, quotes, digits, pickle and msgpack opcodes
+INTERESTING = (b"\x00", b"\xff", b"\x7f", b"\x80", b"{", b"}", b"[", b"]", b'"', b",", b":", b"9",
+               b"-", b"\n", b"\x8a", b"\x94", b"\x93", b"\xc4", b"\xc7", b"\xdf", b"PK\x01\x02",
+               b"\xff\xff\xff\xff", b"\x00\x00\x00\x80", b"\x00\x00\x00\x00\x00\x00\x00\x40")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    kind: str
+    position: int  # reduced modulo the length when applied
+    payload: bytes = b""
+    length: int = 1
+
+    def apply(self, data: bytes) -> bytes:
+        if not data:
+            return self.payload
+        at = self.position % len(data)
+        if self.kind == "flip":
+            return data[:at] + bytes([data[at] ^ (1 << (self.length % 8))]) + data[at + 1 :]
+        if self.kind == "truncate":
+            return data[:at]
+        if self.kind == "insert":
+            return data[:at] + self.payload + data[at:]
+        if self.kind == "overwrite":
+            return data[:at] + self.payload + data[at + len(self.payload) :]
+        if self.kind == "splice":  # copy a run of the file over another place in it
+            src = (self.position * 7919 + self.length) % len(data)
+            chunk = data[src : src + self.length]
+            return data[:at] + chunk + data[at + len(chunk) :]
+        raise ValueError(self.kind)
+
+
+def apply_all(data: bytes, mutations: Sequence[Mutation]) -> bytes:
+    for mutation in mutations:
+        data = mutation.apply(data)
+    return data
+
+
+def hot_region(fmt: str, data: bytes) -> int:
+    """How many leading bytes hold the structure (half the mutations aim there)."""
+    if fmt == "safetensors" and len(data) >= 8:
+        return min(len(data), 8 + int.from_bytes(data[:8], "little"))
+    return len(data)
+
+
+def random_mutations(rng: random.Random, data: bytes, *, hot: int) -> list[Mutation]:
+    out = []
+    for _ in range(rng.randint(1, 3)):
+        span = hot if rng.random() < 0.5 and hot else max(len(data), 1)
+        kind = rng.choice(MUTATIONS)
+        payload = rng.choice(INTERESTING) if rng.random() < 0.6 else rng.randbytes(rng.randint(1, 8))
+        out.append(Mutation(kind, rng.randrange(span), payload, rng.randint(1, 64)))
+    return out
+
+
+# ------------------------------------------------------------------ reference loaders
+
+def reference_safetensors(data: bytes) -> Inventory | str:
+    """The Rust deserializer's verdict, then ``get_tensor`` (torch) for every tensor."""
+    import safetensors
+    from safetensors.torch import load
+
+    try:
+        entries = safetensors.deserialize(data)
+    except Exception as exc:  # noqa: BLE001 - the reference's refusal is the datum we record
+        return f"safetensors: {_first_line(exc)}"
+    inventory = {name: (str(info["dtype"]), tuple(info["shape"])) for name, info in entries}
+    try:
+        load(data)
+    except Exception as exc:  # noqa: BLE001
+        return f"get_tensor: {_first_line(exc)}"
+    return inventory
+
+
+def reference_torch(data: bytes) -> Inventory | str:
+    import torch
+
+    try:
+        obj = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001
+        return f"torch.load: {_first_line(exc)}"
+    return {name: (torch_code(t), tuple(t.shape))
+            for name, t in flatten(obj, ".", lambda v: isinstance(v, torch.Tensor))}
+
+
+def reference_flax(data: bytes) -> Inventory | str:
+    import numpy as np
+    from flax import serialization
+
+    from guard.dtypes import NUMPY_NAMES
+
+    try:
+        tree = serialization.msgpack_restore(data)
+    except Exception as exc:  # noqa: BLE001
+        return f"msgpack_restore: {_first_line(exc)}"
+    return {name: (NUMPY_NAMES.get(leaf.dtype.name, leaf.dtype.name), tuple(np.shape(leaf)))
+            for name, leaf in flatten(tree, "/", lambda v: isinstance(v, (np.ndarray, np.generic)))}
+
+
+REFERENCES: dict[str, Callable[[bytes], Inventory | str]] = {
+    "safetensors": reference_safetensors,
+    "torch-zip": reference_torch,
+    "torch-legacy": reference_torch,
+    "flax-msgpack": reference_flax,
+}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text[:240]}"
+
+
+def torch_code(tensor: Any) -> str:
+    from guard.dtypes import TORCH_NAMES
+
+    name = str(tensor.dtype).removeprefix("torch.")
+    return TORCH_NAMES.get(name, name)
+
+
+def flatten(obj: object, sep: str, is_leaf: Callable[[object], bool], prefix: str = ""
+            ) -> Iterator[tuple[str, Any]]:
+    if is_leaf(obj):
+        yield prefix or "<root>", obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from flatten(value, sep, is_leaf, f"{prefix}{sep}{key}" if prefix else str(key))
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from flatten(value, sep, is_leaf, f"{prefix}{sep}{i}" if prefix else str(i))
+
+
+# ------------------------------------------------------------------ differential verdicts
+
+@dataclass(frozen=True)
+class Known:
+    """A documented disagreement: which side accepts, and a pattern on the other side's reason."""
+
+    category: str
+    formats: tuple[str, ...]
+    we_accept: bool  # True: we accept, the reference refuses; False: the reverse
+    pattern: str  # searched in the reference's reason (we_accept) or ours (not we_accept)
+
+
+_TORCH = ("torch-zip", "torch-legacy")
+KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
+    # Our CG005 is a warning on a readable file; every reference refuses an unknown dtype.
+    Known("unknown-dtype", ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack"), True, r"^CG005$"),
+    # A valid header whose dtype torch cannot build (F6_*, F4): safe_open + get_tensor fails.
+    Known("torch-lacks-dtype", ("safetensors",), True, r"^get_tensor: KeyError"),
+    # Headers, not tensors: we never open data/*, byteorder or version records, nor check CRCs.
+    Known("records-not-read", ("torch-zip",), True,
+          r"PytorchStreamReader failed|Unknown endianness|hasRecord\(\"version\"\)|not in a subdirectory"
+          r"|UnicodeDecodeError|CRC|crc|version|byteorder|unsupported method|archive is corrupted"),
+    Known("records-not-read", ("torch-legacy",), True,
+          r"storage has wrong byte size|unexpected EOF|EOFError|read|Ran out of input"),
+    # torch.load builds the objects and checks what a description never needs.
+    Known("object-semantics", _TORCH, True,
+          r"require gradients|set_?[Ss]torage|out of bounds|size|stride|Expected|invalid|must be|"
+          r"UnpicklingError|Weights only load failed"),
+    # We check a storage's declared size against its bytes; torch trusts the record.
+    Known("stricter-than-torch", _TORCH, False,
+          r"shorter than its|runs past (its|the)|not a safetensors, torch|storage view|"
+          r"storage key list|listed but no tensor uses it|sys_info|protocol version|magic number"),
+    # msgpack decodes any value; a flax state dict is a map of str keys with array leaves.
+    Known("not-a-flax-tree", ("flax-msgpack",), False,
+          r"top level is|map key|duplicate key|shape is not a list|not a \[shape, dtype|"
+          r"dtype is not a short string|not printable ASCII|reserved msgpack ext|complex value|"
+          r"array bytes|chunk"),
+)
+
+
+def explain(fmt: str, ours: BoundedScan, theirs: Inventory | str) -> str | None:
+    """'agree', a KNOWN_DISAGREEMENTS category, or None: an unexplained disagreement (a bug)."""
+    theirs_valid = not isinstance(theirs, str)
+    if ours.valid and theirs_valid:
+        return "agree" if ours.inventory == theirs else None
+    if not ours.valid and not theirs_valid:
+        return "agree"
+    codes = {f.code for f in ours.scan.findings}
+    for known in KNOWN_DISAGREEMENTS:
+        if fmt not in known.formats or known.we_accept != ours.valid:
+            continue
+        if known.category == "unknown-dtype":
+            if "CG005" in codes:
+                return known.category
+            continue
+        reason = theirs if ours.valid else ours.reason
+        if re.search(known.pattern, str(reason)):
+            return known.category
+    return None
+
+
+def differential_run(fmt: str, bases: Sequence[bytes], *, count: int, seed: int
+                     ) -> tuple[Counter[str], list[tuple[bytes, str]]]:
+    """Mutate ``bases`` ``count`` times; tally the verdict categories, keep unexplained inputs."""
+    rng = random.Random(seed)
+    tally: Counter[str] = Counter()
+    unexplained: list[tuple[bytes, str]] = []
+    for i in range(count):
+        base = bases[i % len(bases)]
+        data = apply_all(base, random_mutations(rng, base, hot=hot_region(fmt, base)))
+        ours = bounded_scan(data, FILE_NAMES[fmt])
+        assert_well_behaved(ours, data)
+        theirs = REFERENCES[fmt](data)
+        category = explain(fmt, ours, theirs)
+        tally[category or "UNEXPLAINED"] += 1
+        if category is None:
+            unexplained.append((data, f"ours: {ours.reason or ours.inventory} / theirs: {theirs}"))
+    return tally, unexplained
+
+
+# ------------------------------------------------------------------ sample checkpoints (real writers)
+
+def sample_checkpoints(fmt: str) -> list[bytes]:
+    """A few small, varied files written by the real libraries: seeds and mutation bases."""
+    return _SAMPLERS[fmt]()
+
+
+def _torch_state() -> list[dict[str, Any]]:
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(4, 3, generator=gen)
+    return [
+        {"a.weight": w, "a.bias": torch.zeros(4), "ids": torch.arange(5), "scalar": torch.tensor(2.0)},
+        {"h": torch.ones(2, 2, dtype=torch.bfloat16), "f": torch.ones(3, dtype=torch.float16),
+         "m": torch.tensor([True, False]), "e": torch.zeros(0, 3), "i8": torch.ones(2, dtype=torch.int8)},
+        {"tied": w, "tied_again": w, "t": w.T, "row": w[1:], "nested": {"x": torch.ones(1, dtype=torch.float64)}},
+        {"fp8": torch.zeros(4, dtype=torch.float8_e4m3fn), "u16": torch.zeros(2, dtype=torch.uint16),
+         "c": torch.zeros(2, dtype=torch.complex64)},
+    ]
+
+
+def _safetensors_samples() -> list[bytes]:
+    from safetensors.torch import save
+
+    out = []
+    for i, state in enumerate(_torch_state()):
+        flat = {k: v.contiguous().clone() for k, v in flatten(state, ".", lambda v: hasattr(v, "dtype"))}
+        out.append(save(flat, metadata={"format": "pt", "n": str(i)}))
+    return out
+
+
+def _torch_zip_samples() -> list[bytes]:
+    import torch
+
+    out = []
+    for state in _torch_state():
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        out.append(buf.getvalue())
+    return out
+
+
+def _torch_legacy_samples() -> list[bytes]:
+    import torch
+
+    out = []
+    for state in _torch_state()[:3]:  # the legacy writer predates fp8 and uint16 storages
+        buf = io.BytesIO()
+        torch.save(state, buf, _use_new_zipfile_serialization=False)
+        out.append(buf.getvalue())
+    return out
+
+
+def _flax_samples() -> list[bytes]:
+    import ml_dtypes
+    import numpy as np
+    from flax import serialization
+
+    rng = np.random.default_rng(0)
+    trees: list[dict[str, Any]] = [
+        {"params": {"Dense_0": {"kernel": rng.standard_normal((3, 4)).astype(np.float32),
+                                "bias": np.zeros(4, np.float32)}}},
+        {"p": {"bf": np.ones((2, 2), ml_dtypes.bfloat16), "f8": np.zeros(3, ml_dtypes.float8_e4m3fn),
+               "i": np.arange(3, dtype=np.int32), "s": np.float32(1.5), "b": np.array([True])},
+         "step": 3, "name": "x"},
+        {"layers": {"0": {"w": np.zeros((0, 2), np.float16)}, "1": {"w": np.ones(1, np.float64)}}},
+    ]
+    return [serialization.msgpack_serialize(tree) for tree in trees]
+
+
+_SAMPLERS: dict[str, Callable[[], list[bytes]]] = {
+    "safetensors": _safetensors_samples,
+    "torch-zip": _torch_zip_samples,
+    "torch-legacy": _torch_legacy_samples,
+    "flax-msgpack": _flax_samples,
+}

@@ -1,0 +1,184 @@
+"""convert on bad input: one-line errors (exit 2) or findings (exit 1); never partial output, inputs untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from test_convert import convert, tiny_mistral  # noqa: E402
+
+from guard.convert import io_flax, writer  # noqa: E402
+from guard.convert.bitviews import numpy_to_torch, torch_to_numpy  # noqa: E402
+from guard.progress import progress  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("CI", "true")
+
+
+def digest(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+def leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if ".partial-" in p.name)
+
+
+def run_json(tmp_path: Path, *args: object) -> tuple[int, dict]:  # type: ignore[type-arg]
+    report = tmp_path / "report.json"
+    code = convert(*args, "-f", "json", "-o", report)
+    return code, json.loads(report.read_text()) if report.exists() else {}
+
+
+def codes(report: dict) -> list[str]:  # type: ignore[type-arg]
+    return sorted(f["code"] for f in report["findings"])
+
+
+def test_missing_shard(tmp_path: Path) -> None:
+    src = tiny_mistral(tmp_path, max_shard_size="4KB")
+    next(src.glob("model-00002-*.safetensors")).unlink()
+    before = digest(src)
+    code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
+    assert code == 1 and "CG004" in codes(report)
+    assert not (tmp_path / "f").exists() and digest(src) == before
+
+
+def test_truncated_tensor_bytes(tmp_path: Path) -> None:
+    src = tiny_mistral(tmp_path)
+    path = src / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+    code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
+    assert code == 1 and codes(report) == ["CG001"]
+    assert not (tmp_path / "f").exists()
+
+
+def test_config_not_json(tmp_path: Path) -> None:
+    src = tiny_mistral(tmp_path)
+    (src / "config.json").write_text("{not json")
+    code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
+    assert code == 1 and codes(report) == ["CG001"]
+    assert report["findings"][0]["path"].endswith("config.json")
+
+
+def test_unknown_model_type_uses_rules(tmp_path: Path) -> None:
+    src = tiny_mistral(tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    config.update(model_type="no-such-model", architectures=["NoSuchModelForCausalLM"])
+    (src / "config.json").write_text(json.dumps(config))
+    code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
+    assert code == 0 and report["extra"]["conversion"]["mapping"] == "rules"
+    code, report = run_json(tmp_path, tmp_path / "f", "--to", "torch", "--out", tmp_path / "b")
+    assert code == 0
+    assert digest(tmp_path / "b")["model.safetensors"] == digest(src)["model.safetensors"]
+
+
+def test_shape_mismatch_and_extra_tensor_are_cg304(tmp_path: Path) -> None:
+    src = tiny_mistral(tmp_path)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(src / "model.safetensors")
+    tensors["model.extra.weight"] = torch.zeros(3, 3, dtype=torch.bfloat16)
+    tensors["model.norm.weight"] = torch.zeros(17, dtype=torch.bfloat16)
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
+    assert code == 1
+    named = {f["tensor"] for f in report["findings"] if f["code"] == "CG304"}
+    assert {"model.extra.weight", "model.norm.weight"} <= named
+    assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize("case", ["exists", "same", "not-writable"])
+def test_refused_targets(tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tiny_mistral(tmp_path)
+    before = digest(src)
+    out = {"exists": tmp_path / "taken", "same": src, "not-writable": tmp_path / "file" / "out"}[case]
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    (tmp_path / "file").write_text("a file, not a directory")
+    assert convert(src, "--to", "flax", "--out", out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ckpt-guard: error:")
+    assert digest(src) == before and (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+
+
+def test_empty_existing_target_is_used(tmp_path: Path) -> None:
+    src = tiny_mistral(tmp_path)
+    (tmp_path / "f").mkdir()
+    assert convert(src, "--to", "flax", "--out", tmp_path / "f") == 0
+    assert (tmp_path / "f" / "flax_model.msgpack").is_file()
+
+
+@pytest.mark.parametrize("to", ["flax", "torch"])
+def test_interrupt_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, to: str) -> None:
+    src = tiny_mistral(tmp_path, max_shard_size="4KB")
+    if to == "torch":
+        assert convert(src, "--to", "flax", "--out", tmp_path / "f") == 0
+        src = tmp_path / "f"
+    before = digest(src)
+    real = writer.dtypes_code
+    calls = {"n": 0}
+
+    def interrupt(array: np.ndarray) -> str:
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(array)
+
+    monkeypatch.setattr(writer, "dtypes_code", interrupt)
+    assert convert(src, "--to", to, "--out", tmp_path / "out", "--max-shard-size", "4KB") == 130
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+    assert digest(src) == before
+
+
+def test_chunked_flax_leaves_read_back_by_flax(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import msgpack
+    from flax.serialization import msgpack_restore
+
+    monkeypatch.setattr(io_flax, "MAX_CHUNK_SIZE", 64)
+    arrays = {("a", "big"): np.arange(100, dtype=np.float32).reshape(10, 10), ("a", "small"): np.ones(3, np.int8)}
+    path = tmp_path / "x.msgpack"
+    with open(path, "wb") as fh:
+        io_flax.write_flax_msgpack(fh, list(arrays), arrays.__getitem__)
+    restored = msgpack_restore(path.read_bytes())
+    assert np.array_equal(restored["a"]["big"], arrays[("a", "big")])
+    assert msgpack.unpackb(path.read_bytes(), strict_map_key=False)  # plain msgpack too
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float16])
+def test_bit_views_keep_every_pattern(dtype: torch.dtype) -> None:
+    width = torch.int16 if dtype.itemsize == 2 else torch.uint8
+    count = 2**16 if dtype.itemsize == 2 else 256
+    patterns = torch.arange(count, dtype=torch.int32).to(torch.int16 if width == torch.int16 else torch.uint8)
+    t = patterns.view(dtype)
+    a = torch_to_numpy(t)
+    assert a.dtype.name == str(dtype).removeprefix("torch.")
+    back = numpy_to_torch(a)
+    assert torch.equal(back.view(width), patterns)
+
+
+def test_progress_draws_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    assert list(progress(range(3), total=3, desc="x")) == [0, 1, 2]
+    assert capsys.readouterr().err == ""
+    monkeypatch.delenv("CI")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert list(progress(range(4), total=4, desc="conv", unit="tensors")) == [0, 1, 2, 3]
+    assert "] 100% conv" in capsys.readouterr().err
+
+
+def test_convert_cli_import_is_light() -> None:
+    import subprocess
+
+    code = ("import sys, guard.cli; heavy = [m for m in ('torch', 'jax', 'flax', 'numpy', 'transformers') "
+            "if m in sys.modules]; assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,144 @@
+"""The hook through real `pre-commit try-repo`, on a copy of the current working tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from guard.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PRE_COMMIT = [sys.executable, "-m", "pre_commit"]
+HOOK_REPO_FILES = ("pyproject.toml", "README.md", "LICENSE", ".pre-commit-hooks.yaml", "guard")
+
+pytestmark = pytest.mark.slow
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_GLOBAL": os.devnull}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def hook_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """try-repo clones HEAD; the tree under test may be uncommitted, so commit a copy of it."""
+    repo = tmp_path_factory.mktemp("hook-repo")
+    for name in HOOK_REPO_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif src.is_file():
+            shutil.copy2(src, repo / name)
+    if not (repo / "README.md").exists():  # pyproject names it; the lead writes the real one
+        (repo / "README.md").write_text("ckpt-guard\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "hook under test")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def pre_commit_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pre-commit-home")  # one env build for the whole module
+
+
+def user_repo(root: Path, models: dict[str, dict[str, torch.Tensor]]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    git(root, "init", "-q", "-b", "main")
+    for rel, tensors in models.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(root / rel))
+    (root / "README.txt").write_text("not a checkpoint\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "models")
+    return root
+
+
+def try_repo(target: Path, hook_repo: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "PRE_COMMIT"))}
+    env |= {"PRE_COMMIT_HOME": str(home), "GIT_CONFIG_GLOBAL": os.devnull, "NO_COLOR": "1"}
+    return subprocess.run([*PRE_COMMIT, "try-repo", str(hook_repo), "ckpt-guard", "--verbose", *args],
+                          cwd=target, env=env, capture_output=True, text=True, timeout=600)
+
+
+GOOD = {"w": torch.zeros(4, 4), "b": torch.zeros(4)}
+BAD = {"w": torch.zeros(4, 4, dtype=torch.float16), "b": torch.zeros(4)}
+
+
+def test_manifest_validates():
+    result = subprocess.run([*PRE_COMMIT, "validate-manifest", str(ROOT / ".pre-commit-hooks.yaml")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_bad_model_fails_with_its_code(tmp_path, hook_repo, pre_commit_home):
+    target = user_repo(tmp_path / "u", {"good/model.safetensors": GOOD, "bad/model.safetensors": BAD})
+    result = try_repo(target, hook_repo, pre_commit_home, "--all-files")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "Failed" in out and "CG101" in out and "bad/model.safetensors" in out
+    assert "README.txt" not in out  # files: kept it away from the hook
+
+
+def test_good_model_passes(tmp_path, hook_repo, pre_commit_home):
+    target = user_repo(tmp_path / "u", {"good/model.safetensors": GOOD})
+    result = try_repo(target, hook_repo, pre_commit_home, "--all-files")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Passed" in result.stdout
+
+
+def _sharded(names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    return {f"sharded/{name}": {f"t{i}": torch.zeros(2)} for i, name in enumerate(names)}
+
+
+def _write_index(root: Path, names: list[str]) -> None:
+    index = {"metadata": {}, "weight_map": {f"t{i}": name for i, name in enumerate(names)}}
+    (root / "sharded" / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def test_a_subset_of_shards_is_checked_against_its_siblings_on_disk(tmp_path, hook_repo, pre_commit_home):
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    target = user_repo(tmp_path / "u", _sharded(names))
+    _write_index(target, names + ["model-00003-of-00002.safetensors"])  # names a shard that is not there
+    git(target, "add", "-A")
+    git(target, "commit", "-q", "-m", "index")
+    # the hook receives one shard only; the index and the other shard are read from disk
+    result = try_repo(target, hook_repo, pre_commit_home, "--files", f"sharded/{names[0]}")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and "CG004" in out, out
+
+
+def test_long_file_lists_are_batched_and_any_batch_fails_the_hook(tmp_path, hook_repo, pre_commit_home):
+    long_dir = "d" * 120
+    models = {f"{long_dir}/{i:04d}/{'x' * 100}.safetensors": GOOD for i in range(700)}
+    models[f"{long_dir}/9999/bad.safetensors"] = BAD  # sorts last: lands in a later batch
+    target = user_repo(tmp_path / "u", models)
+    result = try_repo(target, hook_repo, pre_commit_home, "--all-files")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and "CG101" in out, out[-3000:]
+    assert out.count("ckpt-guard: ") >= 2  # one summary line per batch: more than one call
+
+
+def test_scan_of_one_shard_reads_the_model_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    for rel, tensors in _sharded(names).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, rel)
+    _write_index(tmp_path, names)
+    assert main(["scan", f"sharded/{names[0]}", "--format", "json", "-o", "r.json"]) == 0
+    report = json.loads(Path("r.json").read_text())
+    assert [m["path"] for m in report["models"]] == ["sharded"]
+    assert len(report["models"][0]["files"]) == 2
+    os.remove(f"sharded/{names[1]}")
+    assert main(["scan", f"sharded/{names[0]}"]) == 1
+    assert "CG004" in capsys.readouterr().out
