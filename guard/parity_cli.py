@@ -1,15 +1,38 @@
-"""`ckpt-guard parity`.  (Being written with the conversion issue.)"""
+"""`ckpt-guard parity TORCH_DIR FLAX_DIR`: the parity smoke test as a report."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
+from guard.atomic import write_text_atomic
 from guard.errors import UsageError
+from guard.reporters import REPORTERS
 
 
 @click.command()
-@click.argument("torch_dir")
-@click.argument("flax_dir")
-def parity(torch_dir: str, flax_dir: str) -> int:
-    """Compare PyTorch and Flax outputs of the same model."""
-    raise UsageError("parity is not available yet")
+@click.argument("torch_dir", type=click.Path(path_type=Path))
+@click.argument("flax_dir", type=click.Path(path_type=Path))
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the generated inputs.")
+@click.option("--format", "-f", "fmt", type=click.Choice(tuple(REPORTERS)), default="text", show_default=True,
+              help="Output format.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report to FILE instead of stdout.")
+def parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None) -> int:
+    """Compare PyTorch and Flax outputs of the same model (transformers' paired classes)."""
+    for directory in (torch_dir, flax_dir):
+        if not directory.is_dir():
+            raise UsageError(f"{directory}: not a directory")
+    from guard.parity import run_parity  # torch, jax, flax, transformers: the `parity` extra
+    from guard.report import Report
+    from guard.reporters import render
+
+    findings, figures = run_parity(torch_dir, flax_dir, seed=seed)
+    report = Report(findings=findings, policy={"fail_on": "error"}, extra={"parity": figures})
+    report.findings = report.sorted_findings()
+    if output is not None:
+        write_text_atomic(output, render(report, fmt))
+    else:
+        click.echo(render(report, fmt), nl=False)
+    return report.exit_code

@@ -52,7 +52,7 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
     in_play = requested + (("F16",) if policy.expect == "F16" and "F16" not in requested else ())
     labels = {t.dtype: str(t) for t in policy.targets if t.dtype}
     labels.setdefault("F16", "--expect fp16")
-    checked = [t for t in inv.tensors if dtypes.is_float(t.dtype) or t.dtype == "C64"]
+    checked = [t for t in _located_tensors(inv) if dtypes.is_float(t.dtype) or t.dtype == "C64"]
     findings: list[Finding] = []
     stats: list[dict[str, Any]] = []
     rounding: dict[tuple[str, str], list[tuple[float, float | None, str, int]]] = {}
@@ -93,6 +93,27 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
             f"in {len(rows)} tensor(s); max relative error {err:.3g} in {name!r} (value {value:.9g})",
             tensor=name))
     return ValueResults(findings, stats)
+
+
+def _located_tensors(inv: ModelInventory) -> Iterator[TensorInfo]:
+    """The inventory's tensors; a torch zip scanned headers-only is re-read to place its storages."""
+    for scan in inv.files:
+        tensors = scan.tensors
+        if scan.format == "torch-zip" and any(t.data_start is None for t in tensors):
+            tensors = _relocate_torch_zip(scan.path) or tensors
+        yield from tensors
+
+
+def _relocate_torch_zip(path: str) -> tuple[TensorInfo, ...] | None:
+    from guard.readers import READ_FAILURES
+    from guard.readers.torch_zip import read_torch_zip
+    from guard.sources import LocalFile
+
+    try:
+        with LocalFile(path, name=path) as source:
+            return read_torch_zip(source, locate_data=True).tensors
+    except (OSError, *READ_FAILURES):
+        return None  # the tensors are then reported as not located
 
 
 def _require_extras() -> None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -251,3 +253,17 @@ def standin_fixture(monkeypatch: Any, tmp_path: Path) -> Iterator[StandinHub]:
         yield hub
     finally:
         hub.stop()
+
+
+# ---------------------------------------------------------------- small inputs without numpy
+
+LFS_POINTER_EXAMPLE = (b"version https://git-lfs.github.com/spec/v1\n"
+                       b"oid sha256:" + b"ab" * 32 + b"\nsize 123456789\n")
+
+
+def tiny_safetensors(dtype: str = "F32") -> bytes:
+    """An fp32 tensor ``w`` plus a tensor ``b`` of ``dtype`` (F32, F16 or BF16)."""
+    width = {"F32": 4, "F16": 2, "BF16": 2}[dtype]
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                         "b": {"dtype": dtype, "shape": [2], "data_offsets": [8, 8 + 2 * width]}}).encode()
+    return struct.pack("<Q", len(header)) + header + bytes(8 + 2 * width)

@@ -230,3 +230,37 @@ def test_one_unreadable_repo_among_several(standin: StandinHub, tmp_path: Path,
 
 def test_usage_errors(standin: StandinHub) -> None:
     assert main(["hub", "scan"]) == 2
+
+
+def test_budget_exhaustion_is_cg401_not_cg001(standin: StandinHub, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import guard.hub.remote
+
+    serialization = pytest.importorskip("flax.serialization")
+    params = {f"layer{i}": np.zeros((40_000,), np.float32) for i in range(6)}  # 160 KB payloads
+    standin.add_repo("org/flax", {"flax_model.msgpack": serialization.to_bytes(params)})
+    monkeypatch.setattr(guard.hub.remote, "MAX_REQUESTS", 2)
+    rc, report = run_json(["hub", "scan", "org/flax"], tmp_path / "r.json")
+    assert rc == 0  # a note does not fail the run
+    [finding] = report["findings"]
+    assert finding["code"] == "CG401" and finding["severity"] == "note"
+    assert report["extra"]["hub"]["repos"][0]["files"][0]["requests"] == 2
+
+
+def test_hub_file_cache_merges_and_counts(standin: StandinHub) -> None:
+    from guard.hub.client import HubClient
+    from guard.hub.remote import HubFile
+
+    data = bytes(range(256)) * 1024  # 256 KiB
+    standin.add_repo("org/blob", {"blob.bin": data})
+    source = HubFile(HubClient(), repo_id="org/blob", revision="main", filename="blob.bin", size=len(data),
+                     name="blob", readahead=1000)
+    assert source.read_at(0, 8) == data[:8] and source.requests == 1 and source.bytes_read == 1000
+    assert source.read_at(500, 400) == data[500:900] and source.requests == 1  # cached
+    assert source.read_at(900, 300) == data[900:1200] and source.requests == 2  # only the missing part
+    assert source.bytes_read == 2000
+    assert source.read_at(len(data) - 22, 22) == data[-22:]  # the tail: one block back from the end
+    assert source.read_at(len(data) - 1000, 900) == data[-1000:-100] and source.requests == 3
+    assert source.read_at(0, 0) == b""
+    with pytest.raises(Exception, match="past the end"):
+        source.read_at(len(data) - 4, 8)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from guard import dtypes
 from guard.convert.bitviews import bits
 from guard.convert.carry import carry_files, main_dtype, read_config
 from guard.convert.cast import CastPolicy, cast_array
@@ -60,6 +61,11 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
     }
     if _blocking(findings):
         return findings, figures
+    for tensor in source.tensors:
+        info = dtypes.DTYPES.get(tensor.info.dtype)
+        if info is None or info.numpy is None or info.bits < 8:
+            raise UsageError(f"{tensor.info.file}: {tensor.name} is {tensor.info.dtype}, which convert cannot "
+                             "carry yet (sub-byte or unknown dtype)")
     try:
         template = _template(req, source, config)
     except Exception as exc:  # noqa: BLE001  transformers/jax incompatibilities surface as anything; say so

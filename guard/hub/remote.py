@@ -33,8 +33,8 @@ class HubFile:
     """One file of one repository revision, read through ranged GETs."""
 
     def __init__(self, client: HubClient, *, repo_id: str, revision: str, filename: str, size: int,
-                 name: str, readahead: int = READAHEAD, max_requests: int = MAX_REQUESTS,
-                 max_bytes: int = MAX_BYTES) -> None:
+                 name: str, readahead: int | None = None, max_requests: int | None = None,
+                 max_bytes: int | None = None) -> None:
         self.client = client
         self.repo_id = repo_id
         self.revision = revision
@@ -42,9 +42,9 @@ class HubFile:
         self.name = name
         self.size = size
         self.url = client.file_url(repo_id, filename, revision)
-        self.readahead = readahead
-        self.max_requests = max_requests
-        self.max_bytes = max_bytes
+        self.readahead = readahead or READAHEAD
+        self.max_requests = max_requests or MAX_REQUESTS
+        self.max_bytes = max_bytes or MAX_BYTES
         self.requests = 0
         self.bytes_read = 0  # bytes that came over the wire
         self._starts: list[int] = []  # sorted, non-overlapping cached spans
@@ -65,6 +65,10 @@ class HubFile:
                 return hit
             start = self._first_missing(offset)
             end = min(self.size, max(offset + size, start + self.readahead))
+            if end == self.size:
+                # A read at the tail (a zip's end record, then its central directory just
+                # before it): take a whole block back from the end, not past what is cached.
+                start = max(self._cached_end_before(start), min(start, self.size - self.readahead))
             self._fetch(start, end)
             hit = self._lookup(offset, size)
             if hit is None:  # the fetched span always covers the rest of the read
@@ -90,6 +94,10 @@ class HubFile:
             if end > offset:
                 return end
         return offset
+
+    def _cached_end_before(self, offset: int) -> int:
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return self._starts[i] + len(self._spans[self._starts[i]]) if i >= 0 else 0
 
     def _fetch(self, start: int, end: int) -> None:
         if self.requests >= self.max_requests or self.bytes_read + (end - start) > self.max_bytes:

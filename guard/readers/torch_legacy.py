@@ -16,11 +16,13 @@ from guard.readers.torch_pickle import (
     ITEMSIZES,
     MAX_LINE,
     MAX_PICKLE_BYTES,
-    CountingSource,
     DictDesc,
     PickleWalker,
     StorageRef,
     Unsafe,
+)
+from guard.readers.torch_tensors import (
+    CountingSource,
     build_tensor_infos,
     iter_named_tensors,
     storage_from_pid,

