@@ -43,7 +43,7 @@ def make_model(directory: Path) -> int:
 
     from guard.convert.io_torch import safetensors_header
 
-    config = LlamaConfig(**CONFIG)
+    config = LlamaConfig(**CONFIG, architectures=["LlamaForCausalLM"])
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in LlamaForCausalLM(config).state_dict().items()}
     directory.mkdir(parents=True, exist_ok=True)
@@ -119,7 +119,8 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
         f"`python bench/convert.py --rounds {f['rounds']} --write-docs`: a {f['model_bytes'] / 1e9:.2f} GB bf16 "
         "Llama-style model (LlamaConfig hidden 2048, 12 layers, vocab 32000; random weights, one "
         "model.safetensors) converted to Flax msgpack. Whole processes, alternating; median of the rounds; "
-        f"peak RSS from each child's own rusage; {f['cpus']} CPUs.\n\n"
+        f"peak RSS from each child's own rusage; {f['cpus']} CPUs, shared with other jobs while measured, "
+        "so wall times vary between runs (the alternation keeps the ratio fair).\n\n"
         "| path | wall time | peak RSS |\n|---|---|---|\n"
         f"| `ckpt-guard convert DIR --to flax --out X` | {ours_s:.1f} s | {ours_rss / 1e9:.2f} GB |\n"
         f"| `FlaxLlamaForCausalLM.from_pretrained(DIR, from_pt=True, dtype=jnp.bfloat16).save_pretrained(X)` "

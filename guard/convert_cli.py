@@ -81,15 +81,31 @@ def _summaries(out: Path) -> list:  # type: ignore[type-arg]
 
 
 def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-def]
+    """Compare like with like: after a cast, the other side is the output converted back bit-exactly."""
+    import tempfile
+
     if (figures["from"] == "flax-msgpack") == (request.to == "flax"):
         raise UsageError("--parity compares a PyTorch and a Flax model; source and target are the same framework")
     require_extras(("transformers",), "parity")
+    from guard.convert.cast import CastPolicy
+    from guard.convert.run import ConvertRequest, convert_model
     from guard.parity import run_parity
 
-    torch_dir, flax_dir = (request.src, request.out) if request.to == "flax" else (request.out, request.src)
-    findings, parity_figures = run_parity(torch_dir, flax_dir)
+    with tempfile.TemporaryDirectory(prefix="ckpt-guard-parity-") as scratch:
+        pair = request.src
+        if figures.get("casts"):
+            pair = Path(scratch) / "pair"
+            back = ConvertRequest(request.out, pair, "torch" if request.to == "flax" else "flax", CastPolicy(None),
+                                  request.max_shard_size)
+            findings, _ = convert_model(back)
+            report.findings.extend(findings)
+            if not pair.is_dir():
+                return
+        torch_dir, flax_dir = (pair, request.out) if request.to == "flax" else (request.out, pair)
+        findings, parity_figures = run_parity(torch_dir, flax_dir)
     report.findings.extend(findings)
-    report.extra["parity"] = parity_figures
+    report.extra["parity"] = {**parity_figures, "paired_with": "source" if pair == request.src else
+                              "the output converted back with --dtype keep (the casts applied on both sides)"}
 
 
 def conversion_line(figures: dict) -> str:  # type: ignore[type-arg]

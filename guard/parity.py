@@ -64,7 +64,7 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[
             figures["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
             runs = _run_all(pt_cls, flax_cls, torch_dir, flax_dir, inputs, stored)
     except _Unavailable as exc:
-        figures["reason"] = str(exc)
+        figures.update(available=False, reason=str(exc))
         return [make_finding("CG303", where, f"parity unavailable: {exc}")], figures
     except _Failed as exc:
         figures["passed"] = False

@@ -53,7 +53,7 @@ def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> 
             tensor = torch.from_numpy(value.copy())
             kwargs[name] = tensor.to(torch_dtype) if tensor.is_floating_point() else tensor.long()
     flags = {"output_hidden_states": True, "return_dict": True, "use_cache": False}
-    kwargs.update({k: v for k, v in flags.items() if k in accepted})
+    kwargs.update({k: v for k, v in flags.items() if _takes(accepted, k)})
     try:
         with torch.no_grad():
             out = model(**kwargs)
@@ -85,13 +85,20 @@ def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> d
     accepted = inspect.signature(cls.__call__).parameters
     kwargs = {name: jnp.asarray(value) for name, value in inputs.items() if name in accepted}
     flags = {"output_hidden_states": True, "return_dict": True, "train": False}
-    kwargs.update({k: v for k, v in flags.items() if k in accepted})
+    kwargs.update({k: v for k, v in flags.items() if _takes(accepted, k)})
     try:
         out = model(**kwargs, params=params)
+    except TypeError as exc:  # an API drift between transformers' Flax code and the installed jax
+        raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}")
     except LOAD_FAILURES as exc:
         raise Failed(make_finding("CG302", where, f"{cls.__name__} ({dtype}) forward pass failed: "
                                                   f"{_first_line(exc)}"))
     return {name: np.asarray(value).astype(np.float32) for name, value in _flatten(out)}
+
+
+def _takes(parameters: Any, name: str) -> bool:
+    """Named, or swallowed by ``**kwargs`` (transformers >= 4.56 passes output flags that way)."""
+    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def _flatten(outputs: Any) -> list[tuple[str, Any]]:

@@ -29,6 +29,7 @@ IEEE_BITS: dict[str, tuple[type, int, int]] = {
 # Read by converting each chunk to fp32 first (exact: every value fits in fp32).
 WIDENED_TO_F32 = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
 # Dtypes a value can be cast *to* (CG201/CG202/CG204).  E8M0 holds scales, F4/F6 packed codes.
+SLICE = 1 << 20  # elements per slice where every value is converted (bounded temporaries)
 CAST_TARGETS = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ")
 
 
@@ -56,6 +57,23 @@ def cast_is_exact(source: str, target: str) -> bool:
             back = values.astype(numpy_dtype(target)).astype(np.float64)
         return bool(np.array_equal(values, back))
     return (source, target) == ("F32", "F64")
+
+
+@lru_cache(maxsize=None)
+def rounds_in_range(source: str, target: str) -> bool:
+    """True when some ``source`` value inside ``target``'s normal range changes on the cast
+    (bf16 -> fp16 loses only at the range ends: CG201/CG202, never CG204)."""
+    if cast_is_exact(source, target):
+        return False
+    src, dst = numpy_dtype(source), numpy_dtype(target)
+    if src.itemsize > 2:
+        return True
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        values = np.arange(2 ** (8 * src.itemsize), dtype=np.uint64).astype(
+            np.uint16 if src.itemsize == 2 else np.uint8).view(src).astype(np.float64)
+        info = ml_dtypes.finfo(dst)
+        values = values[(np.abs(values) >= float(info.smallest_normal)) & (np.abs(values) <= float(info.max))]
+        return not np.array_equal(values, values.astype(dst).astype(np.float64))
 
 
 @dataclass(frozen=True)
@@ -148,14 +166,14 @@ class Scratch:
     cost more in page faults than the arithmetic on them."""
 
     def __init__(self) -> None:
-        self._arrays: dict[Any, tuple[Any, Any]] = {}
+        self._arrays: dict[Any, tuple[Any, Any, Any]] = {}
 
-    def arrays(self, uint: Any, size: int) -> tuple[Any, Any]:
+    def arrays(self, uint: Any, size: int) -> tuple[Any, Any, Any]:
         held = self._arrays.get(uint)
         if held is None or held[0].size < size:
-            held = (np.empty(size, uint), np.empty(size, np.bool_))
+            held = (np.empty(size, uint), np.empty(size, uint), np.empty(size, np.bool_))
             self._arrays[uint] = held
-        return held[0][:size], held[1][:size]
+        return held[0][:size], held[1][:size], held[2][:size]
 
 
 class TensorScanner:
@@ -174,7 +192,7 @@ class TensorScanner:
         self.stats = TensorStats(dtype, kernel=self.kernel)
         wanted = dict.fromkeys(range_targets + rounding_targets)
         self.limits = [cast_limits(self.kernel, t) for t in wanted if not cast_is_exact(dtype, t)]
-        self.rounding = {t for t in rounding_targets if not cast_is_exact(dtype, t)}
+        self.rounding = {t for t in rounding_targets if rounds_in_range(dtype, t)}
         for limit in self.limits:
             self.stats.casts[limit.target] = CastStats(limit.target)
         self.uint, self.mask, self.inf_bits = IEEE_BITS[self.kernel]
@@ -189,7 +207,7 @@ class TensorScanner:
             return
         st = self.stats
         st.numel += bits.size
-        mag, flags = scratch.arrays(self.uint, bits.size)
+        mag, work, flags = scratch.arrays(self.uint, bits.size)
         np.bitwise_and(bits, self.uint(self.mask), out=mag)
         index = int(mag.argmax())
         if int(mag[index]) >= self.inf_bits:  # NaN or Inf present: count them, go on with the finite rest
@@ -198,25 +216,25 @@ class TensorScanner:
             st.inf += inf
             st.nan += bits.size - inf - int(np.count_nonzero(finite))
             bits, mag = bits[finite], mag[finite]
-            flags = flags[: mag.size]
+            work, flags = work[: mag.size], flags[: mag.size]
             if mag.size == 0:
                 return
             index = int(mag.argmax())
         top = int(mag[index])
         if top > st.max_bits:
             st.max_bits, st.worst_bits = top, int(bits[index])
-        # Everything below the highest "normal" limit, zeros included: few values in real
-        # weights, so one comparison and one extraction cover min |x| and every underflow.
-        normal = max([limit.normal for limit in self.limits] + [self.small])
-        small = bits.take(np.flatnonzero(np.less(mag, normal, out=flags)))
-        small_mag = np.bitwise_and(small, self.uint(self.mask))
-        nonzero = small_mag[small_mag != 0]
-        if nonzero.size:
+        # Values below 2^-14 are few in real weights: one comparison extracts them, and they
+        # give min |x| and every fp16/bf16 underflow.  Zeros count here too, so a mostly-zero
+        # chunk (or a wide F8 range) takes the slower way, one slice at a time.
+        np.less(mag, self.small, out=flags)
+        small = bits[flags] if np.count_nonzero(flags) * 8 <= bits.size else None
+        if small is not None:
+            small_mag = np.bitwise_and(small, self.uint(self.mask))
+            nonzero = small_mag[small_mag != 0]
+        if small is not None and nonzero.size:
             low = int(nonzero.min())
-        elif small.size == bits.size:  # all zeros
-            low = 0
-        else:  # no non-zero value below the limits: the smallest is the min of the rest
-            low = int(np.where(mag == 0, mag.dtype.type(self.mask), mag).min())
+        else:  # |x| - 1 wraps 0 to the largest uint, so zeros never win the min
+            low = (int(np.subtract(mag, 1, out=work).min()) + 1) & int(np.iinfo(self.uint).max)
         if low and (st.min_bits < 0 or low < st.min_bits):
             st.min_bits = low
         for limit in self.limits:
@@ -224,7 +242,12 @@ class TensorScanner:
             if top >= limit.overflow:
                 cast.overflow += int(np.count_nonzero(np.greater_equal(mag, limit.overflow, out=flags)))
             if low and low < limit.normal:
-                self._underflow(cast, small[(small_mag != 0) & (small_mag < limit.normal)])
+                if small is not None and limit.normal <= self.small:
+                    self._underflow(cast, small[(small_mag != 0) & (small_mag < limit.normal)])
+                else:
+                    for start in range(0, bits.size, SLICE):
+                        part, part_mag = bits[start:start + SLICE], mag[start:start + SLICE]
+                        self._underflow(cast, part[(part_mag != 0) & (part_mag < limit.normal)])
             if limit.target in self.rounding:
                 self._rounding(limit, bits, mag)
 
@@ -237,6 +260,11 @@ class TensorScanner:
         cast.inexact_subnormal += int(np.count_nonzero(cast_back != values)) - flushed
 
     def _rounding(self, limit: CastLimits, bits: Any, mag: Any) -> None:
+        # In slices: the float temporaries stay a few MiB whatever the chunk size.
+        for start in range(0, bits.size, SLICE):
+            self._rounding_slice(limit, bits[start:start + SLICE], mag[start:start + SLICE])
+
+    def _rounding_slice(self, limit: CastLimits, bits: Any, mag: Any) -> None:
         cast = self.stats.casts[limit.target]
         in_range = (mag >= limit.normal) & (mag < limit.overflow)
         wide = np.float64 if self.kernel == "F64" else np.float32

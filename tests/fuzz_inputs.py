@@ -213,8 +213,11 @@ REFERENCES: dict[str, Callable[[bytes], Inventory | str]] = {
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text[:240]}"
+    # torch puts the actual reason ("Unsupported operand 148") lines below its boilerplate
+    text = " ".join(str(exc).split())
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    return f"{type(exc).__name__}: {text[:300]}"
 
 
 def torch_code(tensor: Any) -> str:
@@ -258,15 +261,18 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     # (nor checks their local headers and CRCs), which torch.load reads in full.
     Known("records-not-read", ("torch-zip",), True,
           r"PytorchStreamReader failed (reading|retrieving) file|Unknown endianness type"
-          r"|hasRecord\(\"version\"\)|not in a subdirectory|UnicodeDecodeError"),
+          r"|hasRecord\(\"version\"\)|not in a subdirectory|UnicodeDecodeError"
+          r"|Couldn't parse the version|invalid literal for int\(\)|failed reading zip archive"),
     Known("records-not-read", ("torch-legacy",), True, r"storage has wrong byte size"),
     # torch.load calls the rebuild functions; a description does not check their arguments.
     Known("call-semantics", _TORCH, True,
           r"can require gradients|positional argument|takes \d+ positional"),
+    # torch's weights-only unpickler implements a subset of opcodes (no MEMOIZE); we walk them all.
+    Known("opcode-subset", _TORCH, True, r"Unsupported operand"),
     # miniz matches names case-insensitively and ignores disk numbers, a bad zip64 record
     # and a wrong comment length; we refuse a zip whose records disagree.
     Known("stricter-zip", ("torch-zip",), False,
-          r"zip does not hold|multi-disk|zip64|End Of Central Directory"),
+          r"zip does not hold|multi-disk|zip64|End Of Central Directory|does not fit"),
     # A storage bigger than its record, or a tensor whose storage is not in the legacy key
     # list: torch.load fills it with uninitialised memory; we refuse the file.
     Known("stricter-storage", _TORCH, False,

@@ -270,7 +270,6 @@ def history(tmp_path: Path) -> tuple[Path, str, str]:
     """A repository whose second commit adds a bad model next to a good one."""
     repo = tmp_path / "repo"
     safetensors_file(repo / "models" / "good" / "model.safetensors")
-    (repo / "README.md").parent.mkdir(parents=True, exist_ok=True)
     (repo / "README.md").write_text("hi\n")
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
@@ -355,11 +354,7 @@ def test_scan_sets_outputs_annotations_summary_and_sarif(tmp_path, history):
     assert json.loads(Path(outputs["sarif-file"]).read_text())["runs"][0]["results"]
     assert len(json.loads(Path(outputs["report"]).read_text())["findings"]) == 1
     assert "::error file=models/bad one ü/model.safetensors,title=CG101" in result.stdout
-    assert self_summary(runner).startswith("## :x: ckpt-guard failed")
-
-
-def self_summary(runner: Runner) -> str:
-    return runner.summary.read_text(encoding="utf-8")
+    assert runner.summary.read_text(encoding="utf-8").startswith("## :x: ckpt-guard failed")
 
 
 def test_fail_on_never_passes_and_annotate_false_is_quiet(tmp_path, history):

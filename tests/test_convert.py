@@ -234,12 +234,18 @@ def test_fp16_overflow_refused_unless_lossy(tmp_path: Path) -> None:
     assert np.isinf(flax_params(tmp_path / "f")[("model", "embed_tokens", "embedding")][0, 0])
 
 
-def test_parity_after_convert(tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", ["bart-fp32", "mistral-bf16", "mistral-bf16-fp32-norms"])
+def test_parity_after_convert(tmp_path: Path, case: str) -> None:
+    """The seeds' cases end to end; run last, as parity belongs to its own module."""
     pytest.importorskip("guard.parity")
-    src = tiny_bart(tmp_path)
+    if case == "bart-fp32":
+        src, flags = tiny_bart(tmp_path), ["--dtype", "fp32"]
+    elif case == "mistral-bf16":
+        src, flags = tiny_mistral(tmp_path), []
+    else:
+        src, flags = tiny_mistral(tmp_path, dtype=torch.float32), ["--dtype", "bf16", "--keep-fp32", "*norm*"]
     report = tmp_path / "r.json"
-    code = convert(src, "--to", "flax", "--out", tmp_path / "f", "--dtype", "fp32", "--parity", "-f", "json",
-                   "-o", report)
+    code = convert(src, "--to", "flax", "--out", tmp_path / "f", *flags, "--parity", "-f", "json", "-o", report)
     data = json.loads(report.read_text())
     assert "parity" in data["extra"]
     assert code == 0, data["findings"]

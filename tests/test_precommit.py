@@ -142,3 +142,50 @@ def test_scan_of_one_shard_reads_the_model_directory(tmp_path, monkeypatch, caps
     os.remove(f"sharded/{names[1]}")
     assert main(["scan", f"sharded/{names[0]}"]) == 1
     assert "CG004" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ plain git hooks (no framework)
+
+
+def _hook_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "PRE_COMMIT"))}
+    return env | {"CKPT_GUARD": str(Path(sys.executable).parent / "ckpt-guard"), "GIT_CONFIG_GLOBAL": os.devnull,
+                  "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+                  "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+
+
+def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), cwd=cwd, env=_hook_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_plain_pre_commit_hook(tmp_path):
+    repo = user_repo(tmp_path / "u", {"good/model.safetensors": GOOD})
+    shutil.copy2(ROOT / "hooks" / "pre-commit", repo / ".git" / "hooks" / "pre-commit")
+    (repo / "notes.txt").write_text("no checkpoint staged\n")
+    _run(repo, "git", "add", "notes.txt")
+    assert _run(repo, "git", "commit", "-q", "-m", "notes").returncode == 0
+    odd = repo / "odd dir ü" / "new\nline.safetensors"
+    odd.parent.mkdir()
+    save_file(BAD, str(odd))
+    _run(repo, "git", "add", "-A")
+    result = _run(repo, "git", "commit", "-q", "-m", "bad")
+    assert result.returncode != 0 and "CG101" in result.stdout + result.stderr
+    _run(repo, "git", "rm", "-q", "--cached", "-r", "odd dir ü")
+    save_file({"w": torch.ones(8)}, str(repo / "good" / "model.safetensors"))  # a staged, passing change
+    _run(repo, "git", "add", "-A", "good")
+    assert _run(repo, "git", "commit", "-q", "-m", "good").returncode == 0
+
+
+def test_plain_pre_push_hook(tmp_path):
+    remote = tmp_path / "remote.git"
+    _run(tmp_path, "git", "init", "-q", "--bare", str(remote))
+    repo = user_repo(tmp_path / "u", {"good/model.safetensors": GOOD})
+    shutil.copy2(ROOT / "hooks" / "pre-push", repo / ".git" / "hooks" / "pre-push")
+    _run(repo, "git", "remote", "add", "origin", str(remote))
+    assert _run(repo, "git", "push", "-q", "origin", "main").returncode == 0  # new branch: all, good
+    (repo / "bad").mkdir()
+    save_file(BAD, str(repo / "bad" / "model.safetensors"))
+    _run(repo, "git", "add", "-A")
+    _run(repo, "git", "commit", "-q", "-m", "bad")
+    result = _run(repo, "git", "push", "-q", "origin", "main")
+    assert result.returncode != 0 and "CG101" in result.stdout + result.stderr

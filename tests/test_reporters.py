@@ -303,3 +303,20 @@ def test_summary_appended_under_actions(repo, monkeypatch, capsys):
     assert main(["scan", "good", "bad"]) == 1
     text = summary.read_text()
     assert text.startswith("earlier step\n## :x: ckpt-guard failed")
+
+
+@pytest.mark.parametrize("render", [render_github, render_markdown, render_sarif])
+def test_a_one_megabyte_name_stays_bounded(render):
+    big = "A" * (1 << 20)
+    finding = Finding("CG101", Severity.error, "m/model.safetensors", f"e.g. {big!r}", big, None)
+    out = render(_report([finding]))
+    assert len(out) < 64 * 1024, len(out)
+
+
+def test_markdown_names_never_become_links(monkeypatch):
+    monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
+    name = "[link](javascript:alert(1)) ![i](http://x/i.png) a\\|b"
+    text = render_markdown(_report([Finding("CG101", Severity.error, "m/x.safetensors", name, name, None)]))
+    assert "](" not in text and "<" not in text
+    row = [line for line in text.splitlines() if line.startswith("| error")][0]
+    assert len(re.findall(r"(?<!\\)\|", row)) == 6

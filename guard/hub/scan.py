@@ -75,8 +75,10 @@ def list_author_models(client: HubClient, author: str) -> list[str]:
 
 
 def scan_hub(repo_ids: Sequence[str], policy: Policy, client: HubClient, *, revision: str | None = None,
-             repo_workers: int = REPO_WORKERS, file_workers: int = FILE_WORKERS) -> HubScanResult:
+             repo_workers: int = REPO_WORKERS, file_workers: int | None = None) -> HubScanResult:
     """Scan every repository that can be read; the others carry their error (exit 2 in the CLI)."""
+    # Each repository has a config.json and at least one weight file in flight at once.
+    file_workers = file_workers or max(FILE_WORKERS, 2 * repo_workers)
     with ThreadPoolExecutor(file_workers, thread_name_prefix="hub-file") as file_pool, \
             ThreadPoolExecutor(repo_workers, thread_name_prefix="hub-repo") as repo_pool:
         futures = [repo_pool.submit(scan_repo, client, repo_id, revision=revision, pool=file_pool)

@@ -17,6 +17,7 @@ from guard.findings import Finding, Severity
 from guard.report import Report
 
 PER_LEVEL = 10  # visible annotations per level per step
+MAX_MESSAGE = 4000  # characters; GitHub cuts long annotations anyway, and a name can be 1 MB
 COMMAND = {Severity.error: "error", Severity.warning: "warning", Severity.note: "notice"}
 
 
@@ -51,8 +52,12 @@ def annotation(finding: Finding) -> str:
     if finding.line:
         props.append(f"line={int(finding.line)}")
     props.append(f"title={escape_property(title)}")
-    message = f"{finding.code}: {finding.message}"  # never empty: the runner drops empty messages
+    message = bounded(f"{finding.code}: {finding.message}")  # never empty: the runner drops those
     return f"::{COMMAND[finding.severity]} {','.join(props)}::{escape_data(message)}"
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}…(+{len(text) - limit:,} chars)"
 
 
 def render_github(report: Report) -> str:

@@ -19,8 +19,9 @@ from guard.reporters.text import human_bytes, human_count
 MODEL_BUDGET = 128 * 1024  # bytes of the models table
 FINDING_BUDGET = 384 * 1024  # bytes of the findings table
 MAX_FINDING_ROWS = 1000
-_MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "&#124;", "`": "&#96;"}
-_MD_PUNCT = set("\\*_[]~!#$")
+# entities, not backslashes, where a backslash would leave "](" or a cell break behind
+_MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "&#124;", "`": "&#96;", "[": "&#91;", "]": "&#93;"}
+_MD_PUNCT = set("\\*_~!#$")
 
 
 def md_escape(value: str, *, limit: int = 200) -> str:

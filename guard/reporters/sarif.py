@@ -18,7 +18,7 @@ from guard import __version__
 from guard.catalogue import RULES, Rule
 from guard.findings import Finding
 from guard.report import Report
-from guard.reporters.github import workspace_relative
+from guard.reporters.github import bounded, workspace_relative
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 MAX_RESULTS = 25_000  # GitHub rejects a run with more
@@ -59,11 +59,11 @@ def result(finding: Finding, rule_index: dict[str, int], occurrence: int) -> dic
         physical["region"] = {"startLine": int(finding.line)}
     location: dict[str, Any] = {"physicalLocation": physical}
     if finding.tensor:
-        location["logicalLocations"] = [{"name": finding.tensor, "kind": "member"}]
+        location["logicalLocations"] = [{"name": bounded(finding.tensor, 1024), "kind": "member"}]
     out: dict[str, Any] = {
         "ruleId": finding.code,
         "level": finding.severity.value,
-        "message": {"text": f"{finding.message}" or finding.code},
+        "message": {"text": bounded(finding.message) or finding.code},
         "locations": [location],
         "partialFingerprints": {"primaryLocationLineHash": fingerprint(finding, occurrence)},
     }

@@ -1,0 +1,203 @@
+"""Benchmark: `ckpt-guard hub scan` vs downloading, and an organisation audit.
+
+Against the loopback stand-in Hub (tests/hub_standin.py) with an added latency
+per request (default 50 ms, a typical round trip to the Hub):
+
+1. per weight file, the requests and bytes that `hub scan` spends (counted by the
+   stand-in) against `hf_hub_download` of the same file;
+2. `hub scan --author ORG` over N small repositories with 1 and with several
+   workers: repositories per second, next to the latency-bound floor.
+
+Targets: at most 2 requests and under 1 % of the bytes per weight file; an
+audit bounded by latency (time ~ N / jobs x round trips), not by N.
+
+    python bench/hub.py [--latency 0.05] [--repos 50] [--jobs 16] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from hub_standin import StandinHub  # noqa: E402
+
+MB = 1024 * 1024
+
+
+def weight_files() -> dict[str, bytes]:
+    """One file per format, 16-32 MB each, built with the real libraries (skipped where absent)."""
+    import io
+
+    import numpy as np
+    from safetensors.numpy import save
+
+    files: dict[str, bytes] = {}
+    layers = {f"model.layers.{i}.weight": np.ones((1024, 1024), np.float32) for i in range(8)}
+    files["safetensors/model.safetensors"] = save(layers)  # 32 MB, 8 tensors
+    index = {}
+    for k in (1, 2):
+        name = f"model-0000{k}-of-00002.safetensors"
+        part = {f"part{k}.layers.{i}.weight": np.ones((1024, 1024), np.float32) for i in range(4)}
+        files[f"sharded/{name}"] = save(part)
+        index.update(dict.fromkeys(part, name))
+    files["sharded/model.safetensors.index.json"] = json.dumps({"weight_map": index}).encode()
+    try:
+        import torch
+
+        state = {f"layers.{i}.weight": torch.ones(1024, 1024) for i in range(4)}
+        for name, zipped in (("torch-zip/pytorch_model.bin", True), ("torch-legacy/pytorch_model.bin", False)):
+            buffer = io.BytesIO()
+            torch.save(state, buffer, _use_new_zipfile_serialization=zipped)
+            files[name] = buffer.getvalue()
+    except ImportError:
+        print("torch not installed: torch formats skipped", file=sys.stderr)
+    try:
+        from flax import serialization
+
+        params = {"params": {f"layer{i}": {"kernel": np.ones((1024, 1024), np.float32)} for i in range(4)}}
+        files["flax/flax_model.msgpack"] = serialization.to_bytes(params)
+    except ImportError:
+        print("flax not installed: msgpack skipped", file=sys.stderr)
+    return files
+
+
+def per_file(hub: StandinHub, files: dict[str, bytes], work: Path) -> list[dict[str, object]]:
+    from huggingface_hub import hf_hub_download
+
+    from guard.cli import main
+
+    hub.add_repo("bench/formats", files)
+    report_path = work / "formats.json"
+    main(["hub", "scan", "bench/formats", "-o", str(work / "warm-up.txt"), "--no-summary"])  # imports, sessions
+    hub.reset_records()
+    started = time.perf_counter()
+    main(["hub", "scan", "bench/formats", "--format", "json", "-o", str(report_path), "--no-summary"])
+    scan_seconds = time.perf_counter() - started
+    stats = {f["path"]: f for f in json.loads(report_path.read_text())["extra"]["hub"]["repos"][0]["files"]}
+    rows = []
+    for name, data in files.items():
+        if name.endswith(".json"):
+            continue
+        hub.reset_records()
+        t0 = time.perf_counter()
+        hf_hub_download("bench/formats", name, cache_dir=str(work / "cache"))
+        seconds = time.perf_counter() - t0
+        records = list(hub.records)
+        rows.append({
+            "file": name, "size": len(data),
+            "scan_requests": stats[name]["requests"], "scan_bytes": stats[name]["bytes"],
+            "download_requests": len(records), "download_bytes": sum(r.bytes for r in records),
+            "download_seconds": seconds,
+        })
+    rows.append({"file": "(whole repo scan, wall)", "scan_seconds": scan_seconds})
+    return rows
+
+
+def audit(hub: StandinHub, repos: int, jobs: int, work: Path) -> dict[str, float]:
+    from guard.cli import main
+    from hub_standin import tiny_safetensors
+
+    for i in range(repos):
+        hub.add_repo(f"audit-org/model-{i:03d}", {"model.safetensors": tiny_safetensors("F32"),
+                                                  "config.json": b'{"torch_dtype": "float32"}'})
+    out = {}
+    for j in (1, 8, jobs):
+        hub.reset_records()
+        started = time.perf_counter()
+        rc = main(["hub", "scan", "--author", "audit-org", "--jobs", str(j), "--no-summary",
+                   "--format", "json", "-o", str(work / f"audit-{j}.json")])
+        seconds = time.perf_counter() - started
+        assert rc == 0, rc
+        out[f"jobs_{j}_seconds"] = seconds
+        out[f"jobs_{j}_repos_per_s"] = repos / seconds
+        out[f"jobs_{j}_requests"] = len(hub.records)
+    # Floor: the listing, then ceil(N / jobs) waves of two round trips (model_info, then the files).
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--repos", type=int, default=50)
+    parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, StandinHub(latency=args.latency) as hub:
+        work = Path(tmp)
+        os.environ.update(HF_ENDPOINT=hub.url, HF_HOME=str(work / "hf"), HF_HUB_DISABLE_TELEMETRY="1",
+                          HF_HUB_DISABLE_XET="1", NO_PROXY="127.0.0.1,localhost", CI="true")
+        os.environ.pop("HF_TOKEN", None)
+        rows = per_file(hub, weight_files(), work)
+        audit_figures = audit(hub, args.repos, args.jobs, work)
+    figures = {"latency_s": args.latency, "files": rows, "audit": audit_figures, "repos": args.repos,
+               "jobs": args.jobs, "cpus": os.cpu_count()}
+    print(json.dumps(figures, indent=2))
+    if args.write_docs:
+        write_docs(figures)
+    return 0
+
+
+def write_docs(f: dict) -> None:  # type: ignore[type-arg]
+    """Replace (or add) the `## Hub` section of docs/benchmarks.md, leaving the others alone."""
+    path = ROOT / "docs" / "benchmarks.md"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    lines = [
+        "## Hub\n",
+        f"`python bench/hub.py --write-docs`: the loopback stand-in Hub with {f['latency_s'] * 1000:.0f} ms added "
+        f"to every request, the real huggingface_hub client, {f['cpus']} CPUs. Requests and bytes are counted by "
+        "the stand-in. Targets: at most 2 requests and under 1 % of the bytes per weight file.\n",
+        "| file | size | `hub scan` requests | `hub scan` bytes | share | `hf_hub_download` requests | bytes |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in f["files"]:
+        if "size" not in row:
+            continue
+        share = 100 * row["scan_bytes"] / row["size"]
+        lines.append(f"| `{row['file']}` | {row['size'] / MB:.1f} MiB | {row['scan_requests']} | "
+                     f"{row['scan_bytes'] / 1024:.0f} KiB | {share:.2f} % | {row['download_requests']} | "
+                     f"{row['download_bytes'] / MB:.1f} MiB |")
+    wall = next(r["scan_seconds"] for r in f["files"] if "scan_seconds" in r)
+    a, jobs = f["audit"], f["jobs"]
+    lines += [
+        "",
+        f"Scanning the whole repository above (six weight files, an index; warm) took {wall:.2f} s of wall time; "
+        "the files are read concurrently, so it costs about the slowest file's round trips.",
+        "",
+        f"Organisation audit, `hub scan --author ORG` over {f['repos']} repositories "
+        "(config.json + model.safetensors each):",
+        "",
+        "| jobs | wall | repos/s | requests | latency floor |",
+        "|---:|---:|---:|---:|---:|",
+        f"| 1 | {a['jobs_1_seconds']:.2f} s | {a['jobs_1_repos_per_s']:.1f} | {a['jobs_1_requests']} | |",
+        *(f"| {j} | {a[f'jobs_{j}_seconds']:.2f} s | {a[f'jobs_{j}_repos_per_s']:.1f} | "
+          f"{a[f'jobs_{j}_requests']} | {f['latency_s'] * (1 + 2 * -(-f['repos'] // j)):.2f} s |"
+          for j in (8, jobs)),
+        "",
+        "Reading the figures: safetensors and torch zip files meet both targets at any size (one 64 KiB "
+        "read-ahead block; a zip's end record and central directory come in one block back from the end). "
+        "Legacy torch pickles and Flax msgpack have no index: the legacy reader reads the pickle in 1 MiB "
+        "chunks plus one small read per storage, the msgpack reader one 64 KiB block after each skipped "
+        "array, so their requests grow with the number of storages/arrays (bounded per file; past the "
+        "budget a file is CG401) and their byte share falls as files grow. The audit's floor is the "
+        "listing plus two round trips per wave of `jobs` repositories; the rest of the wall time is CPU "
+        "on this 2-CPU machine, where the stand-in and the client share one Python process.",
+        "",
+    ]
+    section = "\n".join(lines) + "\n"
+    pattern = re.compile(r"^## Hub\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

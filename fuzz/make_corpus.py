@@ -1,0 +1,53 @@
+"""Write the seed corpus, fuzz/corpus/<target>/, with the real libraries (run once, commit).
+
+    .venv/bin/python fuzz/make_corpus.py
+
+Seeds are small, varied files: the mutation bases of tests/fuzz_inputs.py, plus the
+data.pkl of each torch zip and each legacy file's pickles for the walker target.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from fuzz_inputs import sample_checkpoints  # noqa: E402
+
+TARGETS = {"safetensors": "safetensors", "torch_zip": "torch-zip", "torch_legacy": "torch-legacy",
+           "flax_msgpack": "flax-msgpack"}
+SUFFIX = {"safetensors": ".safetensors", "torch_zip": ".bin", "torch_legacy": ".bin",
+          "flax_msgpack": ".msgpack", "torch_pickle": ".pkl"}
+
+
+def main() -> int:
+    written = 0
+    pickles: list[bytes] = []
+    for target, reader in TARGETS.items():
+        samples = sample_checkpoints(reader)
+        folder = HERE / "corpus" / target
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, data in enumerate(samples):
+            (folder / f"seed-{i}{SUFFIX[target]}").write_bytes(data)
+            written += 1
+        if reader == "torch-zip":
+            for data in samples:
+                with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                    pickles.append(archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl"))))
+        if reader == "torch-legacy":
+            pickles.extend(data[:data.index(b".", 1) + 1] for data in samples[:1])  # the magic pickle
+    folder = HERE / "corpus" / "torch_pickle"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, data in enumerate(pickles):
+        (folder / f"seed-{i}.pkl").write_bytes(data)
+        written += 1
+    print(f"wrote {written} seed files under {HERE / 'corpus'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
