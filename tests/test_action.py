@@ -421,3 +421,26 @@ def test_install_rejects_bad_inputs_before_installing(tmp_path, name, value):
     runner = Runner(tmp_path, tmp_path)
     result, _ = runner.run("install.sh", **env)
     assert result.returncode == 2 and f"::error title=ckpt-guard::{name}" in result.stdout
+
+
+def test_convert_step_converts_each_model_once(tmp_path):
+    """The action's convert step (after a passing scan) runs the real converter once per model."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    model = tmp_path / "repo" / "bert"
+    BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=32)).save_pretrained(model)
+    save_file({"w": torch.ones(2)}, tmp_path / "repo" / "other.safetensors")  # not a transformers model
+    listing = tmp_path / "list"
+    listing.write_bytes(b"\0".join([str(model / "model.safetensors").encode(), str(model / "config.json").encode(),
+                                    str(model).encode(), b""]))
+    env = {**os.environ, "CG_BIN": str(CKPT_GUARD), "CG_LIST": str(listing), "CG_CONVERT": "flax",
+           "CG_PARITY": "false", "RUNNER_TEMP": str(tmp_path / "runner")}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "action" / "convert.sh")], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = tmp_path / "runner" / "ckpt-guard" / "converted"
+    assert [p.name for p in out.iterdir()] == ["bert"]
+    assert (out / "bert" / "flax_model.msgpack").is_file() and (out / "bert" / "config.json").is_file()
