@@ -26,6 +26,16 @@ def fail_threshold(fail_on: str) -> int:
     return {"error": 3, "warning": 2, "note": 1, "never": 4}[fail_on]
 
 
+def shown(name: str, limit: int = 120) -> str:
+    """A tensor name quoted for a message; bounded, since names are attacker-controlled.
+
+    The full name stays in ``Finding.tensor``; reporters escape both.
+    """
+    if len(name) <= limit:
+        return repr(name)
+    return repr(name[:limit]) + f"…(+{len(name) - limit} chars)"
+
+
 class Finding(NamedTuple):
     code: str
     severity: Severity

@@ -74,6 +74,8 @@ def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> d
     where = display_path(directory)
     try:
         model, params = cls.from_pretrained(directory, _do_init=False, dtype=compute, local_files_only=True)
+    except TypeError as exc:  # raised by tracing the module's code (jax.eval_shape): API drift
+        raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}")
     except LOAD_FAILURES as exc:
         raise Failed(make_finding("CG001", where, f"transformers cannot load {cls.__name__}: {_first_line(exc)}"))
     missing = sorted("/".join(k) for k in model.required_params - set(flatten_dict(params)))

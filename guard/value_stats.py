@@ -162,7 +162,7 @@ class TensorStats:
 
 
 class Scratch:
-    """Work arrays reused across chunks and tensors: fresh 16 MiB temporaries per chunk
+    """Work arrays reused across chunks and tensors: fresh chunk-sized temporaries
     cost more in page faults than the arithmetic on them."""
 
     def __init__(self) -> None:
@@ -223,15 +223,12 @@ class TensorScanner:
         top = int(mag[index])
         if top > st.max_bits:
             st.max_bits, st.worst_bits = top, int(bits[index])
-        # Values below 2^-14 are few in real weights: one comparison extracts them, and they
-        # give min |x| and every fp16/bf16 underflow.  Zeros count here too, so a mostly-zero
-        # chunk (or a wide F8 range) takes the slower way, one slice at a time.
-        np.less(mag, self.small, out=flags)
-        small = bits[flags] if np.count_nonzero(flags) * 8 <= bits.size else None
-        if small is not None:
-            small_mag = np.bitwise_and(small, self.uint(self.mask))
-            nonzero = small_mag[small_mag != 0]
-        if small is not None and nonzero.size:
+        # Values below 2^-14 are few in real weights: one comparison extracts them (at most a
+        # chunk), and they give min |x| and every fp16/bf16 underflow.
+        small = bits[np.less(mag, self.small, out=flags)]
+        small_mag = np.bitwise_and(small, self.uint(self.mask))
+        nonzero = small_mag[small_mag != 0]
+        if nonzero.size:
             low = int(nonzero.min())
         else:  # |x| - 1 wraps 0 to the largest uint, so zeros never win the min
             low = (int(np.subtract(mag, 1, out=work).min()) + 1) & int(np.iinfo(self.uint).max)
@@ -242,9 +239,9 @@ class TensorScanner:
             if top >= limit.overflow:
                 cast.overflow += int(np.count_nonzero(np.greater_equal(mag, limit.overflow, out=flags)))
             if low and low < limit.normal:
-                if small is not None and limit.normal <= self.small:
+                if limit.normal <= self.small:
                     self._underflow(cast, small[(small_mag != 0) & (small_mag < limit.normal)])
-                else:
+                else:  # a wider range (fp8 targets): many values, one slice at a time
                     for start in range(0, bits.size, SLICE):
                         part, part_mag = bits[start:start + SLICE], mag[start:start + SLICE]
                         self._underflow(cast, part[(part_mag != 0) & (part_mag < limit.normal)])

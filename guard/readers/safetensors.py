@@ -8,7 +8,7 @@ import struct
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
-from guard.findings import Finding
+from guard.findings import Finding, shown
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 
@@ -84,7 +84,7 @@ def read_safetensors(source: ByteSource) -> FileScan:
             unknown.setdefault(dtype, []).append(name)
         elif end - begin != size:
             raise MalformedCheckpoint(
-                f"tensor {name!r}: {dtype}{list(shape)} needs {size} bytes but spans {end - begin}"
+                f"tensor {shown(name)}: {dtype}{list(shape)} needs {size} bytes but spans {end - begin}"
             )
         spans.append((begin, end, name))
         tensors.append(TensorInfo(name, dtype, shape, source.name,
@@ -93,7 +93,7 @@ def read_safetensors(source: ByteSource) -> FileScan:
     for dtype, names in unknown.items():
         findings.append(make_finding(
             "CG005", source.name,
-            f"unknown dtype {dtype!r} on {len(names)} tensor(s), e.g. {names[0]!r}",
+            f"unknown dtype {dtype!r} on {len(names)} tensor(s), e.g. {shown(names[0])}",
             tensor=names[0],
         ))
     return FileScan(
@@ -113,17 +113,17 @@ def _metadata(value: object) -> dict[str, str]:
 
 def _entry(name: str, entry: object) -> tuple[str, tuple[int, ...], int, int]:
     if not isinstance(entry, dict):
-        raise MalformedCheckpoint(f"tensor {name!r}: entry is not an object")
+        raise MalformedCheckpoint(f"tensor {shown(name)}: entry is not an object")
     dtype = entry.get("dtype")
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
     if not isinstance(dtype, str):
-        raise MalformedCheckpoint(f"tensor {name!r}: missing or non-string dtype")
+        raise MalformedCheckpoint(f"tensor {shown(name)}: missing or non-string dtype")
     if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-        raise MalformedCheckpoint(f"tensor {name!r}: shape must be a list of non-negative integers")
+        raise MalformedCheckpoint(f"tensor {shown(name)}: shape must be a list of non-negative integers")
     if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets)
             or offsets[0] > offsets[1]):
-        raise MalformedCheckpoint(f"tensor {name!r}: data_offsets must be [begin, end] with begin <= end")
+        raise MalformedCheckpoint(f"tensor {shown(name)}: data_offsets must be [begin, end] with begin <= end")
     return dtype, tuple(shape), offsets[0], offsets[1]
 
 
@@ -133,14 +133,14 @@ def _span_size(name: str, dtype: str, shape: tuple[int, ...]) -> int | None:
     for dim in shape:  # stepwise, as Rust's checked_mul: also bounds the work on a hostile shape
         numel *= dim
         if numel >= 2**64:
-            raise MalformedCheckpoint(f"tensor {name!r}: shape {list(shape)[:8]} overflows a 64-bit size")
+            raise MalformedCheckpoint(f"tensor {shown(name)}: shape {list(shape)[:8]} overflows a 64-bit size")
     if dtype not in dtypes.DTYPES:
         return None
     total = numel * dtypes.DTYPES[dtype].bits
     if total >= 2**64:
-        raise MalformedCheckpoint(f"tensor {name!r}: {dtype}{list(shape)[:8]} overflows a 64-bit size")
+        raise MalformedCheckpoint(f"tensor {shown(name)}: {dtype}{list(shape)[:8]} overflows a 64-bit size")
     if total % 8:
-        raise MalformedCheckpoint(f"tensor {name!r}: {dtype}{list(shape)} does not fill whole bytes")
+        raise MalformedCheckpoint(f"tensor {shown(name)}: {dtype}{list(shape)} does not fill whole bytes")
     return total // 8
 
 
@@ -154,7 +154,7 @@ def _check_layout(spans: list[tuple[int, int, str]], buffer_len: int) -> None:
     for begin, end, name in sorted(spans):
         if begin != expected:
             kind = "overlaps the previous tensor" if begin < expected else "leaves a gap before it"
-            raise MalformedCheckpoint(f"invalid offset: tensor {name!r} {kind}")
+            raise MalformedCheckpoint(f"invalid offset: tensor {shown(name)} {kind}")
         expected = end
     if expected != buffer_len:
         if expected > buffer_len:

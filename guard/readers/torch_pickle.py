@@ -444,7 +444,7 @@ def _rebuild_tensor(kind: str, args: tuple[object, ...]) -> TensorRef | Unsafe:
     dtype = _torch_dtype(args[6]) if kind == "_rebuild_tensor_v3" else storage.dtype
     itemsize = ITEMSIZES[dtype]
     extent = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-    if (offset + extent) * itemsize > storage.nbytes:
+    if extent and (offset + extent) * itemsize > storage.nbytes:  # empty slices may sit anywhere
         raise _bad(
             f"tensor of size {list(shape)} at offset {offset} runs past its storage "
             f"{storage.key!r} ({storage.nbytes} bytes)"

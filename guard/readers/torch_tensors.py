@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
-from guard.findings import Finding
+from guard.findings import Finding, shown
 from guard.readers.torch_pickle import (
     DictDesc,
     Global,
@@ -130,7 +130,9 @@ def build_tensor_infos(
         if span is not None and ref.storage is not None:
             start = span[0] + ref.storage.view_offset + ref.offset * itemsize
             end = start + extent * itemsize
-            if end > span[1]:
+            if extent == 0:
+                start = end = min(start, span[1])  # an empty slice reads nothing
+            elif end > span[1]:
                 raise _bad(f"tensor {name!r} runs past the bytes of storage {ref.storage.key!r}")
         infos.pop(name, None)
         infos[name] = TensorInfo(
@@ -143,7 +145,7 @@ def build_tensor_infos(
             unknown.setdefault(info.dtype, []).append(info.name)
     findings = tuple(
         make_finding("CG005", file, f"unknown dtype {dtype!r} on {len(names)} tensor(s), "
-                     f"e.g. {names[0]!r}", tensor=names[0])
+                     f"e.g. {shown(names[0])}", tensor=names[0])
         for dtype, names in unknown.items()
     )
     return tuple(infos.values()), findings

@@ -10,7 +10,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.config import NORM_PATTERNS, Policy
 from guard.dtypes import display_name as dn
-from guard.findings import Finding
+from guard.findings import Finding, shown
 from guard.inventory import ModelInventory
 from guard.tensors import TensorInfo
 
@@ -59,7 +59,7 @@ def check_unexpected_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Find
         yield make_finding(
             "CG101", file,
             f"{len(tensors)} floating tensor(s) ({params:,} parameters) are {dn(code)}, "
-            f"expected {dn(expected)} ({how}); e.g. {tensors[0].name!r}",
+            f"expected {dn(expected)} ({how}); e.g. {shown(tensors[0].name)}",
             tensor=tensors[0].name,
         )
 
@@ -77,7 +77,7 @@ def check_mixed_float_dtypes(inv: ModelInventory, policy: Policy) -> Iterator[Fi
     minority = ranked[-1][1][0]
     yield make_finding(
         "CG102", minority.file,
-        f"model {inv.path!r} mixes floating dtypes ({parts}); e.g. {minority.name!r} is "
+        f"model {inv.path!r} mixes floating dtypes ({parts}); e.g. {shown(minority.name)} is "
         f"{dn(minority.dtype)}. Convert to one dtype or allow deliberate fp32 tensors with --keep-fp32",
         tensor=minority.name,
     )
@@ -121,7 +121,7 @@ def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[F
         yield make_finding(
             "CG104", file,
             f"{len(tensors)} normalization parameter(s) stored in {'/'.join(kinds)}; "
-            f"e.g. {tensors[0].name!r}. Many recipes keep norms in fp32",
+            f"e.g. {shown(tensors[0].name)}. Many recipes keep norms in fp32",
             tensor=tensors[0].name,
         )
 
@@ -140,6 +140,6 @@ def check_float64(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
         size = sum(t.nbytes or 0 for t in tensors)
         yield make_finding(
             "CG105", file,
-            f"{len(tensors)} tensor(s) in fp64 ({size:,} bytes, twice fp32); e.g. {tensors[0].name!r}",
+            f"{len(tensors)} tensor(s) in fp64 ({size:,} bytes, twice fp32); e.g. {shown(tensors[0].name)}",
             tensor=tensors[0].name,
         )

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from guard.catalogue import make_finding
 from guard.config import Policy
-from guard.findings import Finding
+from guard.findings import Finding, shown
 from guard.inventory import ModelInventory, line_in_json
 
 _SAMPLE = 3
@@ -63,5 +63,5 @@ def _index_key(name: str, weights_name: str) -> str:
 
 
 def _sample(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:_SAMPLE])
-    return shown + (f" and {len(names) - _SAMPLE} more" if len(names) > _SAMPLE else "")
+    shown_ = ", ".join(shown(n) for n in names[:_SAMPLE])
+    return shown_ + (f" and {len(names) - _SAMPLE} more" if len(names) > _SAMPLE else "")

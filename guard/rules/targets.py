@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.dtypes import display_name as dn
-from guard.findings import Finding
+from guard.findings import Finding, shown
 from guard.inventory import ModelInventory
 
 _NEEDS_ML_DTYPES = {"BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0",
@@ -53,6 +53,6 @@ def check_target_support(inv: ModelInventory, policy: Policy) -> Iterator[Findin
             yield make_finding(
                 "CG106", file,
                 f"target {target.framework}: {len(names)} {dn(code)} tensor(s) {table[code]}; "
-                f"e.g. {names[0]!r}",
+                f"e.g. {shown(names[0])}",
                 tensor=names[0],
             )
