@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
@@ -45,3 +46,28 @@ def _draw(done: int, total: int, desc: str, unit: str) -> None:
         line = f"\r{done} {unit} {desc}"
     sys.stderr.write(line)
     sys.stderr.flush()
+
+
+class ByteProgress:
+    """A byte-counting bar for streamed reads; thread-safe, silent unless worth showing."""
+
+    def __init__(self, total: int, *, desc: str, min_bytes: int = 64 * 2**20) -> None:
+        self.total, self.desc, self.done, self._shown = total, desc, 0, -1
+        self._lock = threading.Lock()
+        self.enabled = progress_enabled() and total >= min_bytes
+
+    def advance(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+            percent = self.done * 100 // max(self.total, 1)
+            if self.enabled and percent != self._shown:
+                self._shown = percent
+                _draw(self.done, self.total, f"{self.desc} ({self.total / 1e9:.2f} GB)", "bytes")
+
+    def __enter__(self) -> ByteProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled and self._shown >= 0:
+            sys.stderr.write("\n")
+            sys.stderr.flush()

@@ -11,8 +11,8 @@ Which checks fire:
   of an fp32 model rounds under bf16, and one note per tensor would bury the rest.
   The per-tensor figures are in ``extra["values"]``.
 
-Reading: ``os.preadv`` into one reused 1 MiB buffer per worker thread rather
-than ``mmap``: the same bounded memory, the chunk and its work arrays stay in
+Reading: ``os.preadv`` into one reused, page-aligned 1 MiB buffer per worker
+thread rather than mapping the file: the same bounded memory, the chunk and its work arrays stay in
 the CPU cache across the few passes over it (16 MiB chunks ran at half the
 speed), and a file that shrinks while it is read gives a short read (a CG001
 finding) instead of SIGBUS killing the process.
@@ -20,8 +20,8 @@ finding) instead of SIGBUS killing the process.
 
 from __future__ import annotations
 
+import mmap
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
@@ -33,6 +33,7 @@ from guard.config import Policy
 from guard.errors import MissingExtraError
 from guard.findings import Finding
 from guard.inventory import ModelInventory
+from guard.progress import ByteProgress
 from guard.tensors import TensorInfo
 
 CHUNK_BYTES = 1024 * 1024  # small enough that each chunk's passes stay in the CPU cache
@@ -62,7 +63,7 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
         # Tied weights and views share bytes: each range is read once.
         jobs = list(dict.fromkeys(_key(info) for info, skip in zip(checked, skips) if skip is None))
         total = sum(end - start for _file, start, end, _dtype in jobs)
-        with _Progress(total, desc=f"values {inv.path}") as bar:
+        with ByteProgress(total, desc=f"values {inv.path}") as bar:
 
             def scan(key: tuple[str, int, int, str]) -> Any:
                 try:
@@ -177,7 +178,7 @@ def _scan_range(key: tuple[str, int, int, str], files: _Files, *, ranges: tuple[
     return scanner.stats
 
 
-def _chunks(fd: int, start: int, end: int, buffer: bytearray) -> Iterator[memoryview]:
+def _chunks(fd: int, start: int, end: int, buffer: mmap.mmap) -> Iterator[memoryview]:
     whole = memoryview(buffer)
     pos = start
     while pos < end:
@@ -233,12 +234,14 @@ class _Files:
         self._fds: dict[str, tuple[int, int] | None] = {}
         self._local = threading.local()
 
-    def workspace(self) -> tuple[bytearray, Any]:
+    def workspace(self) -> tuple[mmap.mmap, Any]:
         """This thread's read buffer and scratch arrays, kept across its tensors."""
         from guard.value_stats import Scratch
 
         if not hasattr(self._local, "buffer"):
-            self._local.buffer, self._local.scratch = bytearray(CHUNK_BYTES), Scratch()
+            # Page-aligned (anonymous mmap): the kernel copies into it 4x faster than into a
+            # bytearray, whose start is not page-aligned.
+            self._local.buffer, self._local.scratch = mmap.mmap(-1, CHUNK_BYTES), Scratch()
         return self._local.buffer, self._local.scratch
 
     def open(self, path: str) -> tuple[int, int] | None:
@@ -258,31 +261,3 @@ class _Files:
         for entry in self._fds.values():
             if entry is not None:
                 os.close(entry[0])
-
-
-class _Progress:
-    """A byte progress bar on a terminal (stderr); silent in CI and pipes."""
-
-    def __init__(self, total: int, *, desc: str) -> None:
-        self.total, self.desc, self.done, self._shown = total, desc, 0, -1
-        self._lock = threading.Lock()
-        self.enabled = sys.stderr.isatty() and not os.environ.get("CI") and total >= 64 * CHUNK_BYTES
-
-    def advance(self, n: int) -> None:
-        with self._lock:
-            self._advance(n)
-
-    def _advance(self, n: int) -> None:
-        self.done += n
-        percent = self.done * 100 // max(self.total, 1)
-        if self.enabled and percent != self._shown:
-            self._shown = percent
-            sys.stderr.write(f"\r{self.desc}: {percent:3d}% of {self.total / 1e9:.2f} GB")
-            sys.stderr.flush()
-
-    def __enter__(self) -> _Progress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled and self._shown >= 0:
-            sys.stderr.write("\n")
