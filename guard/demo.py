@@ -78,8 +78,29 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([*cli, "scan", str(root), "--format", "json", "-o", str(report), "--no-summary"],
                    check=False)
     print(f"\n== the same findings as JSON for machines: {report}")
-    print("   (render it again with: ckpt-guard report demo-models/report.json --format markdown)")
+    print(f"   (render it again with: ckpt-guard report {report} --format markdown)")
+
+    converted = root / "converted"
+    converted.mkdir(exist_ok=True)
+    print("\n== the bf16 Mistral to Flax, bit-exact (no fp32 bridge), with the parity smoke test")
+    _fresh(converted / "mistral-flax")
+    subprocess.run([*cli, "convert", str(root / "mistral-bf16-config-fp32"), "--to", "flax",
+                    "--out", str(converted / "mistral-flax"), "--parity"], check=False)
+    print("\n== the BART with the fp16 decoder to uniform fp32 Flax, with the parity smoke test")
+    _fresh(converted / "bart-flax-fp32")
+    subprocess.run([*cli, "convert", str(root / "bart-fp16-decoder"), "--to", "flax", "--dtype", "fp32",
+                    "--out", str(converted / "bart-flax-fp32"), "--parity"], check=False)
+    print(f"\n== scanning the converted models: {converted}")
+    subprocess.run([*cli, "scan", str(converted), "--expect", "uniform", "--no-summary"], check=False)
     return 0
+
+
+def _fresh(path: Path) -> None:
+    """Re-running the demo replaces its own earlier outputs (convert refuses to overwrite)."""
+    import shutil
+
+    if path.exists():
+        shutil.rmtree(path)
 
 
 if __name__ == "__main__":

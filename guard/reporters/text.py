@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from guard.dtypes import display_name
 from guard.findings import Severity
 from guard.report import Report
@@ -32,6 +34,8 @@ def human_count(n: float) -> str:
 
 def render_text(report: Report, *, color: bool = False) -> str:
     lines: list[str] = []
+    if isinstance(report.extra.get("parity"), dict):
+        lines.append(parity_summary(report.extra["parity"]))
     for model in report.models:
         head = f"{inert_text(model.path)}  ({len(model.files)} file(s)"
         if model.config_dtype:
@@ -73,3 +77,18 @@ def render_text(report: Report, *, color: bool = False) -> str:
     if not report.models:
         lines.append("ckpt-guard: no checkpoint files found")
     return "\n".join(lines) + "\n"
+
+
+def parity_summary(figures: dict[str, Any]) -> str:
+    """One line per comparison: its bound, the worst output and top-1 (the JSON has every figure)."""
+    lines = [f"parity {inert_text(str(figures.get('torch_dir')))} vs {inert_text(str(figures.get('flax_dir')))}"
+             f" ({inert_text(str(figures.get('torch_class', '-')))} / "
+             f"{inert_text(str(figures.get('flax_class', '-')))}, seed {figures.get('seed')})"]
+    for comp in figures.get("comparisons", []):
+        outputs = [o for o in comp["outputs"].values() if "max_rel" in o]
+        worst = max((o["max_rel"] for o in outputs), default=0.0)
+        top1 = [o["top1_tie_aware"] for o in outputs if "top1_tie_aware" in o]
+        tol = comp["tolerance"]
+        lines.append(f"  {comp['name']:<26} {'ok  ' if comp['passed'] else 'FAIL'} max rel {worst:.2e} "
+                     f"(bound {tol['max_rel']:.0e})" + (f", top-1 {min(top1):.1%}" if top1 else ""))
+    return "\n".join(lines) + "\n\n"
