@@ -35,9 +35,12 @@ def test_hub_commands_keep_heavy_imports_out_of_the_core() -> None:
 ])
 def test_missing_extra_is_a_one_line_hint(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                           module: str, args: list[str]) -> None:
-    monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
     if module == "starlette":
         pytest.importorskip("huggingface_hub")
+    # None in sys.modules makes an import raise ImportError; submodules already imported
+    # by other tests would otherwise still be found.
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")] + [module]:
+        monkeypatch.setitem(sys.modules, name, None)
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "pip install 'ckpt-guard[hub]'" in err and err.count("\n") == 1
