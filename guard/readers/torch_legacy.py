@@ -34,7 +34,10 @@ from guard.tensors import FileScan
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
-_CHUNK = 1024 * 1024  # pickles are read ahead in chunks: few ranged reads, bounded memory
+# Pickles are read ahead in chunks that double from 64 KiB to 1 MiB: a typical state-dict
+# pickle (tens of KB) costs one ranged read, a huge one few reads, memory stays bounded.
+_FIRST_CHUNK = 64 * 1024
+_CHUNK = 1024 * 1024
 
 
 class SourceStream:
@@ -50,6 +53,7 @@ class SourceStream:
         self._limit = limit
         self._buf = b""
         self._buf_at = offset
+        self._chunk = _FIRST_CHUNK
 
     def tell(self) -> int:
         return self._pos
@@ -58,7 +62,8 @@ class SourceStream:
         buf_end = self._buf_at + len(self._buf)
         if end <= buf_end:
             return
-        want = min(max(end - buf_end, _CHUNK), self._limit - buf_end)
+        want = min(max(end - buf_end, self._chunk), self._limit - buf_end)
+        self._chunk = min(self._chunk * 2, _CHUNK)
         fresh = self._source.read_at(buf_end, want) if want > 0 else b""
         self._buf = self._buf[self._pos - self._buf_at :] + fresh
         self._buf_at = self._pos
@@ -90,11 +95,13 @@ def read_torch_legacy(source: ByteSource) -> FileScan:
     if source.size >= 262 and counted.read_at(257, 5) == b"ustar":
         raise MalformedCheckpoint("legacy tar-format torch checkpoint is not supported")
     storages: dict[str, str] = {}  # key -> torch dtype of its elements
+    declared: dict[str, int] = {}  # key -> bytes of the root storage, as its persistent id says
 
     def persistent_load(pid: object) -> object:
         ref = storage_from_pid(pid)
         if isinstance(ref, StorageRef):
             storages.setdefault(ref.key, ref.dtype)
+            declared.setdefault(ref.key, pid[4] * ITEMSIZES[ref.dtype])  # type: ignore[index]
         return ref
 
     walker = PickleWalker(persistent_load)
@@ -109,7 +116,8 @@ def read_torch_legacy(source: ByteSource) -> FileScan:
             raise MalformedCheckpoint("legacy torch sys_info is not a dict")
         root = walker.walk(stream)
         keys = walker.walk(stream)
-        spans = _storage_spans(counted, stream.tell(), _key_list(keys), storages)
+        spans = _declared_spans(counted, stream.tell(), _key_list(keys), storages, declared) \
+            or _storage_spans(counted, stream.tell(), _key_list(keys), storages)
         budget = max(100_000, 4 * walker.opcodes)
         tensors, findings = build_tensor_infos(
             iter_named_tensors(root, budget=budget), file=source.name,
@@ -132,6 +140,29 @@ def _key_list(keys: object) -> list[str]:
     if not isinstance(keys, list) or not all(isinstance(k, (str, bytes)) for k in keys):
         raise MalformedCheckpoint("legacy torch storage key list is not a list of strings")
     return [k.decode("latin-1") if isinstance(k, bytes) else k for k in keys]
+
+
+def _declared_spans(source: ByteSource, offset: int, keys: list[str], storages: dict[str, str],
+                    declared: dict[str, int]) -> dict[str, tuple[int, int]] | None:
+    """Spans from the sizes the pickle declares, reading only the first count header.
+
+    Valid when they tile the rest of the file exactly (what torch writes); a remote
+    scan then costs no request per storage.  None sends the caller to the header walk.
+    """
+    spans: dict[str, tuple[int, int]] = {}
+    pos = offset
+    for key in keys:
+        if key not in storages:
+            return None
+        spans[key] = (pos + 8, pos + 8 + declared[key])
+        pos += 8 + declared[key]
+    if pos != source.size:
+        return None
+    if keys:
+        (count,) = struct.unpack("<q", source.read_at(offset, 8))
+        if count * ITEMSIZES[storages[keys[0]]] != declared[keys[0]]:
+            return None
+    return spans
 
 
 def _storage_spans(source: ByteSource, offset: int, keys: list[str], storages: dict[str, str]
