@@ -102,7 +102,7 @@ def append_step_summary(report: Report) -> None:
         click.echo(f"ckpt-guard: warning: cannot write the job summary to {path} ({exc.strerror})", err=True)
 
 
-@cli.command()
+@cli.command(short_help="Scan checkpoints and model directories.")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @policy_options
 @output_options
@@ -119,7 +119,7 @@ def scan(paths: tuple[Path, ...], fmt: str, output: Path | None, values: bool, n
     return report.exit_code
 
 
-@cli.command()
+@cli.command(short_help="List the rules, or explain one.")
 @click.argument("code", required=False)
 @click.option("--format", "-f", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
               show_default=True)
@@ -148,7 +148,7 @@ def rules(code: str | None, fmt: str) -> int:
     return 0
 
 
-@cli.command("report")
+@cli.command("report", short_help="Render a saved JSON result in another format.")
 @click.argument("result", type=click.Path(dir_okay=False, path_type=Path))
 @output_options
 @click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), help="Override the saved fail-on.")

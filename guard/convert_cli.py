@@ -34,7 +34,7 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
             raise MissingExtraError(module, extra)
 
 
-@click.command()
+@click.command(short_help="Convert between PyTorch and Flax, bit-exactly.")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.option("--to", "to", type=click.Choice(["flax", "torch"]), required=True, help="Target framework.")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True,

@@ -10,7 +10,7 @@ from guard.errors import UsageError
 from guard.reporters import REPORTERS
 
 
-@click.command()
+@click.command(short_help="Compare PyTorch and Flax outputs of one model.")
 @click.argument("torch_dir", type=click.Path(path_type=Path))
 @click.argument("flax_dir", type=click.Path(path_type=Path))
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the generated inputs.")
