@@ -119,8 +119,8 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
         f"`python bench/convert.py --rounds {f['rounds']} --write-docs`: a {f['model_bytes'] / 1e9:.2f} GB bf16 "
         "Llama-style model (LlamaConfig hidden 2048, 12 layers, vocab 32000; random weights, one "
         "model.safetensors) converted to Flax msgpack. Whole processes, alternating; median of the rounds; "
-        f"peak RSS from each child's own rusage; {f['cpus']} CPUs, shared with other jobs while measured, "
-        "so wall times vary between runs (the alternation keeps the ratio fair).\n\n"
+        f"peak RSS from each child's own rusage; {f['cpus']} CPUs (the alternation keeps the "
+        "ratio fair if the machine's load drifts).\n\n"
         "| path | wall time | peak RSS |\n|---|---|---|\n"
         f"| `ckpt-guard convert DIR --to flax --out X` | {ours_s:.1f} s | {ours_rss / 1e9:.2f} GB |\n"
         f"| `FlaxLlamaForCausalLM.from_pretrained(DIR, from_pt=True, dtype=jnp.bfloat16).save_pretrained(X)` "
@@ -129,7 +129,7 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
         "ckpt-guard reads one tensor at a time by byte range and writes it straight into the msgpack "
         "stream, so its peak is the interpreter and imports plus about two copies of the largest tensor "
         "(a Linear kernel and its transpose), not the model. Its output is bit-exact bf16; transformers' path "
-        "bridges bf16 through fp32 while converting.\n"
+        "bridges bf16 through fp32 while converting.\n\n"
     )
     pattern = re.compile(r"^## Conversion\n.*?(?=^## |\Z)", re.S | re.M)
     text = pattern.sub(section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
