@@ -161,7 +161,7 @@ def _key(info: TensorInfo) -> tuple[str, int, int, str]:
 
 
 def _scan_range(key: tuple[str, int, int, str], files: _Files, *, ranges: tuple[str, ...],
-                rounding: tuple[str, ...], bar: _Progress) -> Any:
+                rounding: tuple[str, ...], bar: ByteProgress) -> Any:
     from guard.value_stats import TensorScanner
 
     path, start, end, code = key

@@ -23,11 +23,9 @@ from guard.readers.torch_pickle import (
 )
 from guard.readers.torch_tensors import (
     CountingSource,
-    build_tensor_infos,
-    iter_named_tensors,
     storage_from_pid,
+    torch_file_scan,
     unsafe_and_unreadable,
-    unsafe_findings,
 )
 from guard.sources import ByteSource
 from guard.tensors import FileScan
@@ -118,20 +116,12 @@ def read_torch_legacy(source: ByteSource) -> FileScan:
         keys = walker.walk(stream)
         spans = _declared_spans(counted, stream.tell(), _key_list(keys), storages, declared) \
             or _storage_spans(counted, stream.tell(), _key_list(keys), storages)
-        budget = max(100_000, 4 * walker.opcodes)
-        tensors, findings = build_tensor_infos(
-            iter_named_tensors(root, budget=budget), file=source.name,
-            locate=lambda storage: _span(spans, storage),
-        )
+        return torch_file_scan(source, "torch-legacy", walker, root, lambda storage: _span(spans, storage),
+                               bytes_read=counted.bytes_read)
     except MalformedCheckpoint as exc:
         if not walker.unsafe:
             raise
         return unsafe_and_unreadable(source, "torch-legacy", walker, exc, counted.bytes_read)
-    return FileScan(
-        path=source.name, format="torch-legacy", size=source.size, tensors=tensors,
-        findings=(*unsafe_findings(walker, source.name), *findings), metadata={},
-        bytes_read=counted.bytes_read,
-    )
 
 
 def _key_list(keys: object) -> list[str]:

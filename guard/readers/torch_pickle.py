@@ -302,7 +302,8 @@ class PickleWalker:
                 args = pop()
                 stack.append(self._call(pop(), args))
             elif name == "NEWOBJ_EX":
-                _kwargs, args = pop(), pop()
+                pop()  # kwargs: the call is described, never made
+                args = pop()
                 stack.append(self._call(pop(), args))
             elif name == "OBJ":
                 items = pop_mark()

@@ -163,6 +163,18 @@ def _is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return True
 
 
+def torch_file_scan(source: ByteSource, fmt: str, walker: PickleWalker, root: object,
+                    locate: Locate, *, bytes_read: int) -> FileScan:
+    """The FileScan of a walked torch pickle: its tensors, plus CG003 for what was refused."""
+    budget = max(100_000, 4 * walker.opcodes)  # nodes visited: bounds memo-shared blow-ups
+    tensors, findings = build_tensor_infos(iter_named_tensors(root, budget=budget), file=source.name,
+                                           locate=locate)
+    return FileScan(
+        path=source.name, format=fmt, size=source.size, tensors=tensors,
+        findings=(*unsafe_findings(walker, source.name), *findings), metadata={}, bytes_read=bytes_read,
+    )
+
+
 def unsafe_findings(walker: PickleWalker, path: str) -> tuple[Finding, ...]:
     return tuple(
         make_finding("CG003", path, f"pickle references {dotted}, which is not in the tensor "

@@ -28,11 +28,9 @@ from guard.readers.torch_pickle import (
 )
 from guard.readers.torch_tensors import (
     CountingSource,
-    build_tensor_infos,
-    iter_named_tensors,
     storage_from_pid,
+    torch_file_scan,
     unsafe_and_unreadable,
-    unsafe_findings,
 )
 from guard.sources import ByteSource
 from guard.tensors import FileScan
@@ -251,15 +249,8 @@ def read_torch_zip(source: ByteSource, *, locate_data: bool = False) -> FileScan
                                           f"shorter than its {storage.nbytes} bytes")
             return spans.get(storage.key)
 
-        budget = max(100_000, 4 * walker.opcodes)
-        tensors, findings = build_tensor_infos(
-            iter_named_tensors(root, budget=budget), file=source.name, locate=locate)
+        return torch_file_scan(source, "torch-zip", walker, root, locate, bytes_read=counted.bytes_read)
     except MalformedCheckpoint as exc:
         if not walker.unsafe:
             raise
         return unsafe_and_unreadable(source, "torch-zip", walker, exc, counted.bytes_read)
-    return FileScan(
-        path=source.name, format="torch-zip", size=source.size, tensors=tensors,
-        findings=(*unsafe_findings(walker, source.name), *findings), metadata={},
-        bytes_read=counted.bytes_read,
-    )
