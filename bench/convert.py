@@ -59,16 +59,17 @@ def make_model(directory: Path) -> int:
     return (directory / "model.safetensors").stat().st_size
 
 
-def run_child(argv: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one child process."""
+def run_child(argv: list[str], *, ok_codes: tuple[int, ...] = (0,),
+              stdout: int | None = subprocess.DEVNULL) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one child process (also used by bench/values.py)."""
     env = {**os.environ, "CI": "true", "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu"}
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.PIPE)
     _pid, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{argv[:3]} failed:\n{err[-2000:]}")
+    if os.waitstatus_to_exitcode(status) not in ok_codes:
+        raise SystemExit(f"{argv[:4]} failed:\n{err[-2000:]}")
     return wall, usage.ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -94,8 +95,8 @@ def main() -> int:
             results[label].append((wall, rss))
             print(f"round {i + 1} {label:<13} {wall:7.1f} s  peak RSS {rss / 1e9:6.2f} GB", flush=True)
             shutil.rmtree(out, ignore_errors=True)
-    ours = _median(results["ckpt-guard"])
-    theirs = _median(results["transformers"])
+    ours = median_run(results["ckpt-guard"])
+    theirs = median_run(results["transformers"])
     figures = {"model_bytes": size, "rounds": args.rounds, "ckpt_guard": ours, "transformers": theirs,
                "memory_ratio": ours[1] / theirs[1], "time_ratio": ours[0] / theirs[0],
                "cpus": os.cpu_count()}
@@ -105,7 +106,7 @@ def main() -> int:
     return 0
 
 
-def _median(runs: list[tuple[float, int]]) -> tuple[float, int]:
+def median_run(runs: list[tuple[float, int]]) -> tuple[float, int]:
     return statistics.median(r[0] for r in runs), int(statistics.median(r[1] for r in runs))
 
 

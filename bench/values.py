@@ -14,10 +14,8 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,15 +44,7 @@ def generate(directory: Path, overrides: dict[str, int]) -> None:
 
 def run_child(argv: list[str], *, stdout: int | None = subprocess.DEVNULL) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one child; exit 1 (findings) is fine, 2 is not."""
-    env = {**os.environ, "CI": "true"}
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.PIPE)
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) not in (0, 1):
-        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        raise SystemExit(f"{argv[:4]} failed:\n{err[-2000:]}")
-    return wall, usage.ru_maxrss * 1024  # Linux reports KiB
+    return convert_bench.run_child(argv, ok_codes=(0, 1), stdout=stdout)
 
 
 def main() -> int:
@@ -85,7 +75,7 @@ def main() -> int:
                 runs[name].append(run_child(cmd))
                 wall, rss = runs[name][-1]
                 print(f"{label} round {i + 1} {name:<36} {wall:6.2f} s  peak RSS {rss / 1e6:7.1f} MB", flush=True)
-        medians = {name: _median(r) for name, r in runs.items()}
+        medians = {name: convert_bench.median_run(r) for name, r in runs.items()}
         rows.append({"model": label, "bytes": size, **{name: {"wall_s": m[0], "peak_rss": m[1]}
                                                         for name, m in medians.items()},
                      "ratio": medians["scan --values"][0] / medians["cat"][0],
@@ -95,10 +85,6 @@ def main() -> int:
     if args.write_docs:
         write_docs(figures)
     return 0
-
-
-def _median(runs: list[tuple[float, int]]) -> tuple[float, int]:
-    return statistics.median(r[0] for r in runs), int(statistics.median(r[1] for r in runs))
 
 
 def write_docs(f: dict) -> None:  # type: ignore[type-arg]
