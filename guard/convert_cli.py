@@ -104,6 +104,9 @@ def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-de
         torch_dir, flax_dir = (pair, request.out) if request.to == "flax" else (request.out, pair)
         findings, parity_figures = run_parity(torch_dir, flax_dir)
     report.findings.extend(findings)
+    if pair != request.src:  # name what was compared, not a scratch directory that is gone
+        side = "torch_dir" if request.to == "flax" else "flax_dir"
+        parity_figures[side] = f"{request.out} (converted back, bit-exact)"
     report.extra["parity"] = {**parity_figures, "paired_with": "source" if pair == request.src else
                               "the output converted back with --dtype keep (the casts applied on both sides)"}
 
