@@ -254,7 +254,7 @@ def _local_model(directory: Path) -> LocalModel:
 
 def load_local_model(model: LocalModel) -> ModelInventory:
     scans = [scan_local_file(p) for p in model.weight_files]
-    json_files = {display_path(p): _read_small(p) for p in model.json_files}
+    json_files = {display_path(p): read_small_file(p) for p in model.json_files}
     return build_inventory(display_path(model.directory), scans, json_files=json_files)
 
 
@@ -271,7 +271,7 @@ def scan_local_file(path: Path) -> FileScan:
             return unreadable(source, f"read failed ({exc.strerror})")
 
 
-def _read_small(path: Path) -> bytes | None:
+def read_small_file(path: Path) -> bytes | None:
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_JSON_BYTES + 1)

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
+import os
 import socket
 from collections.abc import Iterator
 
 import pytest
+
+# `make test` installs every extra; a missing one is a broken set-up, never a reason to skip
+# (the per-file importorskip calls keep single files runnable in a partial environment).
+_REQUIRED = ("numpy", "ml_dtypes", "torch", "jax", "flax", "safetensors", "msgpack", "transformers",
+             "huggingface_hub", "starlette", "uvicorn", "httpx", "hypothesis", "jsonschema")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("CKPT_GUARD_PARTIAL_ENV") == "1":
+        return
+    missing = [name for name in _REQUIRED if importlib.util.find_spec(name) is None]
+    if missing:
+        raise pytest.UsageError(
+            f"missing test dependencies: {', '.join(missing)}; run `make test` "
+            "(or set CKPT_GUARD_PARTIAL_ENV=1 to skip what needs them)"
+        )
+
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from project_copy import copy_project
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -119,16 +120,7 @@ def test_workflow_uses_are_pinned_by_sha():
 
 
 def action_copy(dest: Path) -> Path:
-    dest.mkdir(parents=True)
-    for name in ACTION_FILES:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        elif src.is_file():
-            shutil.copy2(src, dest / name)
-    if not (dest / "README.md").exists():
-        (dest / "README.md").write_text("ckpt-guard\n")
-    return dest
+    return copy_project(dest, ACTION_FILES)
 
 
 def test_action_under_act(tmp_path):

@@ -182,3 +182,24 @@ def test_convert_cli_import_is_light() -> None:
     code = ("import sys, guard.cli; heavy = [m for m in ('torch', 'jax', 'flax', 'numpy', 'transformers') "
             "if m in sys.modules]; assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_hostile_pickle_is_refused_before_torch_sees_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+    import zipfile
+
+    class Payload:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (print, ("pwned",))
+
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with zipfile.ZipFile(src / "pytorch_model.bin", "w") as zf:
+        zf.writestr("pytorch_model/data.pkl", pickle.dumps({"w": Payload()}, protocol=2))
+    loads = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a))
+    code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
+    assert code == 1 and "CG003" in codes(report) and loads == []
+    assert any("builtins.print" in f["message"] for f in report["findings"])
+    assert not (tmp_path / "f").exists()

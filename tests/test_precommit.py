@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from project_copy import copy_project
 import torch
 from safetensors.torch import save_file
 
@@ -32,14 +33,7 @@ def git(cwd: Path, *args: str) -> str:
 def hook_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """try-repo clones HEAD; the tree under test may be uncommitted, so commit a copy of it."""
     repo = tmp_path_factory.mktemp("hook-repo")
-    for name in HOOK_REPO_FILES:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        elif src.is_file():
-            shutil.copy2(src, repo / name)
-    if not (repo / "README.md").exists():  # pyproject names it; the lead writes the real one
-        (repo / "README.md").write_text("ckpt-guard\n")
+    copy_project(repo, HOOK_REPO_FILES)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "hook under test")

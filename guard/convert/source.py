@@ -6,19 +6,19 @@ later, one tensor at a time, by the loader attached to each tensor.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from guard.catalogue import make_finding
+from guard.config import Policy
 from guard.convert.io_flax import FlaxWholeFileLoader
 from guard.convert.io_torch import RangeLoader, TorchBinLoader, UnsafePickle, torch_bin_tensors
 from guard.errors import MalformedCheckpoint, UsageError
 from guard.findings import Finding
-from guard.readers import scan_file
-from guard.sources import LocalFile
-from guard.tensors import TensorInfo
+from guard.inventory import build_inventory, read_small_file, scan_local_file
+from guard.rules.shards import check_shard_index
+from guard.tensors import FileScan, TensorInfo
 
 if TYPE_CHECKING:
     import numpy as np
@@ -76,46 +76,43 @@ def open_source(src: Path, *, to: str) -> SourceModel:
     framework, fmt, name = choose_layout(src, to=to)
     index_path = src / (name + ".index.json")
     model = SourceModel(framework, fmt, [], index_path if index_path.is_file() else None)
-    weight_map: dict[str, str] | None = None
-    if model.index is not None:
-        weight_map = _read_index(model.index, model.findings)
-        if weight_map is None:
-            return model
-        shards = sorted(set(weight_map.values()))
-        for shard in shards:
-            path = src / shard
-            if Path(shard).name != shard or not path.is_file():
-                lost = sum(1 for f in weight_map.values() if f == shard)
-                model.findings.append(make_finding(
-                    "CG004", str(model.index), f"shard {shard} is missing ({lost} tensor(s) listed in it)"))
-            else:
-                model.files.append(path)
-    else:
+    scans: dict[Path, FileScan] = {}
+    if model.index is None:
         model.files.append(src / name)
+        scans[src / name] = scan_local_file(src / name)  # our headers first: torch never sees a CG003 file
+    elif not _check_shards(src, model, scans):
+        return model
     loader: Loader = TorchBinLoader() if fmt == "torch-bin" else RangeLoader()
     chunked = FlaxWholeFileLoader()
     for path in model.files:
-        for info in _list_tensors(path, fmt, model.findings):
+        for info in _list_tensors(path, fmt, model.findings, scans.get(path)):
             use = chunked if fmt == "flax-msgpack" and info.data_start is None else loader
             model.tensors.append(SourceTensor(info, use))
-    if weight_map is not None and not model.findings:
-        _check_index(model, weight_map)
     return model
 
 
-def _read_index(path: Path, findings: list[Finding]) -> dict[str, str] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        weight_map = data["weight_map"]
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise ValueError("weight_map is not an object of file names")
-        return {str(k): v for k, v in weight_map.items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        findings.append(make_finding("CG004", str(path), f"unreadable shard index: {exc}"))
-        return None
+def _check_shards(src: Path, model: SourceModel, scans: dict[Path, FileScan]) -> bool:
+    """The scanner's own index checks (CG001/CG004) on the shards' headers; False if unusable."""
+    assert model.index is not None
+    json_files = {str(model.index): read_small_file(model.index)}
+    parsed = build_inventory(str(src), [], json_files=json_files)
+    if not parsed.indexes or not parsed.indexes[0].weight_map:
+        model.findings.extend(parsed.findings)  # not JSON (CG001) or no weight_map (CG004)
+        return False
+    for shard in sorted(set(parsed.indexes[0].weight_map.values())):
+        path = src / shard
+        if Path(shard).name == shard and path.is_file():  # never follow "../" out of the model
+            model.files.append(path)
+            scans[path] = scan_local_file(path)
+    inventory = build_inventory(str(src), scans.values(), json_files=json_files)
+    model.findings.extend(check_shard_index(inventory, Policy()))
+    return True
 
 
-def _list_tensors(path: Path, fmt: str, findings: list[Finding]) -> list[TensorInfo]:
+def _list_tensors(path: Path, fmt: str, findings: list[Finding], scan: FileScan | None) -> list[TensorInfo]:
+    if fmt == "torch-bin" and scan is not None and any(f.code in ("CG001", "CG003") for f in scan.findings):
+        findings.extend(scan.findings)  # unreadable or unsafe headers: torch never opens the file
+        return []
     if fmt == "torch-bin":
         try:
             return torch_bin_tensors(path)
@@ -124,24 +121,10 @@ def _list_tensors(path: Path, fmt: str, findings: list[Finding]) -> list[TensorI
         except MalformedCheckpoint as exc:
             findings.append(make_finding("CG001", str(path), f"unreadable checkpoint: {exc}"))
         return []
-    with LocalFile(path) as source:
-        scan = scan_file(source)
+    assert scan is not None  # open_source scans every file's headers first
     findings.extend(scan.findings)
     if scan.format is None:
         return []
     if scan.metadata.get("format") == "flax":
         raise UsageError(f"{path}: Flax safetensors are not supported; use flax_model.msgpack")
     return list(scan.tensors)
-
-
-def _check_index(model: SourceModel, weight_map: dict[str, str]) -> None:
-    assert model.index is not None
-    found = {t.name: Path(t.info.file).name for t in model.tensors}
-    for name, shard in sorted(weight_map.items()):
-        if found.get(name) != shard:
-            where = f"in {found[name]}" if name in found else "in no shard"
-            model.findings.append(make_finding(
-                "CG004", str(model.index), f"{name} is listed in {shard} but found {where}", tensor=name))
-    for name in sorted(set(found) - set(weight_map)):
-        model.findings.append(make_finding(
-            "CG004", str(model.index), f"{name} is in {found[name]} but not in the index", tensor=name))
