@@ -15,8 +15,10 @@ from collections.abc import Callable
 import atheris
 
 with atheris.instrument_imports(include=["guard"]):
-    from guard.readers import READ_FAILURES, READERS
+    from guard.readers import READ_FAILURES, READERS, reader_for
     from guard.readers import torch_pickle
+
+    _LOADED = {fmt: reader_for(fmt) for fmt in READERS}  # reader modules load lazily: instrument them here
     from guard.sources import BytesSource
 
     try:  # the torch helpers moved between modules while the readers were written
@@ -33,7 +35,7 @@ FILE_NAMES = {
 
 
 def reader_target(reader: str) -> Callable[[bytes], None]:
-    read = READERS[reader]
+    read = _LOADED[reader]
     name = FILE_NAMES[reader]
 
     def one_input(data: bytes) -> None:

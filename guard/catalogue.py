@@ -44,6 +44,12 @@ RULES: tuple[Rule, ...] = (
          "A tensor declares a dtype this tool does not know; it is reported once per file.",
          "A safetensors header with `\"dtype\": \"Q4_K\"`.",
          "Use a dtype safetensors defines, or ignore CG005 for this file with per-file-ignores."),
+    Rule("CG006", "unsupported-format", W, "headers",
+         "A file that looks like weights (by suffix or magic bytes) that no reader handles, or whose "
+         "reader needs an extra that is not installed. It is named, never skipped in silence.",
+         "model-q4_k_m.mlmodel beside the safetensors weights, or tf_model.h5 without the hdf5 extra.",
+         "Install the extra the message names, or scan the file with its own tools; ignore CG006 for "
+         "files you do not publish."),
     Rule("CG101", "unexpected-dtype", E, "headers",
          "Floating tensors are not in the expected dtype (default fp32; see --expect).",
          "--expect fp32 and a model whose decoder weights are F16.",
@@ -71,6 +77,21 @@ RULES: tuple[Rule, ...] = (
          "F64/I64/U64 under JAX's default 32-bit mode, dtypes torch lacks.",
          "An I64 buffer bound for Flax becomes I32 unless jax_enable_x64 is set.",
          "Convert with ckpt-guard (bit views via ml_dtypes), or drop the target with --target."),
+    Rule("CG107", "copies-disagree", E, "headers",
+         "Two weight sets of one model that should hold the same weights disagree: dtypes weighted "
+         "by parameters, or tensor names and shapes where the sets share a naming scheme.",
+         "bart-large: pytorch_model.bin is F16 while flax_model.msgpack beside it is F32.",
+         "Re-export every copy from the same weights (`ckpt-guard convert`), or delete the stale copy."),
+    Rule("CG108", "variant-dtype-mismatch", E, "headers",
+         "A file or variant whose name claims a dtype holds floating tensors of another dtype.",
+         "model.fp16.safetensors whose tensors are F32, or model_fp16.onnx with F32 initializers.",
+         "Re-save the variant in the dtype its name claims (`save_pretrained(variant=...)` after "
+         "casting), or rename it."),
+    Rule("CG109", "variant-incomplete", E, "headers",
+         "A variant that some parts of a model have and others lack, or a variant's shards without "
+         "their index; `from_pretrained(variant=...)` fails on exactly this.",
+         "unet/diffusion_pytorch_model.fp16.safetensors exists but text_encoder/ has no fp16 file.",
+         "Save every component with the same variant, or remove the partial variant."),
     Rule("CG201", "fp16-overflow", E, "values",
          "Values beyond ±65504 become inf when cast to fp16.",
          "An fp32 embedding with max |x| = 1.2e5 and --target torch:fp16.",

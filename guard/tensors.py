@@ -52,3 +52,6 @@ class FileScan:
     findings: tuple[Finding, ...] = ()
     metadata: dict[str, str] = field(default_factory=dict)
     bytes_read: int = 0
+    # Other files this one needs, relative to its directory (ONNX external data, ...);
+    # the inventory resolves them against the directory listing, local or remote.
+    companions: tuple[str, ...] = ()

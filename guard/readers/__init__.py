@@ -6,25 +6,31 @@ import struct
 import zipfile
 from collections.abc import Callable
 
+import importlib
+
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
-from guard.readers.flax_msgpack import read_flax_msgpack
-from guard.readers.lfs import is_lfs_pointer, read_lfs_pointer
-from guard.readers.safetensors import read_safetensors
-from guard.readers.torch_legacy import read_torch_legacy
-from guard.readers.torch_zip import read_torch_zip
+from guard.readers.lfs import is_lfs_pointer
 from guard.sources import ByteSource
 from guard.tensors import FileScan
 
 Reader = Callable[[ByteSource], FileScan]
 
-READERS: dict[str, Reader] = {
-    "safetensors": read_safetensors,
-    "torch-zip": read_torch_zip,
-    "torch-legacy": read_torch_legacy,
-    "flax-msgpack": read_flax_msgpack,
-    "lfs-pointer": read_lfs_pointer,
+# format -> "module:function"; a reader's module is imported the first time a file of its
+# format is seen, so a scan of safetensors files never loads the pickle or msgpack machinery.
+READERS: dict[str, str] = {
+    "safetensors": "guard.readers.safetensors:read_safetensors",
+    "torch-zip": "guard.readers.torch_zip:read_torch_zip",
+    "torch-legacy": "guard.readers.torch_legacy:read_torch_legacy",
+    "flax-msgpack": "guard.readers.flax_msgpack:read_flax_msgpack",
+    "lfs-pointer": "guard.readers.lfs:read_lfs_pointer",
 }
+
+
+def reader_for(fmt: str) -> Reader:
+    module, _, function = READERS[fmt].partition(":")
+    reader: Reader = getattr(importlib.import_module(module), function)
+    return reader
 
 # Failures a reader may hit on hostile bytes; every one becomes CG001, never a traceback.
 READ_FAILURES: tuple[type[BaseException], ...] = (
@@ -71,7 +77,7 @@ def scan_file(source: ByteSource) -> FileScan:
         fmt = sniff_format(source)
         if fmt is None:
             raise MalformedCheckpoint("not a safetensors, torch, flax msgpack or LFS pointer file")
-        return READERS[fmt](source)
+        return reader_for(fmt)(source)
     except READ_FAILURES as exc:
         return unreadable(source, exc)
 
