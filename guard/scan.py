@@ -19,7 +19,7 @@ def scan_inventories(
         report.models.append(ModelSummary.from_inventory(inv))
         findings = check_model(inv, policy)
         if values:
-            from guard.values import value_findings  # needs numpy: the `values` extra
+            from guard.values.check import value_findings  # needs numpy: the `values` extra
 
             value_results = value_findings(inv, policy)
             findings.extend(value_results.findings)
