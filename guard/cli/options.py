@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from guard.atomic import write_text_atomic
 from guard.config import build_policy, find_config_file, load_config
 from guard.errors import GuardError, UsageError
 from guard.report import Report
@@ -66,6 +65,8 @@ def output_options(func):  # type: ignore[no-untyped-def]
 def emit(report: Report, fmt: str, output: Path | None, *, summary: bool = True) -> None:
     """Print or write the report; append the job summary under GitHub Actions."""
     if output is not None:
+        from guard.atomic import write_text_atomic  # tempfile: only when writing a file
+
         write_text_atomic(output, render(report, fmt))
     else:
         color = fmt == "text" and sys.stdout.isatty() and "NO_COLOR" not in os.environ

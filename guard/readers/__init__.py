@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import zipfile
 from collections.abc import Callable
 
 import importlib
@@ -37,7 +36,6 @@ READ_FAILURES: tuple[type[BaseException], ...] = (
     MalformedCheckpoint,
     ValueError,  # includes UnicodeDecodeError and json.JSONDecodeError
     struct.error,
-    zipfile.BadZipFile,
     RecursionError,
     OverflowError,
     EOFError,
