@@ -159,8 +159,27 @@ def main() -> int:
     for path in (bin_path, st_path):
         read, size = bytes_share(path)
         print(f"bytes read, {path.name:<22} {read:>10,} of {size:>14,} = {read / size:.5%}  (target < 1%)")
+    import_profile(st_path)
     layout_per_file(args.out, args.rounds)
     return 0
+
+
+def import_profile(path: Path, top: int = 5) -> None:
+    """`python -X importtime` of a scan: the total, and the modules that cost the most themselves."""
+    import re
+
+    runs = []
+    for _ in range(5):
+        err = subprocess.run([sys.executable, "-X", "importtime", "-m", "guard", "scan", "--no-summary", str(path)],
+                             capture_output=True, text=True).stderr
+        rows = [m.groups() for m in re.finditer(r"import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)", err)]
+        runs.append({name: (int(own), int(cumulative), len(indent)) for own, cumulative, indent, name in rows})
+    best = {name: min(r[name][0] for r in runs if name in r) for name in runs[0]}
+    total = min(sum(v[1] for v in r.values() if v[2] == 0) for r in runs)
+    print(f"imports of `ckpt-guard scan {path.name}` (python -X importtime, best of 5): {total / 1000:.1f} ms;"
+          f" top {top} by own time:")
+    for name, own in sorted(best.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {name:<40} {own / 1000:6.2f} ms")
 
 
 def layout_per_file(out: Path, rounds: int) -> None:

@@ -82,14 +82,15 @@ def test_the_cycle_check_finds_a_cycle() -> None:
 def test_options_module_imports_no_command() -> None:
     graph = import_graph()
     commands = {f"guard.cli.{name}" for name in ("scan", "rules", "report", "convert", "parity", "hub")}
-    assert not graph["guard.cli.options"] & commands
+    for shared in ("guard.cli.options", "guard.cli.flags", "guard.cli.run"):
+        assert not graph[shared] & commands, shared
     outside = {m for m in graph if not m.startswith("guard.cli") and m != "guard.__main__"}
     assert not {m for m in outside if graph[m] & ({"guard.cli"} | commands)}
 
 
 # What `ckpt-guard scan model.safetensors` may import from guard: a stray import fails here.
 SCAN_MODULES = {
-    "guard", "guard.catalogue", "guard.cli", "guard.cli.options", "guard.cli.scan", "guard.config",
+    "guard", "guard.catalogue", "guard.cli", "guard.cli.flags", "guard.cli.run", "guard.config",
     "guard.dtypes", "guard.errors", "guard.findings", "guard.inventory", "guard.inventory.conventions",
     "guard.inventory.discovery", "guard.inventory.model", "guard.inventory.pipelines", "guard.inventory.sets",
     "guard.inventory.stats", "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.report",
@@ -97,7 +98,7 @@ SCAN_MODULES = {
     "guard.rules.copies", "guard.rules.dtype_policy", "guard.rules.shards", "guard.rules.targets",
     "guard.rules.training", "guard.rules.variants", "guard.scan", "guard.sources", "guard.tensors",
 }
-HEAVY = ("torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",
+HEAVY = ("click", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",
          "safetensors", "msgpack", "zipfile", "pickle", "pickletools", "tomllib", "tempfile")
 
 
@@ -132,3 +133,44 @@ def test_a_group_whose_extra_is_missing_is_listed_and_fails_with_the_hint(tmp_pa
     assert f"  {group} " in result.stdout and "HELP 0" in result.stdout
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "pip install 'ckpt-guard[" in lines[0], result.stderr
+
+
+PLAIN = [
+    ["scan", "m"], ["scan", "--format", "json", "--no-summary", "a", "b"], ["scan", "--format=sarif", "-o", "r.sarif"],
+    ["scan", "--expect", "bf16", "--keep-fp32", "*router*", "--keep-fp32", "*gate*", "x"],
+    ["scan", "--target", "torch:fp16", "--select", "CG1", "--extend-select", "CG2", "--ignore", "CG104", "--fail-on",
+     "warning", "--values", "x"], ["scan", "--", "--format"], ["scan"], ["scan", "-f", "github", "-"],
+]
+ODD = [
+    ["scan", "--help"], ["scan", "-h"], ["scan", "--format", "xml"], ["scan", "--bogus"], ["scan", "-fjson"],
+    ["scan", "--values=1"], ["scan", "--expect"], ["scan", "--expect", "--values"], ["scan", "--config", "."],
+    ["scan", "--no-sum"],
+]
+
+
+@pytest.mark.parametrize("args", PLAIN, ids=lambda a: " ".join(a))
+def test_plain_scan_spellings_parse_as_click_parses_them(args: list[str]) -> None:
+    from guard.cli.flags import SCAN_FLAGS, parse_plain
+    from guard.cli.scan import scan
+
+    parsed = parse_plain(args[1:], SCAN_FLAGS)
+    assert parsed is not None
+    ctx = scan.make_context("scan", list(args[1:]))
+    options, paths = parsed
+    click_params = dict(ctx.params)
+    assert tuple(str(p) for p in click_params.pop("paths")) == tuple(paths)
+    assert click_params == options
+
+
+@pytest.mark.parametrize("args", ODD, ids=lambda a: " ".join(a))
+def test_anything_else_is_left_to_click(args: list[str]) -> None:
+    from guard.cli.flags import SCAN_FLAGS, parse_plain
+
+    assert parse_plain(args[1:], SCAN_FLAGS) is None
+
+
+def test_the_flag_table_knows_every_output_format() -> None:
+    from guard.cli.flags import FORMATS
+    from guard.reporters import REPORTERS
+
+    assert FORMATS == tuple(REPORTERS)

@@ -1,4 +1,11 @@
-"""Reader registry and the dispatcher that turns any parse failure into CG001."""
+"""Readers: one pure parser per format over a ByteSource, and the dispatcher that turns any
+parse failure into CG001.
+
+Each reader takes a ``ByteSource`` (local or remote alike) and returns a ``FileScan``
+built from headers only.  May import sources, tensors, dtypes, findings and the
+catalogue; never the inventory, rules, report or CLI, and no heavy library on a
+scan's path (an optional parser is imported by its reader, when its format is seen).
+"""
 
 from __future__ import annotations
 

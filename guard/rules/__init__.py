@@ -1,5 +1,9 @@
 """Header-level checks, keyed by the codes they produce (see guard.catalogue).
 
+Rules read the inventory and return findings; they never print, raise for a
+problem in a checkpoint, or touch bytes.  May import the inventory, config,
+catalogue and findings; never the readers' I/O, the report or the CLI.
+
 Checks take the whole inventory and go set by set: CG101-CG106 and CG108 are
 judged within one weight set, CG107 across the copies of one model, CG103 on
 the primary set, CG109 within a model and across a pipeline's components.
