@@ -24,7 +24,8 @@ from hub_standin import StandinHub, standin_fixture  # noqa: E402
 from guard.config import build_policy  # noqa: E402
 from guard.hub.client import HubClient  # noqa: E402
 from guard.hub.comment import marker  # noqa: E402
-from guard.hub.reviewer import Reviewer  # noqa: E402
+from guard.hub.queue import open_queue  # noqa: E402
+from guard.hub.reviewer import Reviewer, ReviewSettings  # noqa: E402
 from guard.hub.webhook import create_app, parse_payload  # noqa: E402
 
 SECRET = "s3cret-value"
@@ -84,14 +85,16 @@ def standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Standin
     yield from standin_fixture(monkeypatch, tmp_path)
 
 
-def make_reviewer(workers: int = 4) -> Reviewer:
+def make_reviewer(state: Path, workers: int = 4) -> Reviewer:
+    """A reviewer on its own SQLite queue, with test-sized leases and back-offs."""
+    settings = ReviewSettings(workers=workers, lease=5.0, retry_backoff=0.0, poll=0.05)
     return Reviewer(HubClient(token="hf_bot", timeout=10), build_policy({}, source=None, overrides={}),
-                    workers=workers)
+                    open_queue(state), settings=settings)
 
 
 @pytest.fixture
-def service(standin: StandinHub) -> Iterator[Service]:
-    svc = Service(make_reviewer())
+def service(standin: StandinHub, tmp_path: Path) -> Iterator[Service]:
+    svc = Service(make_reviewer(tmp_path / "queue.sqlite3"))  # the app's lifespan starts the workers
     yield svc
     svc.stop()
 
@@ -135,7 +138,8 @@ def test_unwatched_events_are_ignored(service: Service, standin: StandinHub, rep
     assert standin.repos[repo].discussions == []
 
 
-def test_push_to_main_opens_one_discussion_even_on_redelivery(service: Service, standin: StandinHub) -> None:
+def test_push_to_main_opens_one_discussion_even_on_redelivery(service: Service, standin: StandinHub,
+                                                             tmp_path: Path) -> None:
     sha = standin.add_repo("org/mixed", {"model.safetensors": weights(np.float16)})
     event = payload("org/mixed", "refs/heads/main", sha)
     response = service.post(event)
@@ -147,8 +151,9 @@ def test_push_to_main_opens_one_discussion_even_on_redelivery(service: Service, 
     assert discussion.author == "ckpt-guard-bot"
     # Redelivered (the Hub retries; the Activity tab replays): no second answer.
     assert service.post(event).json()["duplicates"] == 1
-    # Even after a restart of the service: the Hub is asked first.
-    fresh = make_reviewer()
+    # Even from a service that lost its queue: the Hub is asked first.
+    fresh = make_reviewer(tmp_path / "fresh.sqlite3")
+    fresh.start()
     for job in parse_payload(event)[0] or []:
         assert fresh.submit(job)
     assert fresh.wait_idle(30)
@@ -157,15 +162,17 @@ def test_push_to_main_opens_one_discussion_even_on_redelivery(service: Service, 
     assert fresh.stats()["skipped"] == 1
 
 
-def test_push_to_a_pr_ref_comments_on_the_pr(service: Service, standin: StandinHub, repo: str) -> None:
+def test_push_to_a_pr_ref_comments_on_the_pr(service: Service, standin: StandinHub, repo: str,
+                                             tmp_path: Path) -> None:
     num, sha = standin.add_pull_request(repo, {"model.safetensors": weights(np.float16)})
     assert service.post(payload(repo, f"refs/pr/{num}", sha)).status_code == 202
     assert service.reviewer.wait_idle(30)
     [pr] = standin.repos[repo].discussions
     [(author, comment)] = pr.comments
     assert author == "ckpt-guard-bot" and "CG102" in comment and f"pull request #{num}" in comment
-    # Redelivery to a fresh service: the marker in the existing comment prevents a second one.
-    fresh = make_reviewer()
+    # Redelivery to a service that lost its queue: the marker in the existing comment prevents a second one.
+    fresh = make_reviewer(tmp_path / "fresh.sqlite3")
+    fresh.start()
     assert fresh.submit(parse_payload(payload(repo, f"refs/pr/{num}", sha))[0][0])  # type: ignore[index]
     assert fresh.wait_idle(30)
     fresh.close()
@@ -196,4 +203,4 @@ def test_fifty_deliveries_at_once(service: Service, standin: StandinHub, repo: s
     assert service.reviewer.wait_idle(120)
     discussions = standin.repos[repo].discussions
     assert [len(d.comments) for d in discussions] == [1] * 50
-    assert service.reviewer.stats() == {"pending": 0, "answered": 50, "skipped": 0, "failed": 0}
+    assert service.reviewer.stats() == {"queued": 0, "running": 0, "answered": 50, "skipped": 0, "failed": 0}
