@@ -1,6 +1,7 @@
-"""Deliveries as the Hub sends them, to real `ckpt-guard hub webhook` processes; answers counted on the stand-in.
+"""Deliveries as the Hub sends them, to a real webhook service; answers counted on the stand-in.
 
-``ServiceProcess`` runs the real command on a loopback port (``--log-format
+``AppServer`` serves the app on a real uvicorn server in this process (a
+reviewer with test-sized leases from ``make_reviewer``).  ``ServiceProcess`` runs the real command on a loopback port (``--log-format
 json``, its log kept in a file).  ``Sender`` posts each delivery until a 2xx
 comes back, trying the endpoints in turn, as the Hub redelivers what was not
 acknowledged.  ``kill_scenario`` is the kill test: pushes delivered while one
@@ -29,10 +30,16 @@ import httpx
 
 from hub_standin import StandinHub, tiny_safetensors
 
+from guard.config import build_policy
+from guard.hub.client import HubClient
 from guard.hub.comment import discussion_title, marker
+from guard.hub.queue import open_queue
+from guard.hub.retry import RateLimiter
+from guard.hub.reviewer import Reviewer, ReviewSettings
+from guard.hub.webhook import create_app
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SECRET = "delivery-test-secret"
+SECRET = "s3cret-value"
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,49 @@ class Push:
                          "owner": {"id": "o1"}},
                 "updatedRefs": [{"ref": self.ref, "oldSha": "0" * 40, "newSha": self.sha}],
                 "webhook": {"id": "w1", "version": 3}}
+
+
+def make_reviewer(state: Path, workers: int = 4, *, max_rps: float | None = None) -> Reviewer:
+    """A reviewer on its own SQLite queue, with test-sized leases and back-offs."""
+    settings = ReviewSettings(workers=workers, lease=5.0, retry_backoff=0.0, poll=0.05)
+    client = HubClient(token="hf_bot", timeout=10, limiter=RateLimiter(max_rps) if max_rps else None)
+    return Reviewer(client, build_policy({}, source=None, overrides={}), open_queue(state), settings=settings)
+
+
+class AppServer:
+    """The webhook app on a real uvicorn server, on a random loopback port (its lifespan starts the workers)."""
+
+    def __init__(self, reviewer: Reviewer) -> None:
+        import uvicorn
+
+        self.reviewer = reviewer
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(create_app(secret=SECRET, reviewer=reviewer), log_level="warning",
+                                limit_concurrency=200, backlog=256)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        self.http = httpx.Client(base_url=self.url, timeout=10, trust_env=False)
+        for _ in range(500):  # bounded wait for startup, no sleep: started is set by uvicorn
+            if self.server.started:
+                break
+            self.thread.join(0.02)
+        assert self.server.started
+
+    def post(self, body: Any, *, secret: str | bytes | None = SECRET, raw: bytes | None = None) -> httpx.Response:
+        headers: dict[str, str | bytes] = {"Content-Type": "application/json"}
+        if secret is not None:
+            headers["X-Webhook-Secret"] = secret
+        return self.http.post("/webhook", content=raw if raw is not None else json.dumps(body), headers=headers)
+
+    def stop(self) -> None:
+        self.http.close()
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+        self.reviewer.queue.close()
 
 
 def make_pushes(hub: StandinHub, repo: str, count: int) -> list[Push]:

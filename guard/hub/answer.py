@@ -4,14 +4,16 @@ A push to ``refs/pr/N`` gets a comment on that pull request; a push to a branch
 gets one discussion per revision.  Both carry a hidden marker with the commit
 sha, and the Hub is asked for it before scanning, so a redelivered event or a
 job re-run after a crash (the Hub retries, its Activity tab replays) never
-produces a second answer.  The post itself is retried only after a 429 (or a
-503 with Retry-After): an answer that may have been acted on is not repeated.
+produces a second answer.  The post itself is one request, retried only after
+a 429 (or a 503 with Retry-After): an answer that may have been acted on is
+not repeated.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from guard.config import Policy
 from guard.hub import faults
@@ -50,8 +52,11 @@ def answer_push(client: HubClient, policy: Policy, job: Job, *,
         if job.pr_num is not None:
             client.call(lambda: api.comment_discussion(job.repo_id, job.pr_num, body), retry=retry_refused)
         else:
-            client.call(lambda: api.create_discussion(
-                job.repo_id, title=discussion_title(job.sha, job.ref), description=body), retry=retry_refused)
+            # Not HfApi.create_discussion: it reads the discussion back after creating it, and a
+            # refused read would make the whole call look failed after the write was made.
+            client.post_json(f"{client.endpoint}/api/models/{quote(job.repo_id, safe='/')}/discussions",
+                             {"title": discussion_title(job.sha, job.ref), "description": body,
+                              "pullRequest": False})
     return True
 
 

@@ -58,14 +58,23 @@ def retry_read(exc: BaseException) -> bool:
     return status in RETRY_STATUSES if status is not None else isinstance(exc, transport_errors())
 
 
+def request_method_of(exc: BaseException) -> str:
+    request = getattr(getattr(exc, "response", None), "request", None)
+    return str(getattr(request, "method", "") or "").upper()
+
+
 def retry_refused(exc: BaseException) -> bool:
     """Writes: only a 429, or a 503 with Retry-After, says the request was turned away unhandled.
 
-    A 5xx without it or a lost connection may come after the Hub acted, so a
-    write is not repeated then (the reviewer's marker check covers that case).
+    And only if the refused request is the write itself: a call that posts and
+    then reads back (``HfApi.create_discussion`` does) has written already when
+    its read is refused.  A 5xx without Retry-After or a lost connection may
+    come after the Hub acted, so a write is not repeated then either (the
+    reviewer's marker check covers those cases).
     """
     status = status_of(exc)
-    return status == 429 or (status == 503 and retry_after_of(exc) is not None)
+    refused = status == 429 or (status == 503 and retry_after_of(exc) is not None)
+    return refused and request_method_of(exc) not in ("GET", "HEAD")
 
 
 @dataclass
@@ -98,9 +107,8 @@ class HubClient:
         caught = (_hub_http_error(), *transport_errors())
         policy = Backoff(self.attempts, self.backoff, BACKOFF_CAP, self.deadline)
         started = time.monotonic()
-        attempt = 0
+        timed, asked = 0, 0  # failed attempts we back off from ourselves / that said when to come back
         while True:
-            attempt += 1
             if self.limiter is not None:
                 self.limiter.acquire()
             try:
@@ -112,8 +120,15 @@ class HubClient:
                 if not retry(exc):
                     raise
                 hint = retry_after_of(exc) if status in (429, 503) else None
-                wait = policy.wait(attempt, retry_after=hint)
-                if not policy.allows(attempt, wait, started=started):
+                if hint is None:
+                    timed += 1
+                    wait = policy.wait(timed)
+                    allowed = policy.allows(timed, wait, started=started)
+                else:
+                    asked += 1
+                    wait = policy.wait(asked, retry_after=hint)
+                    allowed = policy.allows(asked, wait, started=started, asked=True)
+                if not allowed:
                     raise
                 with self._lock:
                     self.retried[label] += 1
@@ -136,6 +151,19 @@ class HubClient:
         if len(body) != end - start:
             raise HubError(f"{url}: the server sent {len(body)} bytes for a {end - start}-byte range")
         return body
+
+    def post_json(self, url: str, payload: Any) -> Any:
+        """One POST of a JSON body (one write, one request), retried only when refused unhandled."""
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+        headers = build_hf_headers(token=self.token)
+
+        def post() -> Any:
+            response = get_session().post(url, json=payload, headers=headers, timeout=self.timeout)
+            hf_raise_for_status(response)
+            return response.json()
+
+        return self.call(post, retry=retry_refused)
 
     def get_whole(self, url: str) -> bytes:
         return self._get(url, {})[1]

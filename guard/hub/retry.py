@@ -38,9 +38,16 @@ def retry_after_seconds(headers: Mapping[str, str] | None, *, now: float | None 
     return min(max(wait, 0.0), MAX_RETRY_AFTER)
 
 
+MAX_ASKED_TO_WAIT = 100  # attempts after which even a server that keeps sending Retry-After is given up on
+
+
 @dataclass(frozen=True)
 class Backoff:
-    """Attempts, the first wait (doubling after, capped, +-50 % jitter) and a total deadline."""
+    """Attempts, the first wait (doubling after, capped, +-50 % jitter) and a total deadline.
+
+    ``attempts`` bounds the failures we time ourselves; a server that says when
+    to come back (Retry-After) is bounded by the deadline instead.
+    """
 
     attempts: int = 6
     base: float = 0.5
@@ -55,9 +62,14 @@ class Backoff:
         step = min(self.cap, self.base * 2 ** (attempt - 1))
         return step * random.uniform(0.5, 1.5)
 
-    def allows(self, attempt: int, wait: float, *, started: float) -> bool:
-        """Whether another attempt after ``wait`` seconds stays within the attempts and the deadline."""
-        return attempt < self.attempts and time.monotonic() + wait - started <= self.deadline
+    def allows(self, attempt: int, wait: float, *, started: float, asked: bool = False) -> bool:
+        """Whether another attempt after ``wait`` seconds stays within the attempts and the deadline.
+
+        ``attempt`` counts the failures without Retry-After; ``asked`` says this
+        one carried it (then only the deadline and ``MAX_ASKED_TO_WAIT`` apply).
+        """
+        limit = MAX_ASKED_TO_WAIT if asked else self.attempts
+        return attempt < limit and time.monotonic() + wait - started <= self.deadline
 
 
 class RateLimiter:

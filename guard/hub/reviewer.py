@@ -53,6 +53,7 @@ class Reviewer:
         self.queue = queue
         self.settings = settings or ReviewSettings()
         self.metrics = metrics or Metrics()
+        client.observe = lambda status: self.metrics.inc("ckpt_guard_hub_requests_total", status)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._held: dict[int, QueuedJob] = {}
         self._cond = threading.Condition()

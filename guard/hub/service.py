@@ -25,10 +25,8 @@ KEEP_FINISHED = 30 * 86400.0  # seconds a finished job is remembered (redeliveri
 
 
 def build_reviewer(client: HubClient, policy: Policy, queue: JobQueue, settings: ReviewSettings) -> Reviewer:
-    metrics = Metrics()
-    client.observe = lambda status: metrics.inc("ckpt_guard_hub_requests_total", status)
     queue.prune(KEEP_FINISHED)
-    return Reviewer(client, policy, queue, settings=settings, metrics=metrics)
+    return Reviewer(client, policy, queue, settings=settings, metrics=Metrics())
 
 
 def require_server() -> None:

@@ -29,6 +29,8 @@ from guard.report import Report
 from guard.scan import scan_paths
 
 DEFAULT_MESSAGE = "Upload with ckpt-guard"
+# Requests create_commit makes before the commit request; none of them makes a commit.
+BEFORE_COMMIT = ("/preupload/", "/api/validate-yaml", "/info/lfs/")
 
 
 @dataclass
@@ -97,9 +99,10 @@ def gated_upload(directory: Path, repo_id: str, policy: Policy, *, token: str | 
 
 def retry_commit(exc: BaseException) -> bool:
     """Whether a failed ``create_commit`` may be run again without risking a second commit."""
-    if retry_refused(exc):
-        return True
-    return retry_read(exc) and bool(request_url_of(exc)) and "/commit/" not in request_url_of(exc)
+    url = request_url_of(exc)
+    if "/commit/" in url:  # the commit request itself: only if it was refused unhandled
+        return retry_refused(exc)
+    return retry_read(exc) and any(step in url for step in BEFORE_COMMIT)
 
 
 def _quiet_hub_progress_when_not_a_terminal() -> None:

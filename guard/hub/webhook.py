@@ -82,11 +82,12 @@ def create_app(*, secret: str, reviewer: Reviewer) -> Any:
     async def webhook(request: Request) -> JSONResponse:
         metrics.inc("ckpt_guard_deliveries_received_total")
         given = request.headers.get("x-webhook-secret")
+        # Refusals close the connection: the body of a sender without the secret is never read.
         if given is None:
-            return refuse("missing_secret", 401, "missing X-Webhook-Secret")
+            return refuse("missing_secret", 401, "missing X-Webhook-Secret", connection="close")
         # Header values arrive decoded as latin-1: encoding back gives the bytes that were sent.
         if not hmac.compare_digest(given.encode("latin-1"), expected):
-            return refuse("wrong_secret", 403, "wrong X-Webhook-Secret")
+            return refuse("wrong_secret", 403, "wrong X-Webhook-Secret", connection="close")
         body = await read_capped(request, MAX_BODY)
         if body is None:  # close: the rest of the body is never read
             return refuse("too_large", 413, f"payload over {MAX_BODY} bytes", connection="close")
