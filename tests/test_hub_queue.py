@@ -53,9 +53,9 @@ def test_an_expired_lease_is_claimed_again_and_the_stale_worker_is_ignored(state
     time.sleep(0.1)  # what is tested is a lease running out in real time
     again = queue.claim("other", lease=60, max_attempts=3)
     assert again is not None and again.id == held.id and again.attempts == 2
-    assert queue.extend("dead", [held.id], lease=60) == set()
+    assert queue.extend([(held.id, "dead")], lease=60) == set()
     assert not queue.finish(held.id, "dead", "answered")
-    assert queue.extend("other", [held.id], lease=60) == {held.id}
+    assert queue.extend([(held.id, "other")], lease=60) == {held.id}
     assert queue.finish(again.id, "other", "answered")
 
 
@@ -83,7 +83,8 @@ def test_retry_fail_requeue_release(state: str) -> None:
     assert queue.enqueue([B]) == [True]  # a redelivery revives a failed job
     revived = queue.claim("w", lease=60, max_attempts=5)
     assert revived and revived.job == B and revived.attempts == 1
-    assert queue.release("w") == 1  # a clean shutdown hands it back, the attempt not counted
+    assert queue.release([(revived.id, "elsewhere")]) == 0
+    assert queue.release([(revived.id, "w")]) == 1  # a clean shutdown hands it back, the attempt not counted
     [back] = [j for j in queue.jobs(["queued"]) if j.job == B]
     assert back.attempts == 0 and back.worker is None
     again = queue.claim("w", lease=60, max_attempts=5)

@@ -161,3 +161,16 @@ def test_a_misspelt_kill_point_is_refused(standin: StandinHub, tmp_path: Path,
     monkeypatch.setenv("CKPT_GUARD_KILL_AT", "mid-scna:1")
     assert main(["hub", "webhook", "--once", "--state", str(tmp_path / "q.sqlite3")]) == 2
     assert "CKPT_GUARD_KILL_AT" in capsys.readouterr().err
+
+
+def test_every_claim_has_its_own_holder(standin: StandinHub, tmp_path: Path) -> None:
+    """Two threads of one process never share a claim: a lapsed lease is then seen by its old holder."""
+    pushes = make_pushes(standin, "org/two", 4)
+    reviewer = make_reviewer(tmp_path / "q.sqlite3", workers=2)
+    reviewer.start()
+    reviewer.submit_all([Job(p.repo, p.ref, p.sha) for p in pushes])
+    assert reviewer.wait_idle(30)
+    reviewer.close()
+    holders = [j.worker for j in reviewer.queue.jobs(["answered"])]
+    assert len(holders) == 4 and len(set(holders)) == 4
+    assert len({h.rsplit("/", 1)[0] for h in holders if h}) == 1  # one process

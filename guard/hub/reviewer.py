@@ -11,6 +11,7 @@ nothing is lost and nothing is answered twice.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import secrets
@@ -54,10 +55,14 @@ class Reviewer:
         self.settings = settings or ReviewSettings()
         self.metrics = metrics or Metrics()
         client.observe = lambda status: self.metrics.inc("ckpt_guard_hub_requests_total", status)
+        # Who claims: this process, then one number per claim (two threads never share a claim).
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._claims = itertools.count(1)
         self._held: dict[int, QueuedJob] = {}
-        self._cond = threading.Condition()
-        self._generation = 0  # bumped by submit() and by every finished job
+        self._lock = threading.Lock()  # guards _held
+        self._work = threading.Condition()  # idle workers wait here for submit()
+        self._submitted = 0  # bumped by submit(): a worker that missed the notify sees it changed
+        self._done = threading.Condition()  # wait_idle() waits here for finished jobs
         self._stop = threading.Event()
         self._beat_stop = threading.Event()
         self._workers: list[threading.Thread] = []
@@ -75,12 +80,15 @@ class Reviewer:
     def close(self) -> None:
         """Stop claiming, let running reviews finish within the grace, hand back the rest."""
         self._stop.set()
-        self._wake()
+        with self._work:
+            self._work.notify_all()
         deadline = time.monotonic() + self.settings.grace
         for thread in self._workers:
             thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            unfinished = [(item.id, str(item.worker)) for item in self._held.values()]
         try:
-            released = self.queue.release(self.worker_id)
+            released = self.queue.release(unfinished)
         except QueueError as exc:
             log.error("could not hand back running jobs: %s", exc)
         else:
@@ -125,7 +133,9 @@ class Reviewer:
         """Enqueue durably (the caller answers 202 after this returns); False for known jobs."""
         added = self.queue.enqueue(jobs)
         if any(added):
-            self._wake()
+            with self._work:  # one worker per new job: a claim storm would only queue on the database
+                self._submitted += 1
+                self._work.notify(sum(added))
         return added
 
     def stats(self) -> dict[str, int]:
@@ -144,29 +154,30 @@ class Reviewer:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            with self._cond:
-                self._cond.wait(min(left, 0.05))
+            with self._done:
+                self._done.wait(min(left, 0.05))
 
     # ------------------------------------------------------------ the work
     def _work_loop(self) -> None:
         while not self._stop.is_set():
-            seen = self._generation
+            seen = self._submitted
             try:
                 item = self._claim()
             except QueueError as exc:
                 log.error("cannot claim a job: %s", exc)
                 item = None
             if item is None:
-                with self._cond:
-                    self._cond.wait_for(lambda: self._generation != seen or self._stop.is_set(),
+                with self._work:
+                    self._work.wait_for(lambda: self._submitted != seen or self._stop.is_set(),
                                         self.settings.poll)
                 continue
             self._process(item)
 
     def _claim(self) -> QueuedJob | None:
-        item = self.queue.claim(self.worker_id, lease=self.settings.lease, max_attempts=self.settings.max_attempts)
+        token = f"{self.worker_id}/{next(self._claims)}"
+        item = self.queue.claim(token, lease=self.settings.lease, max_attempts=self.settings.max_attempts)
         if item is not None:
-            with self._cond:
+            with self._lock:
                 self._held[item.id] = item
         return item
 
@@ -189,7 +200,7 @@ class Reviewer:
             faults.reached("after-answer")
             seconds = time.monotonic() - started
             try:
-                self.queue.finish(item.id, self.worker_id, outcome)
+                self.queue.finish(item.id, str(item.worker), outcome)
             except QueueError as exc:  # the lease runs out; a re-run finds the marker and skips
                 log.error("job %d %s but not marked done: %s", item.id, outcome, exc, extra=fields)
             self.metrics.observe_scan(seconds)
@@ -197,10 +208,10 @@ class Reviewer:
                 **fields, "outcome": outcome, "scan_seconds": round(seconds, 4),
                 "latency_seconds": round(time.time() - item.enqueued_at, 4)})
         finally:
-            with self._cond:
+            with self._lock:
                 self._held.pop(item.id, None)
-                self._generation += 1
-                self._cond.notify_all()
+            with self._done:
+                self._done.notify_all()
         self.metrics.inc("ckpt_guard_jobs_finished_total", outcome)
         return outcome
 
@@ -208,11 +219,11 @@ class Reviewer:
         try:
             if retryable and item.attempts < self.settings.max_attempts:
                 delay = retry_delay(item.attempts, self.settings.retry_backoff)
-                self.queue.retry(item.id, self.worker_id, error=error, delay=delay)
+                self.queue.retry(item.id, str(item.worker), error=error, delay=delay)
                 log.warning("job %d failed (%s); retry in %.1f s", item.id, error, delay,
                             extra={**fields, "error": error, "retry_in": round(delay, 3)})
                 return "retried"
-            self.queue.fail(item.id, self.worker_id, error=error)
+            self.queue.fail(item.id, str(item.worker), error=error)
         except QueueError as exc:
             log.error("job %d failed (%s) and the queue could not record it: %s", item.id, error, exc, extra=fields)
         log.error("job %d failed for good after %d attempt(s): %s", item.id, item.attempts, error,
@@ -220,7 +231,7 @@ class Reviewer:
         return "failed"
 
     def _still_held(self, item: QueuedJob) -> bool:
-        return item.id in self.queue.extend(self.worker_id, [item.id], lease=self.settings.lease)
+        return item.id in self.queue.extend([(item.id, str(item.worker))], lease=self.settings.lease)
 
     def _start_heartbeat(self) -> None:
         self._beat_stop.clear()
@@ -229,20 +240,15 @@ class Reviewer:
 
     def _heartbeat_loop(self) -> None:
         while not self._beat_stop.wait(self.settings.lease / 3):
-            with self._cond:
-                ids = list(self._held)
+            with self._lock:
+                claims = [(item.id, str(item.worker)) for item in self._held.values()]
             try:
-                kept = self.queue.extend(self.worker_id, ids, lease=self.settings.lease)
+                kept = self.queue.extend(claims, lease=self.settings.lease)
             except QueueError as exc:
                 log.error("cannot renew leases: %s", exc)
                 continue
-            for lost in set(ids) - kept:
+            for lost in {job_id for job_id, _ in claims} - kept:
                 log.warning("lease of job %d expired before its review ended", lost)
-
-    def _wake(self) -> None:
-        with self._cond:
-            self._generation += 1
-            self._cond.notify_all()
 
     def review(self, job: Job, *, before_post: Callable[[], bool] | None = None) -> bool:
         """Scan and post; False when the Hub already has our answer for this revision."""

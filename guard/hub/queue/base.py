@@ -67,11 +67,13 @@ class JobQueue(Protocol):
     def claim(self, worker: str, *, lease: float, max_attempts: int) -> QueuedJob | None:
         """The oldest due job (queued, or running with an expired lease), now held by ``worker``.
 
+        ``worker`` names this one claim (a fresh token each time, never shared by two
+        threads), so a stale holder's calls are no-ops once someone else claimed the job.
         A job whose lease expired ``max_attempts`` times (its workers keep dying) is failed instead.
         """
 
-    def extend(self, worker: str, ids: Sequence[int], *, lease: float) -> set[int]:
-        """Renew the leases ``worker`` still holds; the ids it no longer holds are left out."""
+    def extend(self, claims: Sequence[tuple[int, str]], *, lease: float) -> set[int]:
+        """Renew the leases of these (job id, worker) claims; the ids no longer so held are left out."""
 
     def finish(self, job_id: int, worker: str, state: str) -> bool:
         """``answered`` or ``skipped``; False if ``worker`` no longer held it."""
@@ -82,8 +84,8 @@ class JobQueue(Protocol):
     def fail(self, job_id: int, worker: str, *, error: str) -> bool:
         """Give up: ``failed`` until a redelivery or a requeue."""
 
-    def release(self, worker: str) -> int:
-        """Hand back every job ``worker`` holds (a clean shutdown), due now, the attempt not counted."""
+    def release(self, claims: Sequence[tuple[int, str]]) -> int:
+        """Hand back these claims (a clean shutdown): due now, the attempt not counted."""
 
     def requeue_failed(self) -> int: ...
 

@@ -114,14 +114,19 @@ class PostgresQueue:
 
         return self._run(body)
 
-    def extend(self, worker: str, ids: Sequence[int], *, lease: float) -> set[int]:
-        if not ids:
+    def extend(self, claims: Sequence[tuple[int, str]], *, lease: float) -> set[int]:
+        if not claims:
             return set()
-        rows = self._run(lambda db: db.execute(
-            f"UPDATE {TABLE} SET lease_until = now() + make_interval(secs => %s) "
-            "WHERE id = ANY(%s) AND worker = %s AND state = 'running' RETURNING id",
-            (float(lease), list(ids), worker)).fetchall())
-        return {int(r[0]) for r in rows}
+
+        def body(db: Any) -> set[int]:
+            held = set()
+            for job_id, worker in claims:
+                if db.execute(f"UPDATE {TABLE} SET lease_until = now() + make_interval(secs => %s) WHERE {HELD}",
+                              (float(lease), job_id, worker)).rowcount:
+                    held.add(job_id)
+            return held
+
+        return self._run(body)
 
     def finish(self, job_id: int, worker: str, state: str) -> bool:
         if state not in ("answered", "skipped"):
@@ -140,11 +145,13 @@ class PostgresQueue:
             f"UPDATE {TABLE} SET {assignments}, updated_at = now() WHERE {HELD}",
             (*values, job_id, worker)).rowcount > 0)
 
-    def release(self, worker: str) -> int:
-        return int(self._run(lambda db: db.execute(
-            f"UPDATE {TABLE} SET state = 'queued', lease_until = NULL, worker = NULL, next_at = now(), "
-            "updated_at = now(), attempts = GREATEST(attempts - 1, 0) WHERE worker = %s AND state = 'running'",
-            (worker,)).rowcount))
+    def release(self, claims: Sequence[tuple[int, str]]) -> int:
+        def body(db: Any) -> int:
+            return sum(db.execute(f"UPDATE {TABLE} SET state = 'queued', lease_until = NULL, worker = NULL, "
+                                  "next_at = now(), updated_at = now(), attempts = GREATEST(attempts - 1, 0) "
+                                  f"WHERE {HELD}", (job_id, worker)).rowcount for job_id, worker in claims)
+
+        return int(self._run(body))
 
     def requeue_failed(self) -> int:
         return int(self._run(lambda db: db.execute(

@@ -97,11 +97,13 @@ class SqliteQueue:
                        "updated_at = ? WHERE id = ?", (worker, now + lease, now, row[0]))
             return _job(db.execute(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (row[0],)).fetchone())
 
-    def extend(self, worker: str, ids: Sequence[int], *, lease: float) -> set[int]:
+    def extend(self, claims: Sequence[tuple[int, str]], *, lease: float) -> set[int]:
         held = set()
+        if not claims:
+            return held
         now = time.time()
         with self._tx() as db:
-            for job_id in ids:
+            for job_id, worker in claims:
                 if db.execute("UPDATE jobs SET lease_until = ? WHERE id = ? AND worker = ? AND state = 'running'",
                               (now + lease, job_id, worker)).rowcount:
                     held.add(job_id)
@@ -125,12 +127,16 @@ class SqliteQueue:
                                    "WHERE id = ? AND worker = ? AND state = 'running'",
                                    (*values, time.time(), job_id, worker)).rowcount)
 
-    def release(self, worker: str) -> int:
+    def release(self, claims: Sequence[tuple[int, str]]) -> int:
         now = time.time()
+        released = 0
         with self._tx() as db:
-            return db.execute("UPDATE jobs SET state = 'queued', lease_until = NULL, worker = NULL, next_at = ?, "
-                              "updated_at = ?, attempts = MAX(attempts - 1, 0) WHERE worker = ? AND state = 'running'",
-                              (now, now, worker)).rowcount
+            for job_id, worker in claims:
+                released += db.execute(
+                    "UPDATE jobs SET state = 'queued', lease_until = NULL, worker = NULL, next_at = ?, updated_at = ?, "
+                    "attempts = MAX(attempts - 1, 0) WHERE id = ? AND worker = ? AND state = 'running'",
+                    (now, now, job_id, worker)).rowcount
+        return released
 
     def requeue_failed(self) -> int:
         now = time.time()
