@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,6 +27,7 @@ from guard.hub.metrics import CONTENT_TYPE
 from guard.hub.queue import PR_REF, Job, QueueError
 from guard.hub.reviewer import Reviewer
 
+log = logging.getLogger("ckpt-guard.webhook")
 MAX_BODY = 1024 * 1024  # Hub payloads are a few KB
 QUEUE_RETRY_AFTER = "30"  # seconds, on a 503 when the queue cannot be written
 
@@ -101,8 +103,10 @@ def create_app(*, secret: str, reviewer: Reviewer) -> Any:
         faults.reached("before-enqueue")
         try:
             added = await run_in_threadpool(reviewer.submit_all, jobs)
-        except QueueError as exc:
-            return refuse("queue_unavailable", 503, str(exc), **{"retry-after": QUEUE_RETRY_AFTER})
+        except QueueError as exc:  # the sender hears only that it should come back
+            log.error("delivery refused, the queue cannot be written: %s", exc)
+            return refuse("queue_unavailable", 503, "the job queue is unavailable; deliver again later",
+                          **{"retry-after": QUEUE_RETRY_AFTER})
         faults.reached("after-enqueue")
         queued = sum(added)
         metrics.inc("ckpt_guard_jobs_enqueued_total", by=queued)
