@@ -11,11 +11,15 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from guard.cli.options import emit, output_options, policy_options, resolve_policy
 from guard.errors import GuardError, UsageError
+
+if TYPE_CHECKING:
+    from guard.hub.client import HubClient
 
 token_option = click.option(
     "--token", metavar="TOKEN",
@@ -35,7 +39,8 @@ state_option = click.option(
          "or postgresql://... shared by replicas on several hosts.")
 
 
-def make_client(token: str | None, timeout: float, retry_deadline: float, max_rps: float | None = None):  # type: ignore[no-untyped-def]
+def make_client(token: str | None, timeout: float, *, retry_deadline: float,
+                max_rps: float | None = None) -> HubClient:
     from guard.hub.client import HubClient
     from guard.hub.retry import RateLimiter
 
@@ -65,7 +70,7 @@ def scan_cmd(repo_ids: tuple[str, ...], revision: str | None, author: str | None
     if not repo_ids and not author:
         raise UsageError("give at least one REPO_ID, or --author ORG")
     policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
-    client = make_client(token, timeout, retry_deadline, max_rps)
+    client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
     targets = list(repo_ids)
     if author:
         targets += [r for r in list_author_models(client, author) if r not in targets]
@@ -146,7 +151,7 @@ def webhook_cmd(host: str, port: int, secret: str | None, workers: int, state: s
     policy = resolve_policy(config_file=config_file, expect=None, keep_fp32=(), targets=(), select=(),
                             extend_select=(), ignore=(), fail_on=None)
     settings = ReviewSettings(workers=workers, lease=lease, max_attempts=max_attempts, retry_backoff=retry_backoff)
-    client = make_client(token, timeout, retry_deadline, max_rps)
+    client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
     if not once:
         service.require_server()
     queue = open_queue(state)

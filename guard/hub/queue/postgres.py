@@ -102,7 +102,7 @@ class PostgresQueue:
         def body(db: Any) -> QueuedJob | None:
             db.execute(f"UPDATE {TABLE} SET state = 'failed', updated_at = now(), lease_until = NULL, "
                        "error = 'its worker stopped ' || attempts || ' times before finishing (lease expired)' "
-                       "WHERE id IN (SELECT id FROM " + TABLE + " WHERE state = 'running' AND lease_until < now() "
+                       f"WHERE id IN (SELECT id FROM {TABLE} WHERE state = 'running' AND lease_until < now() "
                        "AND attempts >= %s FOR UPDATE SKIP LOCKED)", (max_attempts,))
             row = db.execute(
                 f"UPDATE {TABLE} SET state = 'running', worker = %s, attempts = attempts + 1, updated_at = now(), "
