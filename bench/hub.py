@@ -193,6 +193,11 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
         "listing plus two round trips per wave of `jobs` repositories; the rest of the wall time is CPU "
         "on this 2-CPU machine, where the stand-in and the client share one Python process.",
         "",
+        "The same audit while the Hub rate-limits it (429 with `Retry-After` to every third request, with and "
+        "without `--max-rps`), the reviewer's kill tests and its latencies under a burst of 50 deliveries come "
+        "from `bench/hub_service.py`; their figures are in "
+        "[reliability.md](reliability.md#the-hub-reviewer-kills-rate-limits-bursts).",
+        "",
     ]
     section = "\n".join(lines) + "\n"
     pattern = re.compile(r"^## Hub\n.*?(?=^## |\Z)", re.S | re.M)

@@ -95,6 +95,7 @@ def scan_hub(repo_ids: Sequence[str], policy: Policy, client: HubClient, *, revi
         "repos": [r.to_json() for r in repos],
         "requests": sum(f.requests for r in repos for f in r.files),
         "bytes": sum(f.bytes for r in repos for f in r.files),
+        "retried": dict(client.retried),  # Hub answers that were asked again, by status (429, 503...)
     }
     return HubScanResult(report, repos)
 
