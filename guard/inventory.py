@@ -190,6 +190,7 @@ class LocalModel:
     directory: Path
     weight_files: tuple[Path, ...]
     json_files: tuple[Path, ...]
+    orbax: tuple[Path, ...] = ()  # readers-b: Orbax checkpoint directories (see the Orbax hook below)
 
 
 def display_path(path: Path) -> str:
@@ -221,9 +222,9 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
     models = []
     for directory in directories:
         model = _local_model(directory)
-        if model.weight_files or any(is_index_file(p.name) for p in model.json_files):
+        if model.weight_files or model.orbax or any(is_index_file(p.name) for p in model.json_files):
             models.append(model)
-    return models
+    return drop_inside_orbax(models)
 
 
 def _walk(root: Path) -> Iterator[Path]:
@@ -249,11 +250,11 @@ def _local_model(directory: Path) -> LocalModel:
             weights.append(Path(entry.path))
         elif entry.name == CONFIG_NAME or is_index_file(entry.name):
             jsons.append(Path(entry.path))
-    return LocalModel(directory, tuple(weights), tuple(jsons))
+    return LocalModel(directory, tuple(weights), tuple(jsons), local_orbax(directory, entries))
 
 
 def load_local_model(model: LocalModel) -> ModelInventory:
-    scans = [scan_local_file(p) for p in model.weight_files]
+    scans = [scan_local_file(p) for p in model.weight_files] + [scan_local_orbax(d) for d in model.orbax]
     json_files = {display_path(p): read_small_file(p) for p in model.json_files}
     return build_inventory(display_path(model.directory), scans, json_files=json_files)
 
@@ -278,3 +279,62 @@ def read_small_file(path: Path) -> bytes | None:
     except OSError:
         return None
     return data if len(data) <= MAX_JSON_BYTES else b"\xff"  # oversized -> reported as invalid JSON
+
+
+# ---------------------------------------------------------------- Orbax hook (readers-b)
+# An Orbax checkpoint is a directory, read as one FileScan.  Until weight sets (issue 9) take this
+# over, a directory holding _METADATA (StandardCheckpointer) or _CHECKPOINT_METADATA plus items
+# (a CheckpointManager step) is a model of its own, and the directories inside it are not.
+
+MAX_ORBAX_FILES = 200_000
+
+
+def local_orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path, ...]:
+    from guard.readers.orbax import CHECKPOINT_METADATA, METADATA
+
+    names = {e.name for e in entries}
+    if METADATA in names or (CHECKPOINT_METADATA in names and any(
+            e.is_dir(follow_symlinks=False) and os.path.isfile(os.path.join(e.path, METADATA)) for e in entries)):
+        return (directory,)
+    return ()
+
+
+def drop_inside_orbax(models: list[LocalModel]) -> list[LocalModel]:
+    roots = [m.directory for m in models if m.orbax]
+    return [m for m in models if not any(r in m.directory.parents for r in roots)]
+
+
+def orbax_files(directory: Path) -> dict[str, int]:
+    """Relative POSIX path -> size of every file under an Orbax checkpoint (symlinks not followed)."""
+    files: dict[str, int] = {}
+    for current, dirnames, names in os.walk(directory):
+        dirnames.sort()
+        for name in sorted(names):
+            path = Path(current, name)
+            if path.is_symlink() or not path.is_file():
+                continue
+            files[path.relative_to(directory).as_posix()] = path.stat().st_size
+            if len(files) > MAX_ORBAX_FILES:
+                return files
+    return files
+
+
+def scan_local_orbax(directory: Path) -> FileScan:
+    from guard.readers.orbax import is_orbax_checkpoint, read_orbax_checkpoint
+
+    name = display_path(directory)
+    files = orbax_files(directory)
+    if len(files) > MAX_ORBAX_FILES:
+        return unreadable(BytesSource(b"", name=name), f"more than {MAX_ORBAX_FILES:,} files in the checkpoint")
+    if not is_orbax_checkpoint(files):
+        return unreadable(BytesSource(b"", name=name), "no _METADATA in the Orbax checkpoint")
+
+    def open_file(relative: str) -> LocalFile:
+        if relative not in files:  # the reader only opens listed files; refuse anything else
+            raise KeyError(relative)
+        return LocalFile(directory / relative, name=f"{name}/{relative}")
+
+    try:
+        return read_orbax_checkpoint(name, files, open_file, local_root=str(directory.resolve()))
+    except OSError as exc:
+        return unreadable(BytesSource(b"", name=name), f"read failed ({exc.strerror})")
