@@ -30,7 +30,7 @@ from guard.tensors import FileScan
 
 WEIGHTS_MEMBER = "model.weights.h5"
 MAX_ENTRIES = 10_000  # config, metadata, weights and assets/
-MAX_JSON = 16 * 1024 * 1024
+MAX_JSON = 8 * 1024 * 1024  # a large Keras model's config.json is a few hundred KB
 MAX_INFLATED_WEIGHTS = 64 * 1024 * 1024
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 # policy name -> the dtype its variables are stored in
@@ -78,7 +78,7 @@ def read_keras(source: ByteSource) -> FileScan:
                                     f"{MAX_INFLATED_WEIGHTS // 2**20} MiB in-memory bound); Keras writes it "
                                     "stored: re-save the model with Keras", metadata)
     else:
-        view = BytesSource(_member_bytes(source, entry, start, entry.size),
+        view = BytesSource(_member_bytes(source, entry, start),
                            name=f"{source.name}!{WEIGHTS_MEMBER}")
     scan, _root = walk_hdf5(view, h5py, fmt="keras", path=source.name)
     return FileScan(path=source.name, format="keras", size=source.size, tensors=scan.tensors,
@@ -146,7 +146,7 @@ def _policy_name(value: object) -> str | None:
 def _json_member(source: ByteSource, entry: ZipEntry) -> object:
     if max(entry.size, entry.compressed_size) > MAX_JSON:
         raise MalformedCheckpoint(f"{entry.name} declares {entry.size:,} bytes, over the {MAX_JSON:,}-byte limit")
-    raw = _member_bytes(source, entry, _data_offset(source, entry), MAX_JSON)
+    raw = _member_bytes(source, entry, _data_offset(source, entry))
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -169,17 +169,17 @@ def _data_offset(source: ByteSource, entry: ZipEntry) -> int:
     return start
 
 
-def _member_bytes(source: ByteSource, entry: ZipEntry, start: int, limit: int) -> bytes:
-    """A member's bytes, inflated to at most ``limit`` (a zip bomb stops there: CG001)."""
+def _member_bytes(source: ByteSource, entry: ZipEntry, start: int) -> bytes:
+    """A member's bytes, inflated to at most its declared size (the callers bound that) + 1 byte:
+    a zip bomb that lies about its size stops there (CG001)."""
     data = source.read_at(start, entry.compressed_size)
     if entry.method == 0:
         return data
     inflater = zlib.decompressobj(-15)
     try:
-        out = inflater.decompress(data, limit)
+        out = inflater.decompress(data, entry.size + 1)
     except zlib.error as exc:
         raise MalformedCheckpoint(f"cannot inflate {entry.name!r}: {exc}") from None
     if inflater.unconsumed_tail or len(out) != entry.size:
-        raise MalformedCheckpoint(f"{entry.name!r} inflates to other than its declared {entry.size:,} bytes "
-                                  f"(read up to {limit:,})")
+        raise MalformedCheckpoint(f"{entry.name!r} does not inflate to its declared {entry.size:,} bytes")
     return out
