@@ -140,6 +140,8 @@ def leaf_params(tree_metadata: dict[str, object]) -> list[str]:
         value = entry.get("value_metadata")
         value_type = value.get("value_type") if isinstance(value, dict) else None
         keys = _keys(tree_key, entry.get("key_metadata"))
+        for key in filter(None, keys):  # no tree key of a real model is a path; refuse those that are
+            _check_inside(key)
         param = ".".join(keys)
         _check_inside(param)
         if value_type in ARRAY_TYPES:
@@ -208,12 +210,16 @@ def read_ocdbt_values(prefix: str, files: Mapping[str, int], open_file: OpenFile
         memory[name[len(prefix):]] = _bytes(open_file(name), files[name], name)
         copied += files[name]
     try:
-        return _ocdbt_read(ts, {"driver": "memory"}, context, keys)
+        values = _ocdbt_read(ts, {"driver": "memory"}, context, keys)
     except ValueError as exc:  # tensorstore's errors (NOT_FOUND, DATA_LOSS, ...) are ValueErrors
         if not skipped:
             raise MalformedCheckpoint(f"OCDBT: {_ts_reason(exc)}") from None
-        if local_root is None:
-            raise NeedsLocalScan(f"its OCDBT index lies in files over {SMALL_FILE // 1024} KiB") from None
+        values = {}
+    if not skipped or all(values.get(key) is not None for key in keys):
+        return values
+    # a node or a value lies in a file that was not copied
+    if local_root is None:
+        raise NeedsLocalScan(f"its OCDBT index lies in files over {SMALL_FILE // 1024} KiB")
     try:
         return _ocdbt_read(ts, f"file://{local_root}/", ts.Context(), keys)
     except ValueError as exc:
