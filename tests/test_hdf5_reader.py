@@ -19,6 +19,7 @@ from fuzz_inputs import assert_well_behaved, bounded_scan
 from guard.cli import main
 from guard.readers import scan_file, sniff_format
 from guard.readers import hdf5 as hdf5_reader
+from guard.readers import hdf5_walk
 from guard.sources import BytesSource, LocalFile
 
 h5py = pytest.importorskip("h5py")
@@ -164,9 +165,27 @@ def test_deep_groups_and_many_objects_are_cg001_fast(tmp_path: Path, monkeypatch
     with h5py.File(many, "w") as f:
         for i in range(300):
             f.create_group(f"g{i}")
-    monkeypatch.setattr(hdf5_reader, "MAX_OBJECTS", 200)  # the bound, not its size (20,000 ~ 16 MB)
-    result = bounded_scan(many.read_bytes(), "many.h5")
-    assert "more than 200 HDF5 objects" in result.reason
+    # the bound, not its size (20,000 objects ~ 16 MB), in-process: the worker has its own copy
+    monkeypatch.setattr(hdf5_walk, "MAX_OBJECTS", 200)
+    data = many.read_bytes()
+    result = hdf5_walk.walk(hdf5_walk.CallbackFile(lambda at, n: data[at:at + n], len(data)), h5py)
+    assert result == {"error": "more than 200 HDF5 objects"}
+
+
+def test_a_libhdf5_hang_is_cg001(tmp_path: Path) -> None:
+    """Found by the differential run: a corrupt vlen 'dtype' attribute makes HDF5 2.0 spin forever."""
+    data = (ROOT / "fuzz" / "regressions" / "hdf5" / "vlen-attribute-spins.h5").read_bytes()
+    result = bounded_scan(data, "model.weights.h5")
+    assert [f.code for f in result.scan.findings] == ["CG001"]
+    assert "made no progress" in result.reason
+    again = bounded_scan(_small_h5(tmp_path), "ok.h5")
+    assert again.valid  # the next file gets a fresh worker
+
+
+def _small_h5(tmp_path: Path) -> bytes:
+    with h5py.File(tmp_path / "ok.h5", "w") as f:
+        f["w"] = np.ones(2, np.float32)
+    return (tmp_path / "ok.h5").read_bytes()
 
 
 def test_not_hdf5_with_an_h5_name_is_cg001() -> None:

@@ -23,7 +23,7 @@ from collections import Counter
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
-from guard.readers.hdf5 import INSTALL_HINT, walk_hdf5
+from guard.readers.hdf5 import INSTALL_HINT, have_h5py, walk_hdf5
 from guard.readers.torch_zip import ZipEntry, read_zip_directory
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan
@@ -65,9 +65,7 @@ def read_keras(source: ByteSource) -> FileScan:
         return _unsupported(source, f"{other} (Keras' npz weights format) is not read; "
                                     "re-save with the default h5 weights", metadata)
     entry = entries[WEIGHTS_MEMBER]
-    try:
-        import h5py
-    except ImportError:
+    if not have_h5py():
         return _unsupported(source, f"a .keras archive; reading its {WEIGHTS_MEMBER} needs h5py: "
                                     f"{INSTALL_HINT}", metadata)
     start = _data_offset(source, entry)
@@ -80,7 +78,7 @@ def read_keras(source: ByteSource) -> FileScan:
     else:
         view = BytesSource(_member_bytes(source, entry, start),
                            name=f"{source.name}!{WEIGHTS_MEMBER}")
-    scan, _root = walk_hdf5(view, h5py, fmt="keras", path=source.name)
+    scan = walk_hdf5(view, fmt="keras", path=source.name)
     return FileScan(path=source.name, format="keras", size=source.size, tensors=scan.tensors,
                     findings=scan.findings, metadata={**scan.metadata, **metadata},
                     bytes_read=getattr(source, "bytes_read", 0))
