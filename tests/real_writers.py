@@ -22,6 +22,17 @@ HERE = Path(__file__).resolve().parent
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "bfloat16")
 
 
+_BUILT: dict[str, tuple[Path, dict[str, Any]]] = {}
+
+
+def built(kind: str, tmp_path_factory: Any) -> tuple[Path, dict[str, Any]]:
+    """``build`` once per test session (the Keras, Orbax and Hub tests share the files: read only)."""
+    if kind not in _BUILT:
+        out = tmp_path_factory.mktemp(kind)
+        _BUILT[kind] = out, build(kind, out)
+    return _BUILT[kind]
+
+
 def build(kind: str, out: Path) -> dict[str, Any]:
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
            "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}

@@ -28,7 +28,7 @@ pytest.importorskip("h5py")
 if importlib.util.find_spec("keras") is None:  # imported only in the writer child (KERAS_BACKEND=jax)
     pytest.skip("keras is not installed", allow_module_level=True)
 sys.path.insert(0, str(Path(__file__).parent))
-from real_writers import POLICIES, build  # noqa: E402
+from real_writers import POLICIES, built  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,8 +37,7 @@ VARIABLE_DTYPE = {"float32": "F32", "mixed_float16": "F32", "mixed_bfloat16": "F
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    out = tmp_path_factory.mktemp("keras")
-    return out, build("keras", out)
+    return built("keras", tmp_path_factory)
 
 
 def scan(path: Path) -> Any:

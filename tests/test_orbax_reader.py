@@ -25,7 +25,7 @@ from guard.sources import BytesSource
 pytest.importorskip("orbax.checkpoint")
 pytest.importorskip("tensorstore")
 sys.path.insert(0, str(Path(__file__).parent))
-from real_writers import build  # noqa: E402
+from real_writers import built  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,8 +34,7 @@ CHECKPOINTS = ("nnx_ocdbt", "nnx_zarr", "tree_ocdbt", "tree_zarr3", "manager/3")
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    out = tmp_path_factory.mktemp("orbax")
-    return out, build("orbax", out)
+    return built("orbax", tmp_path_factory)
 
 
 def in_memory(directory: Path) -> tuple[dict[str, int], Any]:

@@ -66,7 +66,7 @@ def sniff_format(source: ByteSource) -> str | None:
     name = source.name.lower()
     # readers-b: a .keras archive is a zip too, but never a torch checkpoint; HDF5 by magic or suffix
     # (a user block moves the signature to 512, 1024, ...: the suffix decides, the reader checks)
-    if name.endswith(".keras") and head.startswith(_ZIP_MAGIC):
+    if name.endswith(".keras"):
         return "keras"
     if head.startswith(_HDF5_MAGIC) or name.endswith(_HDF5_SUFFIXES):
         return "hdf5"

@@ -63,15 +63,14 @@ def walk(fileobj: io.RawIOBase, h5py: Any) -> dict[str, Any]:
     found: list[list[Any]] = []
     try:
         with h5py.File(fileobj, "r") as f:
-            attrs = {k: v for k in ("backend", "keras_version") if (v := small_string_attr(f, k, h5py))}
-            if "layer_names" in f.attrs:
-                space = f.attrs.get_id("layer_names").shape
-                attrs["layer_names"] = str(space[0] if space else 1)
+            attrs = root_attrs(f, h5py)
             count = 0
 
             def visit(name: str, obj: Any) -> str | None:
                 nonlocal count
                 count += 1
+                if isinstance(name, bytes):  # h5py hands back names it cannot decode as bytes
+                    return "an HDF5 object name is not UTF-8"
                 if count > MAX_OBJECTS:
                     return f"more than {MAX_OBJECTS:,} HDF5 objects"
                 if name.count("/") >= MAX_DEPTH:
@@ -90,6 +89,20 @@ def walk(fileobj: io.RawIOBase, h5py: Any) -> dict[str, Any]:
     if problem is not None:
         return {"error": problem}
     return {"datasets": found, "attrs": attrs}
+
+
+def root_attrs(f: Any, h5py: Any) -> dict[str, str]:
+    """Keras 2's ``layer_names`` (a tf_model.h5), counted from its dataspace alone.  Informational,
+    so a broken one is left out; string values (keras_version, backend) are not read at all: a
+    corrupt vlen string is what makes libhdf5 spin, and no rule needs them."""
+    attrs: dict[str, str] = {}
+    try:
+        if "layer_names" in f.attrs:
+            space = f.attrs.get_id("layer_names").shape
+            attrs["layer_names"] = str(space[0] if space else 1)
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError):
+        pass
+    return attrs
 
 
 def small_string_attr(obj: Any, key: str, h5py: Any) -> str | None:

@@ -92,10 +92,12 @@ def _unsupported(source: ByteSource, message: str, metadata: dict[str, str]) -> 
 
 def _keras_metadata(source: ByteSource, entries: dict[str, ZipEntry]) -> dict[str, str]:
     out: dict[str, str] = {}
-    if "metadata.json" in entries:
-        meta = _json_member(source, entries["metadata.json"])
-        if isinstance(meta, dict) and isinstance(meta.get("keras_version"), str):
-            out["keras_version"] = meta["keras_version"][:50]
+    try:  # informational, and keras.saving.load_model does not read it: a broken one is left out
+        meta = _json_member(source, entries["metadata.json"]) if "metadata.json" in entries else None
+    except MalformedCheckpoint:
+        meta = None
+    if isinstance(meta, dict) and isinstance(meta.get("keras_version"), str):
+        out["keras_version"] = meta["keras_version"][:50]
     if "config.json" not in entries:
         raise MalformedCheckpoint("no config.json in the .keras archive")
     config = _json_member(source, entries["config.json"])
@@ -144,7 +146,10 @@ def _policy_name(value: object) -> str | None:
 def _json_member(source: ByteSource, entry: ZipEntry) -> object:
     if max(entry.size, entry.compressed_size) > MAX_JSON:
         raise MalformedCheckpoint(f"{entry.name} declares {entry.size:,} bytes, over the {MAX_JSON:,}-byte limit")
-    raw = _member_bytes(source, entry, _data_offset(source, entry))
+    start, crc = _local_header(source, entry)
+    raw = _member_bytes(source, entry, start)
+    if crc is not None and zlib.crc32(raw) != crc:  # small members are read whole: check them
+        raise MalformedCheckpoint(f"bad CRC-32 for {entry.name}")
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -152,19 +157,29 @@ def _json_member(source: ByteSource, entry: ZipEntry) -> object:
 
 
 def _data_offset(source: ByteSource, entry: ZipEntry) -> int:
+    start, _crc = _local_header(source, entry)
+    return start
+
+
+def _local_header(source: ByteSource, entry: ZipEntry) -> tuple[int, int | None]:
+    """(data offset, CRC-32 from the local header, None if a data descriptor holds it)."""
     if entry.flags & 0x1:
         raise MalformedCheckpoint(f"zip entry {entry.name!r} is encrypted")
     if entry.method not in (0, 8):
         raise MalformedCheckpoint(f"zip entry {entry.name!r} uses compression method {entry.method}")
     if entry.method == 0 and entry.size != entry.compressed_size:
         raise MalformedCheckpoint(f"stored zip entry {entry.name!r} has two different sizes")
-    sig, *_rest, nlen, elen = _LOCAL.unpack(source.read_at(entry.header_offset, _LOCAL.size))
+    sig, _v, flags, _m, _t, _d, crc, _cs, _us, nlen, elen = _LOCAL.unpack(
+        source.read_at(entry.header_offset, _LOCAL.size))
     if sig != b"PK\x03\x04":
         raise MalformedCheckpoint(f"bad zip local header for {entry.name!r}")
+    name = source.read_at(entry.header_offset + _LOCAL.size, nlen).decode("utf-8", "replace")
+    if name != entry.name:
+        raise MalformedCheckpoint(f"zip entry {entry.name!r} is named {name!r} in its local header")
     start = entry.header_offset + _LOCAL.size + nlen + elen
     if start + entry.compressed_size > source.size:
         raise MalformedCheckpoint(f"zip entry {entry.name!r} runs past the end of the archive")
-    return start
+    return start, None if flags & 0x08 else crc
 
 
 def _member_bytes(source: ByteSource, entry: ZipEntry, start: int) -> bytes:
