@@ -144,8 +144,8 @@ def _orbax_reference(path: Path, ocp: Any, ts: Any, numpy_names: dict[str, str])
     """orbax's own metadata (dtype, shape per leaf), checked against tensorstore's open of each array."""
     import jax
 
-    meta = ocp.StandardCheckpointer().metadata(path)
-    tree = getattr(meta, "item_metadata", meta)
+    # the handler's own metadata(): StandardCheckpointer.metadata() logs and returns None on errors
+    tree = ocp.PyTreeCheckpointHandler().metadata(path)
     tree = getattr(tree, "tree", tree)
     out: dict[str, list[Any]] = {}
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
@@ -159,14 +159,56 @@ def _orbax_reference(path: Path, ocp: Any, ts: Any, numpy_names: dict[str, str])
                    else {"driver": "file", "path": f"{path}/{name}/"})
         driver = "zarr3" if (path / name / "zarr.json").exists() else "zarr"
         store = ts.open({"driver": driver, "kvstore": kvstore}, open=True).result()
-        assert [numpy_names.get(store.dtype.name, store.dtype.name), list(store.shape)] == out[name], name
+        if [numpy_names.get(store.dtype.name, store.dtype.name), list(store.shape)] != out[name]:
+            raise ValueError(f"orbax metadata and tensorstore disagree on {name}")
     return out
+
+
+def write_orbax_mutants(out: Path, count: int) -> dict[str, Any]:
+    """Seeded byte mutations of one metadata file of real checkpoints, and orbax's verdict on each:
+    {mutant: {name: [code, shape]}} or the reason orbax's metadata() / tensorstore refused it."""
+    import random
+    import shutil
+
+    import numpy as np
+    import orbax.checkpoint as ocp
+    import tensorstore as ts
+
+    from fuzz_inputs import apply_all, random_mutations
+    from guard.dtypes import NUMPY_NAMES
+
+    tree = {"params": {"w": np.ones((3, 4), np.float32), "b": np.zeros((4,), np.float16)},
+            "layers": [{"k": np.ones((2, 2), np.int32)}], "step": 3}
+    bases = {}
+    for name, zarr3 in (("zarr2", False), ("zarr3", True)):
+        path = (out / f"base-{name}").absolute()
+        ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False, use_zarr3=zarr3)).save(
+            path, args=ocp.args.PyTreeSave(tree))
+        bases[name] = path
+    rng = random.Random(0)
+    reference: dict[str, Any] = {}
+    for i in range(count):
+        base = bases["zarr3" if i % 2 else "zarr2"]
+        target = rng.choice(["_METADATA", "params.w/" + ("zarr.json" if i % 2 else ".zarray")])
+        mutant = out / f"mutant-{i:04d}"
+        shutil.copytree(base, mutant)
+        data = (mutant / target).read_bytes()
+        (mutant / target).write_bytes(apply_all(data, random_mutations(rng, data, hot=len(data))))
+        try:
+            reference[mutant.name] = _orbax_reference(mutant.absolute(), ocp, ts, NUMPY_NAMES)
+        except Exception as exc:  # noqa: BLE001 - the reference's refusal is the datum
+            reference[mutant.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return reference
 
 
 def main(argv: list[str]) -> int:
     kind, out = argv[0], Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    reference = write_keras(out) if kind == "keras" else write_orbax(out)
+    if kind.startswith("orbax-mutants"):
+        sys.path.insert(0, str(HERE))
+        reference = write_orbax_mutants(out, int(kind.rpartition("-")[2]))
+    else:
+        reference = write_keras(out) if kind == "keras" else write_orbax(out)
     (out / "reference.json").write_text(json.dumps(reference, indent=1))
     return 0
 

@@ -24,7 +24,6 @@ CG001, and no file is ever opened that is not in ``files``.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import Callable, Collection, Mapping
@@ -130,41 +129,43 @@ def _read(files: Mapping[str, int], open_file: OpenFile, local_root: str | None,
 
 
 def leaf_params(tree_metadata: dict[str, object]) -> list[str]:
-    """The array leaves' parameter names (keys joined by "."), checked to stay inside the directory."""
+    """The array leaves' parameter names (keys joined by "."), checked to stay inside the directory.
+
+    Entries are read as orbax 0.12 writes (and reads) them: ``key_metadata`` a list of
+    ``{"key", "key_type": 1 (sequence) | 2 (dict)}``, ``value_metadata`` with ``value_type`` and
+    ``skip_deserialize``; orbax refuses an entry without them, so do we.
+    """
     if len(tree_metadata) > MAX_LEAVES:
         raise MalformedCheckpoint(f"more than {MAX_LEAVES:,} leaves in {METADATA}")
     params: list[str] = []
     for tree_key, entry in tree_metadata.items():
-        if not isinstance(entry, dict):
-            raise MalformedCheckpoint(f"{METADATA} entry {shown(tree_key)} is not an object")
-        value = entry.get("value_metadata")
-        value_type = value.get("value_type") if isinstance(value, dict) else None
-        keys = _keys(tree_key, entry.get("key_metadata"))
+        value = entry.get("value_metadata") if isinstance(entry, dict) else None
+        keys = _keys(entry.get("key_metadata") if isinstance(entry, dict) else None)
+        if (keys is None or not isinstance(value, dict) or not isinstance(value.get("value_type"), str)
+                or not isinstance(value.get("skip_deserialize"), bool)
+                or not isinstance(value.get("write_shape", []), list)):
+            raise MalformedCheckpoint(f"{METADATA} entry {shown(tree_key)} has no valid key_metadata "
+                                      "and value_metadata")
         for key in filter(None, keys):  # no tree key of a real model is a path; refuse those that are
             _check_inside(key)
         param = ".".join(keys)
         _check_inside(param)
-        if value_type in ARRAY_TYPES:
+        if value["value_type"] in ARRAY_TYPES:
             params.append(param)
     if len(set(params)) != len(params):
         raise MalformedCheckpoint(f"two leaves of {METADATA} share one array path")
     return params
 
 
-def _keys(tree_key: str, key_metadata: object) -> list[str]:
-    if isinstance(key_metadata, list):
-        keys = [k.get("key") if isinstance(k, dict) else None for k in key_metadata]
-    elif len(tree_key) <= 10_000:  # before key_metadata: the key is a tuple's repr
-        try:
-            literal = ast.literal_eval(tree_key)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            raise MalformedCheckpoint(f"{METADATA} key {shown(tree_key)} is not a tuple of keys") from None
-        keys = list(literal) if isinstance(literal, tuple) else [None]
-    else:
-        keys = [None]
-    if not keys or not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in keys):
-        raise MalformedCheckpoint(f"{METADATA} entry {shown(tree_key)} has no valid key_metadata")
-    return [str(k) for k in keys]
+def _keys(key_metadata: object) -> list[str] | None:
+    if not isinstance(key_metadata, list) or not key_metadata:
+        return None
+    keys = []
+    for item in key_metadata:
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str) or item.get("key_type") not in (1, 2):
+            return None
+        keys.append(item["key"])
+    return keys
 
 
 def _check_inside(param: str) -> None:
@@ -187,8 +188,27 @@ def parse_zarr_metadata(blob: bytes, *, zarr3: bool, param: str) -> tuple[str, t
     if not isinstance(raw, str) or not isinstance(shape, list) or len(shape) > MAX_RANK or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise MalformedCheckpoint(f"zarr metadata of {shown(param)} has no valid dtype and shape")
+    _check_zarr_fields(meta, zarr3=zarr3, rank=len(shape), param=param)
     code = _TYPESTR.get(raw.lstrip("<>|=")) if raw[:1] in "<>|=" else dtypes.NUMPY_NAMES.get(raw)
     return code or f"zarr:{raw[:40]}", tuple(shape)
+
+
+def _check_zarr_fields(meta: dict[str, object], *, zarr3: bool, rank: int, param: str) -> None:
+    """The structural fields tensorstore requires before it opens the array (cheap to check)."""
+    if zarr3:
+        grid = meta.get("chunk_grid")
+        ok = (meta.get("zarr_format") == 3 and meta.get("node_type") == "array"
+              and isinstance(grid, dict) and isinstance(meta.get("chunk_key_encoding"), dict)
+              and isinstance(meta.get("codecs"), list) and all(isinstance(c, dict) for c in meta["codecs"]))
+    else:
+        chunks = meta.get("chunks")
+        ok = (meta.get("zarr_format") == 2 and isinstance(chunks, list) and len(chunks) == rank
+              and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in chunks)
+              and (meta.get("compressor") is None or isinstance(meta.get("compressor"), dict))
+              and meta.get("order", "C") in ("C", "F")
+              and (meta.get("filters") is None or isinstance(meta.get("filters"), list)))
+    if not ok:
+        raise MalformedCheckpoint(f"zarr metadata of {shown(param)} is not zarr {3 if zarr3 else 2} array metadata")
 
 
 def read_ocdbt_values(prefix: str, files: Mapping[str, int], open_file: OpenFile, keys: list[str], *,
