@@ -196,19 +196,25 @@ def parse_zarr_metadata(blob: bytes, *, zarr3: bool, param: str) -> tuple[str, t
 def _check_zarr_fields(meta: dict[str, object], *, zarr3: bool, rank: int, param: str) -> None:
     """The structural fields tensorstore requires before it opens the array (cheap to check)."""
     if zarr3:
-        grid = meta.get("chunk_grid")
+        grid, keys = meta.get("chunk_grid"), meta.get("chunk_key_encoding")
+        config = grid.get("configuration") if isinstance(grid, dict) else None
+        chunk_shape = config.get("chunk_shape") if isinstance(config, dict) else None
         ok = (meta.get("zarr_format") == 3 and meta.get("node_type") == "array"
-              and isinstance(grid, dict) and isinstance(meta.get("chunk_key_encoding"), dict)
+              and isinstance(grid, dict) and grid.get("name") == "regular" and _dims(chunk_shape, rank)
+              and isinstance(keys, dict) and isinstance(keys.get("name"), str)
               and isinstance(meta.get("codecs"), list) and all(isinstance(c, dict) for c in meta["codecs"]))
-    else:
-        chunks = meta.get("chunks")
-        ok = (meta.get("zarr_format") == 2 and isinstance(chunks, list) and len(chunks) == rank
-              and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in chunks)
-              and (meta.get("compressor") is None or isinstance(meta.get("compressor"), dict))
-              and meta.get("order", "C") in ("C", "F")
-              and (meta.get("filters") is None or isinstance(meta.get("filters"), list)))
+    else:  # zarr 2 metadata has every member (tensorstore refuses a missing one)
+        ok = (meta.get("zarr_format") == 2 and _dims(meta.get("chunks"), rank)
+              and "compressor" in meta and (meta["compressor"] is None or isinstance(meta["compressor"], dict))
+              and meta.get("order") in ("C", "F") and "fill_value" in meta
+              and "filters" in meta and (meta["filters"] is None or isinstance(meta["filters"], list)))
     if not ok:
         raise MalformedCheckpoint(f"zarr metadata of {shown(param)} is not zarr {3 if zarr3 else 2} array metadata")
+
+
+def _dims(value: object, rank: int) -> bool:
+    return isinstance(value, list) and len(value) == rank and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value)
 
 
 def read_ocdbt_values(prefix: str, files: Mapping[str, int], open_file: OpenFile, keys: list[str], *,
