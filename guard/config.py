@@ -14,11 +14,6 @@ from guard.catalogue import RULES_BY_CODE
 from guard.errors import ConfigError
 from guard.findings import FAIL_ON_CHOICES
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 EXPECT_MODES = ("uniform", "config")
 DEFAULT_KEEP_FP32 = ("*norm*", "*ln_*")  # layer/RMS norms (LayerNorm, layer_norm, ln_f, ln_1, ...)
 NORM_PATTERNS = DEFAULT_KEEP_FP32
@@ -139,12 +134,18 @@ def find_config_file(start: Path | None = None) -> Path | None:
 
 def _has_tool_table(path: Path) -> bool:
     try:
+        if b"ckpt-guard" not in path.read_bytes():  # most pyproject.toml files: no TOML parser needed
+            return False
         return "ckpt-guard" in _load_toml(path).get("tool", {})
-    except ConfigError:
+    except (ConfigError, OSError):
         return False
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)

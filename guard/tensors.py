@@ -27,6 +27,7 @@ class TensorInfo:
     data_end: int | None = None
     stride: tuple[int, ...] | None = None
     storage: str | None = None
+    storage_offset: int | None = None  # bytes into ``storage``: two names on one span are one tensor (tied)
 
     @property
     def numel(self) -> int:

@@ -177,8 +177,6 @@ def test_write_text_atomic_missing_directory_is_a_guard_error(tmp_path: Path) ->
 
 # ------------------------------------------------------------------ SIGKILL mid-conversion
 
-CONVERT_READY = "not available yet" not in Path(__file__).parent.parent.joinpath(
-    "guard", "convert_cli.py").read_text(encoding="utf-8")
 KILL_POINTS = ("temp-dir-created", "shard-half-written", "shard-fully-written")
 
 
@@ -200,7 +198,6 @@ def big_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not CONVERT_READY, reason="ckpt-guard convert has not landed yet")
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_sigkill_mid_conversion_leaves_no_partial_output(tmp_path: Path, big_source: Path, point: str) -> None:
     pytest.importorskip("flax")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from guard.cli import main
-from guard.inventory import orbax_files, scan_local_orbax
+from guard.inventory.orbax_dirs import orbax_files, scan_local_orbax
 from guard.readers import orbax
 from guard.sources import BytesSource
 

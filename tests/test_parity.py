@@ -17,8 +17,8 @@ serialization = pytest.importorskip("flax.serialization")
 from flax.traverse_util import flatten_dict, unflatten_dict  # noqa: E402
 
 from guard.cli import main  # noqa: E402
-from guard.parity import run_parity  # noqa: E402
-from guard.parity_metrics import TOLERANCES, compare_output, judge  # noqa: E402
+from guard.parity.run import run_parity  # noqa: E402
+from guard.parity.metrics import TOLERANCES, compare_output, judge  # noqa: E402
 
 T = transformers
 TINY = {"vocab_size": 99, "max_position_embeddings": 64}

@@ -19,8 +19,8 @@ from guard.config import Policy, Target  # noqa: E402
 from guard.errors import MissingExtraError  # noqa: E402
 from guard.inventory import ModelInventory, discover_models, load_local_model  # noqa: E402
 from guard.tensors import FileScan, TensorInfo  # noqa: E402
-from guard.value_stats import cast_is_exact, cast_limits  # noqa: E402
-from guard.values import value_findings  # noqa: E402
+from guard.values.stats import cast_is_exact, cast_limits  # noqa: E402
+from guard.values.check import value_findings  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
 FP16 = (Target("torch", "F16"),)

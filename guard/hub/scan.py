@@ -20,8 +20,11 @@ from guard.config import Policy
 from guard.errors import GuardError
 from guard.hub.client import HubClient, hub_errors
 from guard.hub.remote import HubFile, RemoteBudgetExceeded
-from guard.inventory import CONFIG_NAME, MAX_JSON_BYTES, ModelInventory, build_inventory, is_index_file, is_weight_file
-from guard.readers import scan_file
+from guard.inventory import (
+    CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
+    scan_weight,
+)
+from guard.inventory.pipelines import Pipeline, listed_pipelines
 from guard.report import Report
 from guard.scan import scan_inventories
 from guard.tensors import FileScan
@@ -47,6 +50,7 @@ class RepoScan:
     revision: str | None  # as asked
     sha: str | None = None  # the commit that was read
     inventories: list[ModelInventory] = field(default_factory=list)
+    pipelines: list[Pipeline] = field(default_factory=list)
     files: list[RemoteFileStat] = field(default_factory=list)
     error: GuardError | None = None
 
@@ -84,7 +88,8 @@ def scan_hub(repo_ids: Sequence[str], policy: Policy, client: HubClient, *, revi
         futures = [repo_pool.submit(scan_repo, client, repo_id, revision=revision, pool=file_pool)
                    for repo_id in repo_ids]
         repos = [f.result() for f in futures]
-    report = scan_inventories((inv for r in repos for inv in r.inventories), policy)
+    report = scan_inventories((inv for r in repos for inv in r.inventories), policy,
+                              pipelines=[p for r in repos for p in r.pipelines])
     report.extra["hub"] = {
         "endpoint": client.endpoint,
         "repos": [r.to_json() for r in repos],
@@ -101,9 +106,12 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
             info = client.call(lambda: client.api.model_info(
                 repo_id, revision=revision, files_metadata=True, timeout=client.timeout))
         result.sha = info.sha or revision or "main"
-        groups = _group_by_directory(info.siblings or [])
+        siblings = info.siblings or []
+        groups = _group_by_directory(siblings)
+        indexes = {s.rfilename: pool.submit(_fetch_json, client, repo_id, result.sha, s.rfilename, _size(s))
+                   for s in siblings if posixpath.basename(s.rfilename) == PIPELINE_INDEX}
         orbax = [(root, pool.submit(_scan_orbax, client, repo_id, result.sha, root, files))
-                 for root, files in orbax_checkpoints(info.siblings or []).items()]  # readers-b
+                 for root, files in orbax_checkpoints(siblings).items()]  # readers-b
         pending = [
             (directory, [pool.submit(_scan_weight, client, repo_id, result.sha, name, size)
                          for name, size in weights],
@@ -119,9 +127,12 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
         for root, future in orbax:  # readers-b: one Orbax checkpoint, one model
             scan = _result(future, result)
             result.inventories.append(build_inventory(scan.path, [scan], json_files={}))
+        fetched = {name: _result(f, result) for name, f in indexes.items()}
+        result.pipelines = listed_pipelines((s.rfilename for s in siblings), fetched, prefix=repo_id)
     except GuardError as exc:
         result.error = exc
         result.inventories.clear()
+        result.pipelines.clear()
     return result
 
 
@@ -137,7 +148,7 @@ def _group_by_directory(siblings: Sequence[Any]) -> dict[str, tuple[list[tuple[s
     for sibling in sorted(siblings, key=lambda s: s.rfilename):
         name: str = sibling.rfilename
         base = posixpath.basename(name)
-        size = sibling.size if isinstance(getattr(sibling, "size", None), int) else None
+        size = _size(sibling)
         if is_weight_file(base):
             groups.setdefault(posixpath.dirname(name), ([], []))[0].append((name, size))
         elif base == CONFIG_NAME or is_index_file(base):
@@ -145,6 +156,10 @@ def _group_by_directory(siblings: Sequence[Any]) -> dict[str, tuple[list[tuple[s
     # A directory with only a config.json is not a model (same rule as the local scan).
     return {d: groups[d] for d in sorted(groups)
             if groups[d][0] or any(is_index_file(posixpath.basename(n)) for n, _ in groups[d][1])}
+
+
+def _size(sibling: Any) -> int | None:
+    return sibling.size if isinstance(getattr(sibling, "size", None), int) else None
 
 
 # ---------------------------------------------------------------- Orbax hook (readers-b)
@@ -205,7 +220,7 @@ def _scan_weight(client: HubClient, repo_id: str, sha: str, filename: str,
     source = HubFile(client, repo_id=repo_id, revision=sha, filename=filename, size=size,
                      name=_display(repo_id, filename))
     try:
-        scan = scan_file(source)
+        scan = scan_weight(source)
     except RemoteBudgetExceeded as exc:
         scan = FileScan(path=source.name, format=None, size=size, findings=(make_finding(
             "CG401", source.name, f"not scannable through ranged reads: {exc}; scan it locally after download"),))

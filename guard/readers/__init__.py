@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import zipfile
 from collections.abc import Callable
 
 import importlib
@@ -40,7 +39,6 @@ READ_FAILURES: tuple[type[BaseException], ...] = (
     MalformedCheckpoint,
     ValueError,  # includes UnicodeDecodeError and json.JSONDecodeError
     struct.error,
-    zipfile.BadZipFile,
     RecursionError,
     OverflowError,
     EOFError,

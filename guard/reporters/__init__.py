@@ -1,28 +1,35 @@
-"""Output formats.  Each is a view of the same Report; JSON is lossless."""
+"""Output formats.  Each is a view of the same Report; JSON is lossless.
+
+A reporter's module is imported when its format is asked for: a text scan never
+loads the SARIF or markdown code.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from guard.report import Report
-from guard.reporters.github import render_github
-from guard.reporters.json_report import render_json
-from guard.reporters.markdown import render_markdown
-from guard.reporters.sarif import render_sarif
-from guard.reporters.text import render_text
 
 Renderer = Callable[..., str]
 
-REPORTERS: dict[str, Renderer] = {
-    "text": render_text,
-    "json": render_json,
-    "sarif": render_sarif,
-    "github": render_github,
-    "markdown": render_markdown,
+# format -> "module:function"
+REPORTERS: dict[str, str] = {
+    "text": "guard.reporters.text:render_text",
+    "json": "guard.reporters.json_report:render_json",
+    "sarif": "guard.reporters.sarif:render_sarif",
+    "github": "guard.reporters.github:render_github",
+    "markdown": "guard.reporters.markdown:render_markdown",
 }
+
+
+def renderer(fmt: str) -> Renderer:
+    module, _, function = REPORTERS[fmt].partition(":")
+    found: Renderer = getattr(importlib.import_module(module), function)
+    return found
 
 
 def render(report: Report, fmt: str, *, color: bool = False) -> str:
     if fmt == "text":
-        return render_text(report, color=color)
-    return REPORTERS[fmt](report)
+        return renderer("text")(report, color=color)
+    return renderer(fmt)(report)

@@ -48,7 +48,7 @@ class ValueResults(NamedTuple):
 
 def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
     _require_extras()
-    from guard.value_stats import CAST_TARGETS
+    from guard.values.stats import CAST_TARGETS
 
     requested = tuple(dict.fromkeys(t.dtype for t in policy.targets if t.dtype in CAST_TARGETS))
     in_play = requested + (("F16",) if policy.expect == "F16" and "F16" not in requested else ())
@@ -127,7 +127,7 @@ def _require_extras() -> None:
 
 
 def _is_checked(code: str) -> bool:
-    from guard.value_stats import IEEE_BITS, WIDENED_TO_F32
+    from guard.values.stats import IEEE_BITS, WIDENED_TO_F32
 
     return code in IEEE_BITS or code in WIDENED_TO_F32 or code == "C64"
 
@@ -162,7 +162,7 @@ def _key(info: TensorInfo) -> tuple[str, int, int, str]:
 
 def _scan_range(key: tuple[str, int, int, str], files: _Files, *, ranges: tuple[str, ...],
                 rounding: tuple[str, ...], bar: ByteProgress) -> Any:
-    from guard.value_stats import TensorScanner
+    from guard.values.stats import TensorScanner
 
     path, start, end, code = key
     dtype = "F32" if code == "C64" else code  # NaN/Inf only: a complex is two fp32
@@ -236,7 +236,7 @@ class _Files:
 
     def workspace(self) -> tuple[mmap.mmap, Any]:
         """This thread's read buffer and scratch arrays, kept across its tensors."""
-        from guard.value_stats import Scratch
+        from guard.values.stats import Scratch
 
         if not hasattr(self._local, "buffer"):
             # Page-aligned (anonymous mmap): the kernel copies into it 4x faster than into a

@@ -1,8 +1,8 @@
-"""The `ckpt-guard hub` commands, loaded on first use by the group in ``guard.hub.cli``.
+"""`ckpt-guard hub scan|upload|webhook`: the command wiring of ``guard.hub``.
 
-Imports ``guard.cli`` for the shared policy/output options, so it cannot be
-imported while ``guard.cli`` itself is loading; huggingface_hub, starlette and
-uvicorn are imported inside the commands.
+huggingface_hub, starlette and uvicorn are imported inside the commands, so
+`--help` works without the `hub` extra and a command run without it fails with
+the one-line install hint.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from guard.cli import emit, output_options, policy_options, resolve_policy
+from guard.cli.options import emit, output_options, policy_options, resolve_policy
 from guard.errors import GuardError, UsageError
 
 token_option = click.option(
@@ -111,4 +111,11 @@ def webhook_cmd(host: str, port: int, secret: str | None, workers: int, token: s
     return 0
 
 
-COMMANDS: dict[str, click.Command] = {"scan": scan_cmd, "upload": upload_cmd, "webhook": webhook_cmd}
+@click.group()
+def hub() -> None:
+    """Scan Hub repositories remotely, gate uploads, review pushes."""
+
+
+hub.add_command(scan_cmd)
+hub.add_command(upload_cmd)
+hub.add_command(webhook_cmd)

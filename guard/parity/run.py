@@ -5,7 +5,7 @@ Runs, each loading one model at a time:
   For bf16/fp16 weights this is the sharpest check of the conversion itself.
 - for bf16/fp16 weights, also each side in its stored dtype, compared with each other
   and each with the fp32 reference: judged by that dtype's bound plus top-1 agreement.
-Tolerances and their sources: ``guard.parity_metrics`` and docs/parity.md.
+Tolerances and their sources: ``guard.parity.metrics`` and docs/parity.md.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from guard.catalogue import make_finding
 from guard.errors import MissingExtraError
 from guard.findings import Finding
 from guard.inventory import discover_models, display_path, load_local_model
-from guard.parity_runs import Failed as _Failed
-from guard.parity_runs import Unavailable as _Unavailable
+from guard.parity.runs import Failed as _Failed
+from guard.parity.runs import Unavailable as _Unavailable
 
 BATCH, SEQ_LEN, IMAGE_BATCH = 2, 16, 2
 LOW_PRECISION = ("BF16", "F16")
@@ -39,7 +39,7 @@ FLAX_MAPPINGS = (
 
 def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[Finding], dict[str, Any]]:
     _require_extras()
-    from guard import parity_metrics as pm
+    from guard.parity import metrics as pm
 
     torch_dir, flax_dir = Path(torch_dir), Path(flax_dir)
     where = display_path(flax_dir)
@@ -107,7 +107,7 @@ def _plan(stored: dict[str, str]) -> list[tuple[str, str, str, tuple[str, ...]]]
 
 def _run_all(pt_cls: Any, flax_cls: Any, torch_dir: Path, flax_dir: Path, inputs: dict[str, Any],
              stored: dict[str, str]) -> dict[str, dict[str, Any]]:
-    from guard.parity_runs import run_flax, run_torch
+    from guard.parity.runs import run_flax, run_torch
 
     runs = {"torch:fp32": run_torch(pt_cls, torch_dir, "F32", inputs),
             "flax:fp32": run_flax(flax_cls, flax_dir, "F32", inputs)}

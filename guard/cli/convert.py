@@ -54,7 +54,7 @@ def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...
             allow_lossy: bool, run_parity: bool, fmt: str, output: Path | None) -> int:
     """Convert a model directory between PyTorch and Flax, bit-exactly unless --dtype says otherwise."""
     require_extras(CONVERT_MODULES, "convert")
-    from guard.cli import emit
+    from guard.cli.options import emit
     from guard.convert.cast import DTYPE_CHOICES, CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
     from guard.report import Report
@@ -89,7 +89,7 @@ def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-de
     require_extras(("transformers",), "parity")
     from guard.convert.cast import CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
-    from guard.parity import run_parity
+    from guard.parity.run import run_parity
 
     with tempfile.TemporaryDirectory(prefix="ckpt-guard-parity-") as scratch:
         pair = request.src

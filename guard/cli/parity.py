@@ -23,7 +23,7 @@ def parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | 
     for directory in (torch_dir, flax_dir):
         if not directory.is_dir():
             raise UsageError(f"{directory}: not a directory")
-    from guard.parity import run_parity  # torch, jax, flax, transformers: the `parity` extra
+    from guard.parity.run import run_parity  # torch, jax, flax, transformers: the `parity` extra
     from guard.inventory import discover_models, load_local_model
     from guard.report import ModelSummary, Report
     from guard.reporters import render
