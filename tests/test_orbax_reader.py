@@ -48,7 +48,7 @@ def in_memory(directory: Path) -> tuple[dict[str, int], Any]:
 def test_reads_back_what_orbax_metadata_and_tensorstore_report(written: tuple[Path, dict[str, Any]],
                                                                name: str) -> None:
     out, reference = written
-    scan = scan_local_orbax(out / name)
+    scan = scan_local_orbax(out / name, name=name)
     assert scan.format == "orbax" and not scan.findings, scan.findings
     assert {t.name: [t.dtype, list(t.shape)] for t in scan.tensors} == reference[name]
     files, opener = in_memory(out / name)  # remote path: no local_root
@@ -58,7 +58,7 @@ def test_reads_back_what_orbax_metadata_and_tensorstore_report(written: tuple[Pa
 
 def test_nnx_bf16_params_are_bf16(written: tuple[Path, dict[str, Any]]) -> None:
     out, _ = written
-    dtypes = {t.name: t.dtype for t in scan_local_orbax(out / "nnx_ocdbt").tensors}
+    dtypes = {t.name: t.dtype for t in scan_local_orbax(out / "nnx_ocdbt", name="nnx_ocdbt").tensors}
     assert dtypes["dense.kernel.value"] == "BF16" and dtypes["norm.scale.value"] == "F32"
 
 
@@ -120,7 +120,7 @@ def _rename_leaf(new_keys: list[str]) -> Any:
 def _timed_scan(directory: Path) -> tuple[Any, float, int]:
     tracemalloc.start()
     start = time.perf_counter()
-    scan = scan_local_orbax(directory)
+    scan = scan_local_orbax(directory, name="ck")
     seconds = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
@@ -223,7 +223,7 @@ def test_mutated_metadata_agrees_with_orbax(tmp_path_factory: pytest.TempPathFac
     tally: Counter[str] = Counter()
     unexplained = []
     for name, theirs in reference.items():
-        scan = scan_local_orbax(out / name)
+        scan = scan_local_orbax(out / name, name=name)
         ours_valid = scan.format == "orbax"
         ours = {t.name: [t.dtype, list(t.shape)] for t in scan.tensors}
         if ours_valid and isinstance(theirs, dict):

@@ -13,7 +13,6 @@ from guard.inventory.model import (
 )
 from guard.catalogue import make_finding
 from guard.inventory.conventions import UNSUPPORTED_SUFFIXES
-from guard.inventory.orbax_dirs import drop_inside_orbax, local_orbax, scan_local_orbax
 from guard.readers import READ_FAILURES, scan_file, sniff_format, unreadable
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
@@ -69,8 +68,8 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
         model = _local_model(directory, named)
         if model.weight_files or model.orbax or any(is_index_file(p.name) for p in model.json_files):
             models.append(model)
-    inside = drop_inside_orbax([m.directory for m in models], [m.directory for m in models if m.orbax])
-    return [m for m in models if m.directory in inside]  # readers-b: nothing inside an Orbax checkpoint
+    roots = [m.directory for m in models if m.orbax]  # readers-b: nothing inside an Orbax checkpoint
+    return [m for m in models if not any(r in m.directory.parents for r in roots)] if roots else models
 
 
 def _walk(root: Path) -> Iterator[Path]:
@@ -97,9 +96,21 @@ def _local_model(directory: Path, named: set[str]) -> LocalModel:
         elif is_weight_file(entry.name) or _sniffs_as_weights(entry) or (
                 entry.name in named and not entry.name.lower().endswith(".json")):
             weights.append(Path(entry.path))
-    orbax = local_orbax(directory, entries)  # readers-b: a named _METADATA is the checkpoint's, not weights
+    orbax = _orbax(directory, entries)  # readers-b: a named _METADATA is the checkpoint's, not weights
     weights = [w for w in weights if is_weight_file(w.name)] if orbax else weights
     return LocalModel(directory, tuple(weights), tuple(jsons), orbax)
+
+
+_ORBAX_MARKERS = frozenset({"_METADATA", "_CHECKPOINT_METADATA"})  # readers-b
+
+
+def _orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path, ...]:
+    """The directory itself if it is an Orbax checkpoint (guard.inventory.orbax_dirs), else ()."""
+    if not any(e.name in _ORBAX_MARKERS for e in entries):
+        return ()
+    from guard.inventory.orbax_dirs import local_orbax
+
+    return local_orbax(directory, entries)
 
 
 def _sniffs_as_weights(entry: os.DirEntry[str]) -> bool:
@@ -120,7 +131,11 @@ def _sniffs_as_weights(entry: os.DirEntry[str]) -> bool:
 
 
 def load_local_model(model: LocalModel) -> ModelInventory:
-    scans = [scan_local_file(p) for p in model.weight_files] + [scan_local_orbax(d) for d in model.orbax]
+    scans = [scan_local_file(p) for p in model.weight_files]
+    if model.orbax:  # readers-b
+        from guard.inventory.orbax_dirs import scan_local_orbax
+
+        scans += [scan_local_orbax(d, name=display_path(d)) for d in model.orbax]
     json_files = {display_path(p): read_small_file(p) for p in model.json_files}
     return build_inventory(display_path(model.directory), scans, json_files=json_files)
 

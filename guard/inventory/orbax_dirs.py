@@ -3,7 +3,8 @@
 A directory holding ``_METADATA`` (StandardCheckpointer) or ``_CHECKPOINT_METADATA``
 plus item folders with their own ``_METADATA`` (a CheckpointManager step) is a
 model of its own, and the directories inside it are not.  ``discovery`` calls
-the three functions here; the reader is ``guard.readers.orbax``.
+these functions (imported only when a directory holds one of those files); the
+reader is ``guard.readers.orbax``.
 """
 
 from __future__ import annotations
@@ -28,11 +29,6 @@ def local_orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path,
     return ()
 
 
-def drop_inside_orbax(directories: list[Path], roots: list[Path]) -> list[Path]:
-    """The directories that do not lie inside one of the Orbax checkpoints ``roots``."""
-    return [d for d in directories if not any(r in d.parents for r in roots)]
-
-
 def orbax_files(directory: Path) -> dict[str, int]:
     """Relative POSIX path -> size of every file under an Orbax checkpoint (symlinks not followed)."""
     files: dict[str, int] = {}
@@ -48,11 +44,9 @@ def orbax_files(directory: Path) -> dict[str, int]:
     return files
 
 
-def scan_local_orbax(directory: Path) -> FileScan:
-    from guard.inventory.discovery import display_path
+def scan_local_orbax(directory: Path, *, name: str) -> FileScan:
     from guard.readers.orbax import is_orbax_checkpoint, read_orbax_checkpoint
 
-    name = display_path(directory)
     files = orbax_files(directory)
     if len(files) > MAX_ORBAX_FILES:
         return unreadable(BytesSource(b"", name=name), f"more than {MAX_ORBAX_FILES:,} files in the checkpoint")
