@@ -244,3 +244,39 @@ def test_a_scan_without_hdf5_files_never_imports_h5py(tmp_path: Path) -> None:
     proc = _child(code, tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
 
+
+
+# ------------------------------------------------------------------ property: any h5py file reads back
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+H5_DTYPES = ["f2", "f4", "f8", ">f4", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "?", "c8", "bfloat16"]
+h5_names = st.text("abcdefghijklmnopqrstuvwxyz0123456789_:.", min_size=1, max_size=8).filter(
+    lambda n: n not in (".", ".."))
+
+
+@settings(max_examples=25, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.lists(h5_names, min_size=1, max_size=4), st.sampled_from(H5_DTYPES),
+                          st.lists(st.integers(0, 3), max_size=3), st.booleans()),
+                min_size=1, max_size=6),
+       st.sampled_from(["earliest", "latest"]))
+def test_any_h5py_file_reads_back_what_h5py_reports(tmp_path: Path, datasets: list, libver: str) -> None:
+    path = tmp_path / "w.h5"
+    path.unlink(missing_ok=True)
+    with h5py.File(path, "w", libver=(libver, "latest")) as f:
+        for parts, dtype, shape, chunked in datasets:
+            name = "/".join(parts)
+            if name in f or any("/".join(parts[:i]) in f and isinstance(f["/".join(parts[:i])], h5py.Dataset)
+                                for i in range(1, len(parts))):
+                continue
+            value = np.zeros(shape, getattr(ml_dtypes, dtype) if dtype == "bfloat16" else dtype)
+            chunks = tuple(max(1, d) for d in shape) if chunked and shape and all(shape) else None
+            if dtype == "bfloat16":
+                f.create_dataset(name, data=value.view("V2")).attrs["dtype"] = "bfloat16"
+            else:
+                f.create_dataset(name, data=value, chunks=chunks)
+    with h5py.File(path, "r") as f:
+        theirs = {k: (v[0], tuple(v[1])) for k, v in h5_listing(f).items()}
+    assert ours(path) == theirs
