@@ -34,6 +34,8 @@ from guard.sources import ByteSource
 STALL_SECONDS = 2.0  # between two frames of a working child; a loop in libhdf5 never sends one
 START_SECONDS = 60.0  # interpreter, numpy and h5py imports on a loaded machine
 MAX_READS = 200_000
+MAX_READ_BYTES = 16 << 20  # one metadata read; libhdf5 reads object headers and nodes in KBs
+MAX_TOTAL_BYTES = 256 << 20  # per file: a walk that reads this much is reading more than headers
 CHILD_ADDRESS_SPACE = 4 << 30
 _FRAME = struct.Struct("<cQQ")
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -53,16 +55,20 @@ class Hdf5Worker:
         with self._lock:
             proc = self._ensure()
             failure: BaseException | None = None
-            reads = 0
+            reads = served = 0
             try:
                 _send(proc, b"O", source.size)
                 while True:
                     kind, first, second, payload = _receive(proc, STALL_SECONDS)
                     if kind == b"D":
                         break
-                    reads += 1
-                    if reads > MAX_READS:
-                        raise MalformedCheckpoint(f"HDF5: more than {MAX_READS:,} reads of the file")
+                    reads, served = reads + 1, served + second
+                    if reads > MAX_READS or served > MAX_TOTAL_BYTES:
+                        raise MalformedCheckpoint(f"HDF5: more than {MAX_READS:,} reads or "
+                                                  f"{MAX_TOTAL_BYTES >> 20} MiB read from the file for its headers")
+                    if second > MAX_READ_BYTES:
+                        _send(proc, b"E", 0, f"a read of {second:,} bytes at once".encode())
+                        continue
                     try:
                         _send(proc, b"K", 0, source.read_at(first, second))
                     except MalformedCheckpoint as exc:
