@@ -280,3 +280,26 @@ def test_any_h5py_file_reads_back_what_h5py_reports(tmp_path: Path, datasets: li
     with h5py.File(path, "r") as f:
         theirs = {k: (v[0], tuple(v[1])) for k, v in h5_listing(f).items()}
     assert ours(path) == theirs
+
+
+def test_a_crash_of_libhdf5_is_cg001_and_the_next_file_still_reads(tmp_path: Path) -> None:
+    """The worker dies mid-walk (as on a segfault in libhdf5): CG001 for that file, a fresh worker next."""
+    import os
+    import signal
+
+    from guard.readers import hdf5_worker
+
+    data = _small_h5(tmp_path)
+
+    class Crashing(BytesSource):
+        def read_at(self, offset: int, size: int) -> bytes:
+            proc = hdf5_worker._WORKER._proc
+            if proc is not None and proc.poll() is None:  # the sniff reads before the walk starts
+                os.kill(proc.pid, signal.SIGSEGV)
+                proc.wait()
+            return super().read_at(offset, size)
+
+    scan = scan_file(Crashing(data, name="model.h5"))
+    assert [f.code for f in scan.findings] == ["CG001"]
+    assert "crashed" in scan.findings[0].message
+    assert bounded_scan(data, "model.h5").inventory == {"w": ("F32", (2,))}

@@ -70,12 +70,13 @@ class Hdf5Worker:
                         _send(proc, b"E", 0, f"a read of {second:,} bytes at once".encode())
                         continue
                     try:
-                        _send(proc, b"K", 0, source.read_at(first, second))
+                        kind, payload = b"K", source.read_at(first, second)
                     except MalformedCheckpoint as exc:
-                        _send(proc, b"E", 0, str(exc).encode()[:500])
+                        kind, payload = b"E", str(exc).encode()[:500]
                     except Exception as exc:  # noqa: BLE001 - re-raised below, after the child is told
                         failure = failure or exc
-                        _send(proc, b"E", 0, b"read failed")
+                        kind, payload = b"E", b"read failed"
+                    _send(proc, kind, 0, payload)
             except (TimeoutError, WorkerDied, BrokenPipeError) as exc:
                 code = self._kill()
                 if isinstance(exc, TimeoutError):
@@ -112,7 +113,10 @@ class Hdf5Worker:
         code = proc.wait()
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
-                stream.close()
+                try:
+                    stream.close()
+                except OSError:  # a dead child's pipe: the unflushed frame has nowhere to go
+                    pass
         return code
 
     def close(self) -> None:
