@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
+import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,8 +45,7 @@ class Policy:
     source: str | None = None  # the config file it came from
 
     def keeps_fp32(self, tensor: str) -> bool:
-        lowered = tensor.lower()
-        return any(fnmatch.fnmatchcase(lowered, pattern.lower()) for pattern in self.keep_fp32)
+        return _any_glob(self.keep_fp32).match(tensor.lower()) is not None
 
     def is_enabled(self, code: str, path: str | None = None) -> bool:
         """Longest matching prefix wins between select/extend-select and ignore."""
@@ -69,6 +70,12 @@ class Policy:
             "fail_on": self.fail_on,
             "config_file": self.source,
         }
+
+
+@functools.lru_cache(maxsize=32)
+def _any_glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """One regex for a tuple of case-insensitive globs: tested once per tensor, not once per pattern."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(p.lower())})" for p in patterns) or "(?!)")
 
 
 def parse_expect(value: str) -> str:

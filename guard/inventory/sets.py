@@ -38,6 +38,7 @@ class WeightSet:
     indexes: list[ShardIndex] = field(default_factory=list)
     claimed_dtype: str | None = None  # the dtype its name claims (a dtype variant, `*_fp16.onnx`, ...)
     primary: bool = False
+    memo: dict[object, object] = field(default_factory=dict, repr=False, compare=False)  # rules' shared work
 
     @property
     def variant_dtype(self) -> str | None:
@@ -70,7 +71,10 @@ class WeightSet:
             yield tensor
 
     def dtype_summary(self) -> dict[str, DtypeStats]:
-        return dtype_summary(self.counted_tensors)
+        summary = self.memo.get("dtype_summary")
+        if summary is None:
+            summary = self.memo["dtype_summary"] = dtype_summary(self.counted_tensors)
+        return summary  # type: ignore[return-value]
 
     @property
     def parameters(self) -> int:

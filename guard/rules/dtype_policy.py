@@ -20,12 +20,20 @@ def judged_sets(inv: ModelInventory) -> Iterator[WeightSet]:
     return (ws for ws in inv.sets if ws.judged)
 
 
-def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) -> Iterator[TensorInfo]:
-    """Floating tensors of one set the dtype policy applies to.
+def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) -> tuple[TensorInfo, ...]:
+    """Floating tensors of one set the dtype policy applies to (computed once per set and policy).
 
     Quantized payloads (F8/F6/F4) and their scales are quantization by design,
     not a mix; tensors matching keep-fp32 that *are* fp32 are allowed to be.
     """
+    key = ("policed", policy)
+    cached = ws.memo.get(key)
+    if cached is None:
+        cached = ws.memo[key] = tuple(_policed(inv, ws, policy))
+    return cached  # type: ignore[no-any-return]
+
+
+def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> Iterator[TensorInfo]:
     quantized = inv.quantization(ws) is not None
     for tensor in ws.tensors:
         if not dtypes.is_float(tensor.dtype):
