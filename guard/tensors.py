@@ -40,6 +40,7 @@ class TensorInfo:
 
 # Formats a reader may report.
 FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer")
+FORMATS += ("hdf5", "keras", "orbax")  # readers-b
 
 
 @dataclass(frozen=True, slots=True)

