@@ -79,8 +79,7 @@ EXTENSION_FORMATS: dict[str, str] = {
 }
 # Weight files that no reader handles yet: CG006, named, never skipped in silence.
 UNSUPPORTED_SUFFIXES: dict[str, str] = {
-    "gguf": "GGUF", "onnx": "ONNX", "h5": "HDF5", "hdf5": "HDF5", "keras": "Keras", "npz": "NumPy",
-    "npy": "NumPy", "tflite": "TensorFlow Lite", "ot": "tch (Rust) / libtorch", "mlmodel": "Core ML",
+    "gguf": "GGUF", "onnx": "ONNX", "npz": "NumPy", "npy": "NumPy", "tflite": "TensorFlow Lite", "ot": "tch (Rust) / libtorch", "mlmodel": "Core ML",
     "pdparams": "PaddlePaddle", "caffemodel": "Caffe", "nemo": "NeMo", "engine": "TensorRT",
     "plan": "TensorRT", "llamafile": "llamafile", "pb": "TensorFlow graph",
 }
