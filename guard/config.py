@@ -7,9 +7,8 @@ import functools
 import os
 import re
 import sys
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from guard import dtypes
 from guard.catalogue import RULES_BY_CODE
@@ -23,8 +22,7 @@ TARGET_FRAMEWORKS = ("torch", "flax", "jax", "numpy")
 CONFIG_FILES = (".ckpt-guard.toml", "pyproject.toml")
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     framework: str  # torch | flax | jax | numpy
     dtype: str | None = None  # a cast target such as F16 (torch:fp16)
 
@@ -32,8 +30,7 @@ class Target:
         return self.framework + (f":{dtypes.display_name(self.dtype)}" if self.dtype else "")
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(NamedTuple):
     expect: str = "F32"  # a dtype code, "uniform" or "config"
     keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32
     targets: tuple[Target, ...] = (Target("torch"), Target("flax"))
@@ -187,17 +184,17 @@ def build_policy(
     policy = Policy(source=source)
     try:
         if "expect" in merged:
-            policy = replace(policy, expect=parse_expect(str(merged["expect"])))
+            policy = policy._replace(expect=parse_expect(str(merged["expect"])))
         if "keep-fp32" in merged:
             extra = tuple(str(p) for p in _as_list(merged["keep-fp32"], "keep-fp32"))
-            policy = replace(policy, keep_fp32=DEFAULT_KEEP_FP32 + extra)
+            policy = policy._replace(keep_fp32=DEFAULT_KEEP_FP32 + extra)
         if "targets" in merged:
             targets = tuple(parse_target(str(t)) for t in _as_list(merged["targets"], "targets"))
-            policy = replace(policy, targets=targets)
+            policy = policy._replace(targets=targets)
         for key in ("select", "extend-select", "ignore"):
             if key in merged:
                 codes = parse_codes(_as_list(merged[key], key), key=key)
-                policy = replace(policy, **{key.replace("-", "_"): codes})
+                policy = policy._replace(**{key.replace("-", "_"): codes})
         if "per-file-ignores" in merged:
             value = merged["per-file-ignores"]
             if not isinstance(value, dict):
@@ -206,9 +203,9 @@ def build_policy(
                 (str(glob), parse_codes(_as_list(codes, "per-file-ignores"), key="per-file-ignores"))
                 for glob, codes in value.items()
             )
-            policy = replace(policy, per_file_ignores=pairs)
+            policy = policy._replace(per_file_ignores=pairs)
         if "fail-on" in merged:
-            policy = replace(policy, fail_on=parse_fail_on(str(merged["fail-on"])))
+            policy = policy._replace(fail_on=parse_fail_on(str(merged["fail-on"])))
     except TypeError as exc:  # wrong TOML types
         raise ConfigError(f"{source or 'config'}: {exc}") from None
     return policy

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from guard import __version__, dtypes
 from guard.findings import Finding, Severity, fail_threshold
@@ -17,8 +16,7 @@ class ReportFormatError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class FileSummary:
+class FileSummary(NamedTuple):
     path: str
     format: str | None
     size: int
@@ -26,8 +24,7 @@ class FileSummary:
     unsupported: str | None = None  # CG006: the format no reader handles; the file was not scanned
 
 
-@dataclass(frozen=True)
-class SetSummary:
+class SetSummary(NamedTuple):
     name: str
     role: str
     layout: str
@@ -88,8 +85,7 @@ def _dtypes_from_json(obj: dict[str, Any]) -> dict[str, DtypeStats]:
     return {str(code): DtypeStats(int(s["tensors"]), int(s["parameters"]), int(s["bytes"])) for code, s in obj.items()}
 
 
-@dataclass(frozen=True)
-class ModelSummary:
+class ModelSummary(NamedTuple):
     path: str
     files: tuple[FileSummary, ...]
     dtypes: dict[str, DtypeStats]
@@ -157,13 +153,20 @@ class ModelSummary:
         )
 
 
-@dataclass
 class Report:
-    models: list[ModelSummary] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    policy: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # values / conversion / parity / hub figures
-    tool_version: str = __version__
+    """The result of a run; mutable while it is assembled (models and findings are appended)."""
+
+    def __init__(self, models: list[ModelSummary] | None = None, findings: list[Finding] | None = None,
+                 policy: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+                 tool_version: str = __version__) -> None:
+        self.models: list[ModelSummary] = [] if models is None else models
+        self.findings: list[Finding] = [] if findings is None else findings
+        self.policy: dict[str, Any] = {} if policy is None else policy
+        self.extra: dict[str, Any] = {} if extra is None else extra  # values / conversion / parity / hub figures
+        self.tool_version = tool_version
+
+    def __repr__(self) -> str:
+        return f"Report({len(self.models)} model(s), {len(self.findings)} finding(s))"
 
     @property
     def fail_on(self) -> str:

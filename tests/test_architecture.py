@@ -92,13 +92,14 @@ def test_options_module_imports_no_command() -> None:
 SCAN_MODULES = {
     "guard", "guard.catalogue", "guard.cli", "guard.cli.flags", "guard.cli.run", "guard.config",
     "guard.dtypes", "guard.errors", "guard.findings", "guard.inventory", "guard.inventory.conventions",
-    "guard.inventory.discovery", "guard.inventory.model", "guard.inventory.pipelines", "guard.inventory.sets",
+    "guard.inventory.discovery", "guard.inventory.model", "guard.inventory.names", "guard.inventory.pipelines",
+    "guard.inventory.sets",
     "guard.inventory.stats", "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.report",
     "guard.reporters", "guard.reporters.inert", "guard.reporters.text", "guard.rules", "guard.rules.config_dtype",
     "guard.rules.copies", "guard.rules.dtype_policy", "guard.rules.shards", "guard.rules.targets",
     "guard.rules.training", "guard.rules.variants", "guard.scan", "guard.sources", "guard.tensors",
 }
-HEAVY = ("click", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",
+HEAVY = ("click", "dataclasses", "inspect", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",
          "safetensors", "msgpack", "zipfile", "pickle", "pickletools", "tomllib", "tempfile")
 
 

@@ -6,14 +6,14 @@ beside it (tests/test_sets_*.py).  A new row without an example fails here."""
 from __future__ import annotations
 
 import json
-import re
 import struct
 from pathlib import Path
 
 import pytest
 
 from guard.inventory import build_inventory
-from guard.inventory.conventions import CONVENTIONS, classify, name_claimed_dtype
+from guard.inventory.conventions import CONVENTIONS, name_claimed_dtype
+from guard.inventory.names import classify, convention_of
 from guard.readers import scan_file
 from guard.sources import BytesSource
 from scanning import codes, json_scan, sets_of
@@ -44,10 +44,10 @@ EXAMPLES: dict[str, tuple[str, str]] = {  # row pattern's example -> (expected r
 }
 
 
-@pytest.mark.parametrize("row", CONVENTIONS, ids=lambda c: c.pattern[:40])
+@pytest.mark.parametrize("row", CONVENTIONS, ids=lambda c: f"{c.template} {c.layout} {c.source}"[:60])
 def test_every_convention_has_an_example_it_classifies(row) -> None:
-    matching = [name for name in EXAMPLES if re.fullmatch(row.pattern, name)]
-    assert matching, f"add an example (and a test built by {row.source}) for {row.pattern}"
+    matching = [name for name in EXAMPLES if convention_of(name) is row]
+    assert matching, f"add an example (and a test built by {row.source}) for {row.template}"
     for name in matching:
         role = classify(name)
         expected = EXAMPLES[name][0].split()
@@ -146,3 +146,18 @@ def test_weights_renamed_are_found_by_their_magic_bytes(tmp_path: Path, capsys) 
     (tmp_path / "weights.data").write_bytes(data)
     code, report = json_scan(capsys, str(tmp_path))
     assert code == 1 and "CG108" not in codes(report) and "CG101" in codes(report)
+
+
+def test_a_hugging_face_cache_snapshot_keeps_the_names_of_its_symlinks(tmp_path: Path, capsys) -> None:
+    """Every file of a cache snapshot is a symlink into blobs/: the link's name is what the conventions read."""
+    blobs = tmp_path / "models--org--m" / "blobs"
+    snapshot = tmp_path / "models--org--m" / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for name, data in (("model.safetensors", _safetensors()), ("model.fp16.safetensors", _safetensors("F16"))):
+        blob = blobs / f"{len(data):x}{name.count('.')}"
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(blob)
+    code, report = json_scan(capsys, str(snapshot))
+    assert code == 0 and report["findings"] == []
+    assert set(sets_of(report, "abc123")) == {"model.safetensors", "model.fp16.safetensors"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from guard.catalogue import make_finding
@@ -205,7 +205,7 @@ def _scan_orbax(client: HubClient, repo_id: str, sha: str, root: str,
             "CG401", display, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
     stat = RemoteFileStat(root or ".", sum(files.values()), sum(f.requests for f in opened),
                           sum(f.bytes_read for f in opened))
-    return replace(scan, bytes_read=stat.bytes), stat
+    return scan._replace(bytes_read=stat.bytes), stat
 
 
 def _display(repo_id: str, name: str) -> str:
@@ -225,7 +225,7 @@ def _scan_weight(client: HubClient, repo_id: str, sha: str, filename: str,
     except RemoteBudgetExceeded as exc:
         scan = FileScan(path=source.name, format=None, size=size, findings=(make_finding(
             "CG401", source.name, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
-    scan = replace(scan, bytes_read=source.bytes_read)
+    scan = scan._replace(bytes_read=source.bytes_read)
     return scan, RemoteFileStat(filename, size, source.requests + extra, source.bytes_read)
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 
 from guard.errors import UsageError
@@ -29,8 +30,7 @@ _TEXT_SUFFIXES = frozenset({
 _WEIGHT_MAGIC = (b"GGUF", b"\x89HDF\r\n\x1a\n", b"\x93NUMPY", bytes.fromhex("80028a0a6cfc9c46f9206aa850192e"))
 
 
-@dataclass(frozen=True)
-class LocalModel:
+class LocalModel(NamedTuple):
     directory: Path
     weight_files: tuple[Path, ...]
     json_files: tuple[Path, ...]
@@ -38,9 +38,22 @@ class LocalModel:
 
 
 def display_path(path: Path) -> str:
-    """Relative to the working directory when inside it, POSIX separators."""
+    """Relative to the working directory when inside it, POSIX separators.
+
+    The directory is resolved, the name is not: a file that is a symlink (every file of a
+    Hugging Face cache snapshot points into ``blobs/``) keeps the name its conventions read.
+    """
+    if path.name in ("", ".", ".."):
+        return _display_dir(os.fspath(path), os.getcwd())
+    parent = _display_dir(os.fspath(path.parent), os.getcwd())
+    return path.name if parent == "." else f"{parent.rstrip('/')}/{path.name}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _display_dir(directory: str, cwd: str) -> str:
+    path = Path(directory)
     try:
-        rel = path.resolve().relative_to(Path.cwd().resolve())
+        rel = path.resolve().relative_to(Path(cwd).resolve())
         return rel.as_posix() or "."
     except ValueError:
         return path.as_posix()

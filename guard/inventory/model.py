@@ -6,13 +6,14 @@ import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.findings import Finding
-from guard.inventory.conventions import EXTENSION_FORMATS, UNSUPPORTED_SUFFIXES, classify
-from guard.inventory.sets import WeightSet, choose_primary, group_sets
+from guard.inventory.conventions import EXTENSION_FORMATS, UNSUPPORTED_SUFFIXES
+from guard.inventory.names import classify
+from guard.inventory.sets import WeightSet, group_sets, mark_primary
 from guard.inventory.stats import ConfigDtype, DtypeStats, ShardIndex
 from guard.tensors import FileScan, TensorInfo
 
@@ -31,16 +32,15 @@ def is_index_file(name: str) -> bool:
     return classify(name).kind == "index"
 
 
-@dataclass
-class ModelInventory:
+class ModelInventory(NamedTuple):
     path: str  # the model directory, as displayed
-    files: list[FileScan] = field(default_factory=list)
-    indexes: list[ShardIndex] = field(default_factory=list)
+    files: tuple[FileScan, ...] = ()
+    indexes: tuple[ShardIndex, ...] = ()
     config_path: str | None = None
     config: dict[str, object] | None = None
     config_text: str = ""
-    findings: list[Finding] = field(default_factory=list)  # inventory-level (bad JSON, ...)
-    sets: list[WeightSet] = field(default_factory=list)
+    findings: tuple[Finding, ...] = ()  # inventory-level (bad JSON, ...)
+    sets: tuple[WeightSet, ...] = ()
 
     @property
     def primary(self) -> WeightSet | None:
@@ -80,7 +80,11 @@ class ModelInventory:
 
     @property
     def is_diffusers(self) -> bool:
-        return isinstance(self.config, dict) and ("_diffusers_version" in self.config or "_class_name" in self.config)
+        return _is_diffusers(self.config)
+
+
+def _is_diffusers(config: object) -> bool:
+    return isinstance(config, dict) and ("_diffusers_version" in config or "_class_name" in config)
 
 
 def _collect_config_dtypes(obj: dict[str, object], prefix: str, out: list[ConfigDtype], *, depth: int) -> None:
@@ -120,33 +124,31 @@ def build_inventory(
     bytes (None where the file could not be read).  Local and Hub scans share
     this, so the same files give the same sets and findings either way.
     """
-    inv = ModelInventory(path=path, files=sorted(weight_scans, key=lambda s: s.path))
+    files = tuple(sorted(weight_scans, key=lambda s: s.path))
+    findings: list[Finding] = []
+    indexes: list[ShardIndex] = []
+    config_path: str | None = None
+    config: dict[str, object] | None = None
+    config_text = ""
     for name, data in sorted(json_files.items()):
         base = os.path.basename(name)
-        parsed, text = _parse_json(name, data, inv.findings)
+        parsed, text = _parse_json(name, data, findings)
         if base == CONFIG_NAME:
-            inv.config_path = name
-            inv.config_text = text
+            config_path, config_text = name, text
             if parsed is not None and not isinstance(parsed, dict):
-                inv.findings.append(make_finding("CG001", name, "config.json is not a JSON object"))
+                findings.append(make_finding("CG001", name, "config.json is not a JSON object"))
             elif parsed is not None:
-                inv.config = parsed
+                config = parsed  # type: ignore[assignment]
         elif is_index_file(base):
-            index = ShardIndex(name, text=text)
             weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
-            if parsed is None:
-                pass  # CG001 above; the index still stands for its set
-            elif not isinstance(weight_map, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
-            ):
-                inv.findings.append(make_finding(
+            valid = isinstance(weight_map, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())
+            if parsed is not None and not valid:  # unparsable JSON: CG001 above; the index still stands
+                findings.append(make_finding(
                     "CG004", name, "shard index has no valid \"weight_map\" (tensor name -> shard file)"))
-            else:
-                index.weight_map = weight_map
-            inv.indexes.append(index)
-    inv.sets = group_sets(inv.files, inv.indexes)
-    choose_primary(inv.sets, diffusers=inv.is_diffusers)
-    return inv
+            indexes.append(ShardIndex(name, weight_map if valid else {}, text))  # type: ignore[arg-type]
+    sets = mark_primary(group_sets(files, indexes), diffusers=_is_diffusers(config))
+    return ModelInventory(path, files, tuple(indexes), config_path, config, config_text, tuple(findings), sets)
 
 
 def _parse_json(name: str, data: bytes | None, findings: list[Finding]) -> tuple[object | None, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 
 from guard.inventory.model import MAX_JSON_BYTES, PIPELINE_INDEX
@@ -18,8 +18,7 @@ from guard.inventory.model import MAX_JSON_BYTES, PIPELINE_INDEX
 MAX_COMPONENTS = 256
 
 
-@dataclass(frozen=True)
-class Pipeline:
+class Pipeline(NamedTuple):
     path: str  # the root, as displayed
     components: dict[str, tuple[str, ...]]  # component folder -> the file names in it
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from guard import dtypes
-from guard.inventory.conventions import (
-    DTYPE_VARIANTS, FORMAT_ORDER, LAYOUT_ORDER, LIGHTNING_STATE_KEYS, FileRole, claimed_dtype, classify,
-)
+from guard.inventory.conventions import DTYPE_VARIANTS, FORMAT_ORDER, LAYOUT_ORDER, LIGHTNING_STATE_KEYS
+from guard.inventory.names import FileRole, claimed_dtype, classify
 from guard.inventory.stats import DtypeStats, ShardIndex, dtype_summary
 from guard.tensors import FileScan, TensorInfo
 
@@ -25,8 +24,7 @@ _READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "flax-msgpack
 _DIFFUSERS_STEMS = ("diffusion_pytorch_model", "diffusion_flax_model")
 
 
-@dataclass
-class WeightSet:
+class WeightSet(NamedTuple):
     name: str  # unique within the model: a file name, an index name, or a shard pattern
     role: str  # "weights" | "adapter" | "training-state"
     layout: str  # "hf" | "original" | "peft" | "trainer" | "fsdp" | "lightning" | "file"
@@ -34,11 +32,11 @@ class WeightSet:
     format: str  # "safetensors" | "torch" | "flax" | "gguf" | ... ; "" when neither name nor reader says
     variant: str | None
     sharded: bool
-    files: list[FileScan] = field(default_factory=list)
-    indexes: list[ShardIndex] = field(default_factory=list)
-    claimed_dtype: str | None = None  # the dtype its name claims (a dtype variant, `*_fp16.onnx`, ...)
-    primary: bool = False
-    memo: dict[object, object] = field(default_factory=dict, repr=False, compare=False)  # rules' shared work
+    files: tuple[FileScan, ...]
+    indexes: tuple[ShardIndex, ...]
+    claimed_dtype: str | None  # the dtype its name claims (a dtype variant, `*_fp16.onnx`, ...)
+    primary: bool
+    memo: dict[object, object]  # work the rules share (policed tensors, dtype summaries): per set, not per rule
 
     @property
     def variant_dtype(self) -> str | None:
@@ -90,34 +88,29 @@ class WeightSet:
 
 def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list[WeightSet]:
     """Every file and index of one directory, in the set it belongs to (sorted by name)."""
-    sets: dict[tuple[object, ...], WeightSet] = {}
+    found: dict[tuple[object, ...], tuple[FileRole, str, list[FileScan], list[ShardIndex]]] = {}
     for scan in files:
         role = classify(scan.path, weights=True)
         family = role.format or _READER_FAMILIES.get(scan.format or "", scan.format or "")
         key = (*role.set_key[:3], family, role.variant, role.set_key[5])
-        ws = sets.get(key)
-        if ws is None:
-            ws = sets[key] = _new_set(role, family)
-        ws.files.append(scan)
+        found.setdefault(key, (role, family, [], []))[2].append(scan)
     for index in indexes:
         role = classify(index.path)
         key = (role.role, role.layout, role.stem, role.format, role.variant, True)
-        ws = sets.get(key)
-        if ws is None:
-            ws = sets[key] = _new_set(role, role.format)
-        ws.indexes.append(index)
-    for ws in sets.values():
-        ws.files.sort(key=lambda s: s.path)
-        if ws.sharded:
-            ws.name = posixpath.basename(ws.indexes[0].path) if ws.indexes else _shard_pattern(ws.files[0].path)
-        else:
-            ws.name = posixpath.basename(ws.files[0].path)
-    return sorted(sets.values(), key=lambda s: s.name)
+        found.setdefault(key, (role, role.format, [], []))[3].append(index)
+    sets = [_new_set(role, family, sorted(scans, key=lambda s: s.path), tuple(idx))
+            for role, family, scans, idx in found.values()]
+    return sorted(sets, key=lambda s: s.name)
 
 
-def _new_set(role: FileRole, family: str) -> WeightSet:
-    return WeightSet(name="", role=role.role, layout=role.layout, stem=role.stem, format=family,
-                     variant=role.variant, sharded=role.kind != "file", claimed_dtype=claimed_dtype(role))
+def _new_set(role: FileRole, family: str, files: list[FileScan], indexes: tuple[ShardIndex, ...]) -> WeightSet:
+    sharded = role.kind != "file"
+    if sharded:
+        name = posixpath.basename(indexes[0].path) if indexes else _shard_pattern(files[0].path)
+    else:
+        name = posixpath.basename(files[0].path)
+    return WeightSet(name, role.role, role.layout, role.stem, family, role.variant, sharded, tuple(files), indexes,
+                     claimed_dtype(role), False, {})
 
 
 def _shard_pattern(path: str) -> str:
@@ -128,6 +121,12 @@ def _shard_pattern(path: str) -> str:
         return posixpath.basename(path)
     number = f"{role.shard[0]:05d}-of-"
     return role.name.replace(number, "*-of-", 1)
+
+
+def mark_primary(sets: Sequence[WeightSet], *, diffusers: bool) -> tuple[WeightSet, ...]:
+    """The sets, with the primary one marked (see ``choose_primary``)."""
+    best = choose_primary(sets, diffusers=diffusers)
+    return tuple(ws._replace(primary=True) if ws is best else ws for ws in sets)
 
 
 def choose_primary(sets: Sequence[WeightSet], *, diffusers: bool) -> WeightSet | None:
@@ -148,6 +147,4 @@ def choose_primary(sets: Sequence[WeightSet], *, diffusers: bool) -> WeightSet |
         readable = not any(scan.tensors for scan in ws.files)
         return (ws.variant is not None, layout, fmt, kind, ws.sharded, readable, ws.name)
 
-    best = min(candidates, key=rank)
-    best.primary = True
-    return best
+    return min(candidates, key=rank)

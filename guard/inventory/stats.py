@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from guard.tensors import TensorInfo
 
 
-@dataclass(frozen=True)
-class DtypeStats:
+class DtypeStats(NamedTuple):
     tensors: int = 0
     parameters: int = 0
     bytes: int = 0
@@ -18,17 +17,15 @@ class DtypeStats:
         return {"tensors": self.tensors, "parameters": self.parameters, "bytes": self.bytes}
 
 
-@dataclass(frozen=True)
-class ConfigDtype:
+class ConfigDtype(NamedTuple):
     key: str  # "torch_dtype", "text_config.dtype", ...
     value: str
     line: int | None
 
 
-@dataclass
-class ShardIndex:
+class ShardIndex(NamedTuple):
     path: str
-    weight_map: dict[str, str] = field(default_factory=dict)  # tensor -> shard file name
+    weight_map: Mapping[str, str]  # tensor -> shard file name; empty when the index is unusable
     text: str = ""
 
 

@@ -134,17 +134,16 @@ def _metadata(value: object) -> dict[str, str]:
 
 
 def _entry(name: str, entry: object) -> tuple[str, tuple[int, ...], int, int]:
-    if not isinstance(entry, dict):
+    if type(entry) is not dict:
         raise MalformedCheckpoint(f"tensor {shown(name)}: entry is not an object")
     dtype = entry.get("dtype")
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
-    if not isinstance(dtype, str):
+    if type(dtype) is not str:
         raise MalformedCheckpoint(f"tensor {shown(name)}: missing or non-string dtype")
-    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+    if type(shape) is not list or not _all_uints(shape):
         raise MalformedCheckpoint(f"tensor {shown(name)}: shape must be a list of non-negative integers")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets)
-            or offsets[0] > offsets[1]):
+    if type(offsets) is not list or len(offsets) != 2 or not _all_uints(offsets) or offsets[0] > offsets[1]:
         raise MalformedCheckpoint(f"tensor {shown(name)}: data_offsets must be [begin, end] with begin <= end")
     return dtype, tuple(shape), offsets[0], offsets[1]
 
@@ -166,8 +165,15 @@ def _span_size(name: str, dtype: str, shape: tuple[int, ...]) -> int | None:
     return total // 8
 
 
-def _is_uint(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+def _all_uints(values: list[object]) -> bool:
+    """Every value a JSON integer in [0, 2^64) (``type is int``: never a bool or a float)."""
+    for value in values:
+        if type(value) is not int or not 0 <= value < _U64:  # type: ignore[operator]
+            return False
+    return True
+
+
+_U64 = 2**64
 
 
 def _check_layout(spans: list[tuple[int, int, str]], buffer_len: int) -> None:

@@ -15,7 +15,8 @@ from guard.config import Policy
 from guard.dtypes import display_name as dn
 from guard.findings import Finding
 from guard.inventory import ModelInventory, is_weight_file
-from guard.inventory.conventions import DTYPE_VARIANTS, classify
+from guard.inventory.conventions import DTYPE_VARIANTS
+from guard.inventory.names import classify
 from guard.inventory.pipelines import Pipeline
 from guard.rules.dtype_policy import dominant_float, judged_sets
 
