@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from guard.records import record
 
 
-class DtypeInfo(NamedTuple):
+
+@record
+class DtypeInfo:
     code: str
     bits: int
     kind: str  # "float" | "int" | "uint" | "bool" | "complex"

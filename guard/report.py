@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 from guard import __version__, dtypes
 from guard.findings import Finding, Severity, fail_threshold
 from guard.inventory import DtypeStats, ModelInventory, WeightSet
+from guard.records import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a scan imports no typing
+    from typing import Any
 
 REPORT_VERSION = 2  # 2: models carry their weight sets, findings the set they were judged in
 READABLE_VERSIONS = (1, 2)
@@ -16,7 +19,8 @@ class ReportFormatError(ValueError):
     pass
 
 
-class FileSummary(NamedTuple):
+@record
+class FileSummary:
     path: str
     format: str | None
     size: int
@@ -24,7 +28,8 @@ class FileSummary(NamedTuple):
     unsupported: str | None = None  # CG006: the format no reader handles; the file was not scanned
 
 
-class SetSummary(NamedTuple):
+@record
+class SetSummary:
     name: str
     role: str
     layout: str
@@ -85,7 +90,8 @@ def _dtypes_from_json(obj: dict[str, Any]) -> dict[str, DtypeStats]:
     return {str(code): DtypeStats(int(s["tensors"]), int(s["parameters"]), int(s["bytes"])) for code, s in obj.items()}
 
 
-class ModelSummary(NamedTuple):
+@record
+class ModelSummary:
     path: str
     files: tuple[FileSummary, ...]
     dtypes: dict[str, DtypeStats]

@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from math import prod
 from types import MappingProxyType
-from typing import NamedTuple
 
 from guard import dtypes
 from guard.findings import Finding
+from guard.records import record
 
 
-class TensorInfo(NamedTuple):
+@record
+class TensorInfo:
     """One tensor, from headers only.
 
     ``data_start``/``data_end`` are absolute byte offsets of the tensor's bytes in
@@ -51,7 +52,8 @@ FORMATS += ("hdf5", "keras", "orbax")  # readers-b
 NO_METADATA: Mapping[str, str] = MappingProxyType({})
 
 
-class FileScan(NamedTuple):
+@record
+class FileScan:
     """A reader's result for one file: tensors plus findings in the file itself."""
 
     path: str

@@ -11,7 +11,8 @@ convention is one row here and one test.
 from __future__ import annotations
 
 import posixpath
-from typing import NamedTuple
+
+from guard.records import record
 
 # The stems of one model's format copies (transformers, diffusers), and their suffixes.
 _HF = frozenset({"model", "pytorch_model", "flax_model", "tf_model", "diffusion_pytorch_model",
@@ -19,7 +20,8 @@ _HF = frozenset({"model", "pytorch_model", "flax_model", "tf_model", "diffusion_
 HF_EXTENSIONS = frozenset({"safetensors", "bin", "msgpack", "h5"})
 
 
-class Convention(NamedTuple):
+@record
+class Convention:
     """A name template: dot-separated parts, each a literal or a placeholder.
 
     ``{stem}`` (one of ``stems``, or anything when None; ``numbered`` also allows ``_N``),

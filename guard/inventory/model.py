@@ -6,7 +6,6 @@ import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from typing import NamedTuple
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -15,6 +14,7 @@ from guard.inventory.conventions import EXTENSION_FORMATS, UNSUPPORTED_SUFFIXES
 from guard.inventory.names import classify
 from guard.inventory.sets import WeightSet, group_sets, mark_primary
 from guard.inventory.stats import ConfigDtype, DtypeStats, ShardIndex
+from guard.records import record
 from guard.tensors import FileScan, TensorInfo
 
 CONFIG_NAME = "config.json"
@@ -32,7 +32,8 @@ def is_index_file(name: str) -> bool:
     return classify(name).kind == "index"
 
 
-class ModelInventory(NamedTuple):
+@record
+class ModelInventory:
     path: str  # the model directory, as displayed
     files: tuple[FileScan, ...] = ()
     indexes: tuple[ShardIndex, ...] = ()

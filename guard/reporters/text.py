@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from guard.dtypes import display_name
 from guard.findings import Severity
@@ -100,7 +99,7 @@ def _model_lines(model: ModelSummary, color: bool) -> list[str]:
     return lines
 
 
-def parity_summary(figures: dict[str, Any]) -> str:
+def parity_summary(figures: dict[str, object]) -> str:
     """One line per comparison: its bound, the worst output and top-1 (the JSON has every figure)."""
     lines = [f"parity {inert_text(str(figures.get('torch_dir')))} vs {inert_text(str(figures.get('flax_dir')))}"
              f" ({inert_text(str(figures.get('torch_class', '-')))} / "
