@@ -38,7 +38,8 @@ class TensorInfo:
 
 
 # Formats a reader may report.
-FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer")
+FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer", "gguf", "onnx", "npy",
+           "npz")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,10 @@ READERS: dict[str, str] = {
     "torch-legacy": "guard.readers.torch_legacy:read_torch_legacy",
     "flax-msgpack": "guard.readers.flax_msgpack:read_flax_msgpack",
     "lfs-pointer": "guard.readers.lfs:read_lfs_pointer",
+    "gguf": "guard.readers.gguf:read_gguf",
+    "onnx": "guard.readers.onnx:read_onnx",
+    "npy": "guard.readers.numpy_files:read_npy",
+    "npz": "guard.readers.numpy_files:read_npz",
 }
 
 
@@ -48,8 +52,11 @@ READ_FAILURES: tuple[type[BaseException], ...] = (
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _LEGACY_MAGIC = bytes.fromhex("80028a0a6cfc9c46f9206aa850192e")
+_GGUF_MAGIC = b"GGUF"
+_NPY_MAGIC = b"\x93NUMPY"
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".gguf", ".onnx", ".npy",
+                   ".npz")
 
 
 def sniff_format(source: ByteSource) -> str | None:
@@ -57,11 +64,19 @@ def sniff_format(source: ByteSource) -> str | None:
     head = source.read_at(0, min(source.size, 512))
     if is_lfs_pointer(head):
         return "lfs-pointer"
+    name = source.name.lower()
+    if head.startswith(_GGUF_MAGIC):
+        return "gguf"
+    if head.startswith(_NPY_MAGIC):
+        return "npy"
+    if name.endswith(".npz") and (head.startswith(_ZIP_MAGIC) or head.startswith(b"PK\x05\x06")):
+        return "npz"  # a zip of .npy members, not a torch checkpoint
     if head.startswith(_ZIP_MAGIC) or (source.size == 22 and head.startswith(b"PK\x05\x06")):
         return "torch-zip"
     if head.startswith(_LEGACY_MAGIC) or head[257:262] == b"ustar":
         return "torch-legacy"  # the legacy reader explains the old tar variant itself
-    name = source.name.lower()
+    if name.endswith(".onnx"):
+        return "onnx"  # protobuf has no magic bytes
     if name.endswith(".msgpack"):
         return "flax-msgpack"
     if name.endswith(".safetensors"):
