@@ -85,7 +85,8 @@ class _Parser:
         if vtype == STRING:
             if keep:
                 return self.raw_string("string value").decode("utf-8", "replace")
-            self.pos += self.count("string length", 1)
+            length = self.count("string length", 1)  # not `pos += count()`: count() moves pos itself
+            self.pos += length
             return None
         if vtype != ARRAY:
             raise MalformedCheckpoint(f"unknown GGUF value type {vtype} at offset {self.pos - 4:,}")

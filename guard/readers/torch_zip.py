@@ -16,7 +16,6 @@ therefore leaves ``data_start``/``data_end`` as None; ``locate_torch_zip_storage
 from __future__ import annotations
 
 import io
-import zlib
 
 from guard.errors import MalformedCheckpoint
 from guard.readers.torch_pickle import (
@@ -30,13 +29,13 @@ from guard.readers.torch_tensors import (
     torch_file_scan,
     unsafe_and_unreadable,
 )
-from guard.readers.zipdir import _LOCAL, ZipEntry, read_zip_directory
-from guard.sources import ByteSource
+from guard.readers.torch_records import check_directory, check_readable, check_small_records, read_record
+from guard.readers.zipdir import ZipEntry, read_zip_archive, read_zip_directory
+from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
 
 __all__ = ["ZipEntry", "locate_torch_zip_storages", "read_torch_zip", "read_zip_directory"]
 
-MAX_INFLATED_PICKLE = 64 * 1024 * 1024  # torch never compresses; a deflated data.pkl is capped
 
 
 def _archive_prefix(entries: dict[str, ZipEntry]) -> str:
@@ -45,47 +44,6 @@ def _archive_prefix(entries: dict[str, ZipEntry]) -> str:
     if first is None or "/" not in first:
         raise MalformedCheckpoint("zip has no top-level folder: not a torch checkpoint")
     return first.split("/", 1)[0]
-
-
-def _read_entry_bytes(source: ByteSource, entry: ZipEntry) -> bytes:
-    """Local header + data in one read (a second only if the header's extra field is long)."""
-    if entry.flags & 0x1:
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} is encrypted")
-    if entry.method not in (0, 8):
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} uses compression method {entry.method}")
-    if entry.compressed_size > MAX_PICKLE_BYTES or (entry.method == 0 and entry.size > MAX_PICKLE_BYTES):
-        raise MalformedCheckpoint(f"{entry.name!r} is {entry.size:,} bytes, over the pickle size limit")
-    if entry.method == 0 and entry.size != entry.compressed_size:
-        raise MalformedCheckpoint(f"stored zip entry {entry.name!r} has two different sizes")
-    want = min(source.size - entry.header_offset,
-               _LOCAL.size + len(entry.name.encode()) + 128 + entry.compressed_size)
-    head = source.read_at(entry.header_offset, want)
-    start = _local_data_offset(head, entry) - entry.header_offset
-    end = start + entry.compressed_size
-    if end > len(head):
-        head += source.read_at(entry.header_offset + len(head), end - len(head))
-    data = head[start:end]
-    if entry.method == 0:
-        return data
-    inflater = zlib.decompressobj(-15)
-    try:
-        out = inflater.decompress(data, MAX_INFLATED_PICKLE)
-    except zlib.error as exc:
-        raise MalformedCheckpoint(f"cannot inflate {entry.name!r}: {exc}") from None
-    if inflater.unconsumed_tail:
-        raise MalformedCheckpoint(f"{entry.name!r} inflates past {MAX_INFLATED_PICKLE:,} bytes")
-    return out
-
-
-def _local_data_offset(head: bytes, entry: ZipEntry) -> int:
-    """Absolute offset of an entry's data, from its local header (``head`` starts there)."""
-    if len(head) < _LOCAL.size:
-        raise MalformedCheckpoint(f"zip local header of {entry.name!r} is truncated")
-    sig, *_rest, nlen, elen = _LOCAL.unpack_from(head)
-    if sig != b"PK\x03\x04":
-        raise MalformedCheckpoint(f"bad zip local header for {entry.name!r}")
-    start = entry.header_offset + _LOCAL.size + nlen + elen
-    return start
 
 
 def locate_torch_zip_storages(source: ByteSource) -> dict[str, tuple[int, int]]:
@@ -105,25 +63,33 @@ def _locate(source: ByteSource, entries: dict[str, ZipEntry], prefix: str
     for name, entry in entries.items():
         if not name.startswith(folder) or entry.method != 0:
             continue
-        head = source.read_at(entry.header_offset, min(_LOCAL.size, source.size - entry.header_offset))
-        start = _local_data_offset(head, entry)
-        if start + entry.size > source.size:
-            raise MalformedCheckpoint(f"{name!r} runs past the end of the file")
+        start = check_readable(source, entry)
         spans[name[len(folder):]] = (start, start + entry.size)
     return spans
 
 
 def read_torch_zip(source: ByteSource, *, locate_data: bool = False) -> FileScan:
+    """The tensors data.pkl describes, after the checks torch.load makes on the archive.
+
+    Local headers of the storages are checked (and placed) where reads are cheap:
+    a local or in-memory file, or when ``locate_data`` asks for the byte ranges.
+    A remote scan leaves them: one ranged request per storage.
+    """
     counted = CountingSource(source)
-    entries = read_zip_directory(counted)
+    archive = read_zip_archive(counted)
+    entries = archive.entries
     prefix = _archive_prefix(entries)
+    check_directory(archive, prefix, source.size)
     pickle_entry = entries.get(f"{prefix}/data.pkl")
     if pickle_entry is None:
         raise MalformedCheckpoint(f"zip has no {prefix}/data.pkl: not a torch checkpoint")
     walker = PickleWalker(storage_from_pid)
     try:
-        root = walker.walk(io.BytesIO(_read_entry_bytes(counted, pickle_entry)))
-        spans = _locate(counted, entries, prefix) if locate_data else {}
+        pickle_bytes = read_record(counted, pickle_entry, limit=MAX_PICKLE_BYTES, crc=True)
+        check_small_records(counted, entries, prefix)
+        root = walker.walk(io.BytesIO(pickle_bytes))
+        cheap = locate_data or isinstance(source, (LocalFile, BytesSource))
+        spans = _locate(counted, entries, prefix) if cheap else {}
 
         def locate(storage: StorageRef) -> tuple[int, int] | None:
             entry = entries.get(f"{prefix}/data/{storage.key}")
@@ -133,7 +99,9 @@ def read_torch_zip(source: ByteSource, *, locate_data: bool = False) -> FileScan
             if entry.size < storage.view_offset + storage.nbytes:
                 raise MalformedCheckpoint(f"storage {storage.key!r} is {entry.size} bytes, "
                                           f"shorter than its {storage.nbytes} bytes")
-            return spans.get(storage.key)
+            if cheap and entry.method != 0:
+                check_readable(counted, entry)
+            return spans.get(storage.key) if locate_data else None
 
         return torch_file_scan(source, "torch-zip", walker, root, locate, bytes_read=counted.bytes_read)
     except MalformedCheckpoint as exc:

@@ -41,6 +41,8 @@ class ZipEntry:
 class ZipArchive:
     entries: dict[str, ZipEntry]
     directory_offset: int  # where the file data ends
+    count: int = 0  # entries the end record declares
+    count_on_disk: int = 0  # ... "on this disk" (the same number in a one-disk archive)
 
 
 def read_zip_directory(source: ByteSource) -> dict[str, ZipEntry]:
@@ -55,7 +57,7 @@ def read_zip_archive(source: ByteSource) -> ZipArchive:
     room for its local header, name and compressed bytes before the next one starts:
     entries that share bytes are refused.
     """
-    cd_offset, cd_size, count, cd_limit = _find_directory(source)
+    cd_offset, cd_size, count, cd_limit, on_disk = _find_directory(source)
     if cd_size > MAX_DIRECTORY:
         raise MalformedCheckpoint(f"zip central directory of {cd_size:,} bytes exceeds the limit")
     if cd_offset + cd_size > cd_limit or count > cd_size // _CENTRAL.size:
@@ -86,7 +88,7 @@ def read_zip_archive(source: ByteSource) -> ZipArchive:
             raise MalformedCheckpoint(f"zip entry {name!r} starts past the file data")
         entries[name] = ZipEntry(name, method, flags, csize, usize, offset, crc, raw_name)
     _check_layout(entries, cd_offset)
-    return ZipArchive(entries, cd_offset)
+    return ZipArchive(entries, cd_offset, count, on_disk)
 
 
 def _check_layout(entries: dict[str, ZipEntry], cd_offset: int) -> None:
@@ -111,8 +113,8 @@ def local_data_offset(source: ByteSource, entry: ZipEntry, head: bytes | None = 
     return entry.header_offset + _LOCAL.size + nlen + elen
 
 
-def _find_directory(source: ByteSource) -> tuple[int, int, int, int]:
-    """(directory offset, size, entry count, offset it must end before)."""
+def _find_directory(source: ByteSource) -> tuple[int, int, int, int, int]:
+    """(directory offset, size, entry count, offset it must end before, entries "on this disk")."""
     found = None
     for tail_size in (_FIRST_TAIL, _MAX_TAIL):
         tail_size = min(tail_size, source.size)
@@ -123,35 +125,34 @@ def _find_directory(source: ByteSource) -> tuple[int, int, int, int]:
     if found is None:
         raise MalformedCheckpoint("no zip End Of Central Directory record: truncated or not a zip")
     eocd_at = source.size - tail_size + found
-    _sig, disk, cd_disk, _n_disk, count, cd_size, cd_offset, _clen = _EOCD.unpack_from(tail, found)
+    _sig, disk, cd_disk, on_disk, count, cd_size, cd_offset, _clen = _EOCD.unpack_from(tail, found)
     if disk or cd_disk:
         raise MalformedCheckpoint("multi-disk zip archives are not torch checkpoints")
     if eocd_at >= _ZIP64_LOCATOR.size:
         loc = (tail[found - _ZIP64_LOCATOR.size : found] if found >= _ZIP64_LOCATOR.size
                else source.read_at(eocd_at - _ZIP64_LOCATOR.size, _ZIP64_LOCATOR.size))
         sig, _disk, z64_at, _disks = _ZIP64_LOCATOR.unpack(loc)
-        if sig == b"PK\x06\x07":
-            if z64_at + _ZIP64_EOCD.size > eocd_at - _ZIP64_LOCATOR.size:
-                raise MalformedCheckpoint("zip64 locator points past the end of the archive")
-            (sig, _size, _made, _need, disk, cd_disk, _n_disk, count, cd_size,
-             cd_offset) = _ZIP64_EOCD.unpack(source.read_at(z64_at, _ZIP64_EOCD.size))
-            if sig != b"PK\x06\x06" or disk or cd_disk:
-                raise MalformedCheckpoint("bad zip64 End Of Central Directory record")
-            return cd_offset, cd_size, count, z64_at
+        # miniz (torch) refuses a locator that points past the end; a zip64 record without its
+        # signature is ignored, as miniz and zipfile ignore it: the 32-bit record then has to do.
+        if sig == b"PK\x06\x07" and z64_at + _ZIP64_EOCD.size > source.size:
+            raise MalformedCheckpoint("zip64 locator points past the end of the archive")
+        if sig == b"PK\x06\x07" and z64_at + _ZIP64_EOCD.size <= eocd_at - _ZIP64_LOCATOR.size:
+            (sig, _size, _made, _need, disk64, cd_disk64, on_disk64, count64, cd_size64,
+             cd_offset64) = _ZIP64_EOCD.unpack(source.read_at(z64_at, _ZIP64_EOCD.size))
+            if sig == b"PK\x06\x06":
+                if disk64 or cd_disk64:
+                    raise MalformedCheckpoint("multi-disk zip archives are not torch checkpoints")
+                return cd_offset64, cd_size64, count64, z64_at, on_disk64
     if 0xFFFFFFFF in (cd_size, cd_offset) or count == 0xFFFF:
         raise MalformedCheckpoint("zip needs a zip64 record but has none")
-    return cd_offset, cd_size, count, eocd_at
+    return cd_offset, cd_size, count, eocd_at, on_disk
 
 
 def _last_eocd(tail: bytes) -> int | None:
-    end = len(tail)
-    while (at := tail.rfind(b"PK\x05\x06", 0, end)) >= 0:
-        if at + _EOCD.size <= len(tail):
-            comment = _EOCD.unpack_from(tail, at)[-1]
-            if at + _EOCD.size + comment == len(tail):
-                return at
-        end = at
-    return None
+    """The last complete end record.  Its comment length is not held against it: miniz (torch)
+    and Python's zipfile both take the last signature, and so a truncated comment still reads."""
+    at = tail.rfind(b"PK\x05\x06", 0, len(tail) - _EOCD.size + 4)
+    return at if at >= 0 else None
 
 
 def _zip64_sizes(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
