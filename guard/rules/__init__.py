@@ -14,6 +14,7 @@ from guard.rules.dtype_policy import (
     check_mixed_float_dtypes,
     check_unexpected_dtype,
 )
+from guard.rules.formats import check_gguf_file_type, check_name_claimed_dtype
 from guard.rules.shards import check_shard_index
 from guard.rules.targets import check_target_support
 
@@ -25,9 +26,11 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG101", check_unexpected_dtype),
     ("CG102", check_mixed_float_dtypes),
     ("CG103", check_config_dtype),
+    ("CG103", check_gguf_file_type),
     ("CG104", check_low_precision_norms),
     ("CG105", check_float64),
     ("CG106", check_target_support),
+    ("CG108", check_name_claimed_dtype),
 )
 
 

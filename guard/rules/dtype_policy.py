@@ -19,12 +19,17 @@ from guard.tensors import TensorInfo
 def policed_float_tensors(inv: ModelInventory, policy: Policy) -> Iterator[TensorInfo]:
     """Floating tensors the dtype policy applies to.
 
-    Quantized payloads (F8/F6/F4) and their scales are quantization by design,
-    not a mix; tensors matching keep-fp32 that *are* fp32 are allowed to be.
+    Quantized payloads (F8/F6/F4, ggml block types) and their scales are quantization
+    by design, not a mix; tensors matching keep-fp32 that *are* fp32 are allowed to be;
+    so are a GGUF file's 1-D F32 tensors.
     """
     quantized = inv.quantization() is not None
+    # formats (issue 13): GGUF file types are "mostly X, except 1-d tensors", which stay F32
+    gguf_files = {scan.path for scan in inv.files if scan.format == "gguf"}
     for tensor in inv.tensors:
         if not dtypes.is_float(tensor.dtype):
+            continue
+        if tensor.file in gguf_files and tensor.dtype == "F32" and len(tensor.shape) <= 1:
             continue
         if tensor.dtype in dtypes.QUANTIZED_CODES:
             continue
