@@ -232,26 +232,31 @@ def _member_data(source: ByteSource, entry: ZipEntry, limit: int) -> int:
 def _member_header(source: ByteSource, entry: ZipEntry, data_at: int) -> NpyHeader:
     if entry.method == 0:
         return read_npy_header(source, data_at, data_at + entry.compressed_size)
-    prefix = _inflate_prefix(source, data_at, entry.compressed_size, 12)
-    start, length = header_length(prefix)
-    prefix = _inflate_prefix(source, data_at, entry.compressed_size, start + length)
-    if len(prefix) < start + length:
-        raise MalformedCheckpoint(f"member {entry.name!r} ends inside its .npy header")
+    prefix = _inflate_header(source, data_at, entry.compressed_size)
     return read_npy_header(BytesSource(prefix), 0)
 
 
-def _inflate_prefix(source: ByteSource, at: int, size: int, want: int) -> bytes:
-    """The first ``want`` inflated bytes of a deflated member (only as much input as that takes)."""
+def _inflate_header(source: ByteSource, at: int, size: int) -> bytes:
+    """The inflated bytes of a deflated member up to the end of its .npy header, and no further.
+
+    Input is read 1 KiB, then 4 KiB, ... at a time: a header is a few hundred bytes.
+    """
     inflater = zlib.decompressobj(-15)
-    out = b""
-    pos = 0
-    while len(out) < want and pos < size:
-        chunk = source.read_at(at + pos, min(16 * 1024, size - pos))
-        pos += len(chunk)
+    out, pos, chunk, want = b"", 0, 1024, 12
+    while len(out) < want and (pos < size or inflater.unconsumed_tail):
+        data = b""
+        if pos < size:
+            data = source.read_at(at + pos, min(chunk, size - pos))
+            pos, chunk = pos + len(data), chunk * 4
         try:
-            out += inflater.decompress(inflater.unconsumed_tail + chunk, want - len(out))
+            out += inflater.decompress(inflater.unconsumed_tail + data, want - len(out))
         except zlib.error as exc:
             raise MalformedCheckpoint(f"cannot inflate a member at offset {at:,}: {exc}") from None
+        if want == 12 and len(out) >= 12:
+            start, length = header_length(out)
+            want = start + min(length, 4 * MAX_HEADER + 1)
         if inflater.eof:
             break
+    if len(out) < want:
+        raise MalformedCheckpoint(f"the member at offset {at:,} ends inside its .npy header")
     return out

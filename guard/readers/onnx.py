@@ -21,7 +21,7 @@ from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
 from guard.readers.onnx_schema import SCHEMA
 from guard.readers.onnx_tensors import RawTensor, external_data_findings, tensor_info
-from guard.readers.protobuf import LEN, VARINT, Field, Wire
+from guard.readers.protobuf import LEN, MAX_DEPTH, VARINT, Field, Wire
 from guard.readers.window import Window
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
@@ -84,6 +84,8 @@ class _Walk:
         return f"{domain or 'ai.onnx'}:{version}"
 
     def graph(self, spans: list[tuple[int, int]], depth: int, *, top: bool = False) -> None:
+        if depth > MAX_DEPTH:  # If/Loop bodies nest graph > node > attribute > graph ...
+            raise MalformedCheckpoint(f"protobuf messages nest more than {MAX_DEPTH} deep (subgraphs)")
         known = SCHEMA["GraphProto"]
         names: set[str] = set()
         io: list[tuple[int, Field]] = []
@@ -170,8 +172,8 @@ class _Walk:
         return [v - (1 << 64) if v >= 1 << 63 else v for v in values]
 
     def tensor(self, spans: list[tuple[int, int]], depth: int) -> RawTensor:
-        if depth > 100:
-            raise MalformedCheckpoint("protobuf messages nest more than 100 deep")
+        if depth > MAX_DEPTH:
+            raise MalformedCheckpoint(f"protobuf messages nest more than {MAX_DEPTH} deep")
         t = RawTensor()
         known = SCHEMA["TensorProto"]
         for start, end in spans:
