@@ -31,6 +31,10 @@ FILE_NAMES = {
     "torch-zip": "pytorch_model.bin",
     "torch-legacy": "pytorch_model.bin",
     "flax-msgpack": "flax_model.msgpack",
+    "gguf": "model.gguf",
+    "onnx": "model.onnx",
+    "npy": "weights.npy",
+    "npz": "weights.npz",
 }
 
 

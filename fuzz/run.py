@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TARGETS = ("safetensors", "torch_zip", "torch_legacy", "flax_msgpack", "torch_pickle")
+TARGETS = ("safetensors", "torch_zip", "torch_legacy", "flax_msgpack", "torch_pickle", "gguf", "onnx", "npy",
+           "npz")
 
 
 def run_target(target: str, seconds: int) -> tuple[int, int, int]:

@@ -3,7 +3,8 @@
 GGUF and protobuf headers have no length up front: the reader learns where the
 header ends by walking it.  ``Window`` serves small reads from one buffered span
 and, on a miss, fetches the next span in one read.  A miss that continues where
-the buffer ends grows the next fetch sixteenfold (64 KiB, 1 MiB, 16 MiB), so a
+the buffer ends (or less than a block past it) grows the next fetch sixteenfold
+(64 KiB, 1 MiB, 16 MiB), so a
 header of up to about 1 MiB costs at most two reads of the source, local or
 ranged HTTP, and a long one a few more; a miss elsewhere (after a skipped
 payload) starts again at 64 KiB.  Nothing past the asked range is fetched beyond
@@ -42,7 +43,8 @@ class Window:
                 f"{what} at offset {pos:,} needs {n:,} bytes, past the end of the file ({self.size:,} bytes)")
         if self.start <= pos and pos + n <= self.end:
             return pos - self.start
-        if self.start <= pos <= self.end and self.data:  # continues the buffer: keep its tail, grow
+        if self.data and self.start <= pos <= self.end + self._block:
+            # continues the buffer (or skips less than a block past it): keep its tail, grow
             block = min(MAX_BLOCK, self._block * GROWTH)
             keep = self.data[pos - self.start :]
             fetch_at = self.end
@@ -55,7 +57,10 @@ class Window:
         self.reads += 1
         self.bytes_read += len(fetched)
         self._block = max(block, len(fetched))
-        self.start, self.data = pos, keep + fetched
+        data = keep + fetched
+        if fetch_at < pos:  # a short skip: drop the bytes between the old end and pos
+            data = data[pos - fetch_at :]
+        self.start, self.data = pos, data
         return 0
 
     def read(self, pos: int, n: int, what: str = "header") -> bytes:
