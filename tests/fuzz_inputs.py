@@ -276,7 +276,8 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     # miniz matches names case-insensitively and ignores disk numbers, a bad zip64 record
     # and a wrong comment length; we refuse a zip whose records disagree.
     Known("stricter-zip", ("torch-zip",), False,
-          r"zip does not hold|multi-disk|zip64|End Of Central Directory|does not fit"),
+          r"zip does not hold|multi-disk|zip64|End Of Central Directory|does not fit|inconsistent sizes"
+          r"|overlaps"),
     # torch does not verify CRCs when it reads (miniz's reader checks are compiled out); we check
     # data.pkl's, so a flipped bit in a name or a shape is a corrupted file, not another model.
     Known("crc-checked", ("torch-zip",), False, r"does not match its CRC-32"),

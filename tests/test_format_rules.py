@@ -172,6 +172,18 @@ def test_onnx_runtime_really_has_no_cpu_bf16_matmul(tmp_path: Path) -> None:
     fp16 = write_onnx(tmp_path / "fp16.onnx", np.float16)
     session = ort.InferenceSession(str(fp16), providers=["CPUExecutionProvider"])
     assert session.run(None, {"x": np.ones((1, 4), np.float16)})[0].shape == (1, 2)
+    # float8 and int4 weights are fine where a quantized model puts them: before DequantizeLinear
+    for dtype, opset in ((ml_dtypes.float8_e4m3fn, 19), (ml_dtypes.int4, 21)):
+        graph = helper.make_graph(
+            [helper.make_node("DequantizeLinear", ["w", "s"], ["d"]), helper.make_node("MatMul", ["x", "d"], ["y"])],
+            "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+            [numpy_helper.from_array(np.ones((2, 2), dtype), "w"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "s")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 10
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        assert session.run(None, {"x": np.ones((1, 2), np.float32)})[0].tolist() == [[1.0, 1.0]]
 
 
 def test_truncated_files_are_cg001(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -234,6 +234,8 @@ HOSTILE = {
     "external-windows-drive": (lambda: _external(b"C:\\weights.bin"), "inside the model's folder"),
     "packed-dims-cut-varint": (lambda: _model_with(_len_field(1, b"\x80") + _len_field(9, b"")), "varint"),
     "truncated-graph": (lambda: _model_with(_tensor(b"\0" * 8))[:-3], "length"),
+    "empty-file": (lambda: b"", "no graph"),
+    "only-an-ir-version": (lambda: _varint(1 << 3) + _varint(9), "no graph"),
 }
 
 

@@ -20,9 +20,11 @@ never guessed as bf16.  Object arrays (``|O``) hold a pickle: CG003, not read.
 from __future__ import annotations
 
 import ast
+import io
 import posixpath
 import re
 import struct
+import tokenize
 import zlib
 
 from guard import dtypes
@@ -84,8 +86,8 @@ def parse_npy_header(raw: bytes, *, version: int, start: int) -> NpyHeader:
     if len(text) > MAX_HEADER:
         raise MalformedCheckpoint(f".npy header of {len(text):,} characters is over numpy's {MAX_HEADER:,}")
     try:
-        header = ast.literal_eval(text)
-    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        header = _literal(text, python2=version < 3)
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError, tokenize.TokenError):
         raise MalformedCheckpoint(".npy header is not a Python literal") from None
     if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
         raise MalformedCheckpoint(".npy header is not a dict of descr, fortran_order and shape")
@@ -96,6 +98,21 @@ def parse_npy_header(raw: bytes, *, version: int, start: int) -> NpyHeader:
         raise MalformedCheckpoint(".npy fortran_order is not a bool")
     code, itemsize, big, note = _descr(header["descr"])
     return NpyHeader(code, tuple(int(d) for d in shape), fortran, big, itemsize, start + len(raw), note)
+
+
+def _literal(text: str, *, python2: bool) -> object:
+    """``ast.literal_eval``; for format 1.0/2.0 headers, numpy's second try with Python 2's ``3L`` ints."""
+    try:
+        return ast.literal_eval(text)
+    except SyntaxError:
+        if not python2:
+            raise
+    tokens, after_number = [], False
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if not (after_number and token.type == tokenize.NAME and token.string == "L"):
+            tokens.append(token)
+        after_number = token.type == tokenize.NUMBER
+    return ast.literal_eval(tokenize.untokenize(tokens))
 
 
 def _descr(descr: object) -> tuple[str, int | None, bool, str | None]:
@@ -187,16 +204,18 @@ def _array(path: str, name: str, header: NpyHeader, data_at: int | None
 
 def read_npz(source: ByteSource) -> FileScan:
     archive = read_zip_archive(source)
+    if archive.gap:  # zipfile would take the gap for bytes prepended to the archive and misread it
+        raise MalformedCheckpoint(f"{archive.gap:,} stray bytes between the zip directory and its end record")
     ordered = sorted(archive.entries.values(), key=lambda e: e.header_offset)
     limits = {e.name: nxt.header_offset for e, nxt in zip(ordered, ordered[1:])}
     tensors: list[TensorInfo] = []
     findings: list[Finding] = []
     compressed = False
     for entry in archive.entries.values():
+        limit = limits.get(entry.name, archive.directory_offset)
+        data_at = _member_data(source, entry, limit)  # zipfile's checks on opening any member
         if not entry.name.endswith(".npy"):
             continue  # numpy.load returns such members as raw bytes; savez never writes them
-        limit = limits.get(entry.name, archive.directory_offset)
-        data_at = _member_data(source, entry, limit)
         compressed |= entry.method == 8
         header = _member_header(source, entry, data_at)
         needed = header.header_end + (header.nbytes or 0)
@@ -216,6 +235,9 @@ def _member_data(source: ByteSource, entry: ZipEntry, limit: int) -> int:
     """Where a member's bytes start, after the checks zipfile makes when it opens the member."""
     if entry.flags & 0x1:
         raise MalformedCheckpoint(f"member {entry.name!r} is encrypted")
+    if entry.version_needed & 0xFF > 63:  # zipfile's MAX_EXTRACT_VERSION (the low byte; the high one is an OS)
+        raise MalformedCheckpoint(f"member {entry.name!r} needs zip version {(entry.version_needed & 0xFF) / 10} "
+                                  "to extract")
     if entry.method not in (0, 8):
         raise MalformedCheckpoint(f"member {entry.name!r} uses compression method {entry.method}")
     if entry.method == 0 and entry.size != entry.compressed_size:

@@ -71,6 +71,8 @@ class _Walk:
                 self.model.metadata[key] = self.text(f, MAX_TEXT)
         if opsets:
             self.model.metadata["onnx.opset"] = ",".join(opsets[:MAX_LISTED])
+        if not graphs:  # protobuf parses an empty file as an empty model; nothing can run it
+            raise MalformedCheckpoint("ONNX model has no graph (an empty or cut file?)")
         self.graph(graphs, 1, top=True)
         return self.model
 

@@ -46,19 +46,20 @@ class RawTensor:
 def tensor_info(raw: RawTensor, path: str, *, dims: tuple[int, ...] | None = None) -> tuple[TensorInfo, bool]:
     """(the tensor, whether its data type is unknown); ``dims`` overrides for a sparse tensor."""
     name = raw.name
+    what = "external initializer" if raw.data_location == 1 else "initializer"
     if raw.segment:
-        raise MalformedCheckpoint(f"initializer {shown(name)} is segmented, which onnx cannot load")
+        raise MalformedCheckpoint(f"{what} {shown(name)} is segmented, which onnx cannot load")
     if raw.data_type == 0:
-        raise MalformedCheckpoint(f"initializer {shown(name)} has no data type")
+        raise MalformedCheckpoint(f"{what} {shown(name)} has no data type")
     shape = tuple(raw.dims) if dims is None else dims
     if len(shape) > MAX_RANK or any(d < 0 for d in (*shape, *raw.dims)):
-        raise MalformedCheckpoint(f"initializer {shown(name)} has dims {list(shape)[:8]}, "
+        raise MalformedCheckpoint(f"{what} {shown(name)} has dims {list(shape)[:8]}, "
                                   f"not up to {MAX_RANK} non-negative sizes")
     numel = 1
     for dim in shape:
         numel *= dim
         if numel >= 2**63:
-            raise MalformedCheckpoint(f"initializer {shown(name)}: dims {list(shape)[:8]} overflow")
+            raise MalformedCheckpoint(f"{what} {shown(name)}: dims {list(shape)[:8]} overflow")
     code = DATA_TYPES.get(raw.data_type)
     if code is None:
         return TensorInfo(name, f"onnx:{raw.data_type}", shape, path), True
@@ -67,7 +68,7 @@ def tensor_info(raw: RawTensor, path: str, *, dims: tuple[int, ...] | None = Non
     if raw.data_location == 1:
         location, start, length = _external(raw)
         if length is not None and nbytes is not None and length != nbytes:
-            raise MalformedCheckpoint(f"initializer {shown(name)}: external length {length:,} is not "
+            raise MalformedCheckpoint(f"{what} {shown(name)}: length {length:,} is not "
                                       f"the {nbytes:,} bytes of {code}{list(shape)}")
         end = start + (length if length is not None else nbytes or 0)
         file = posixpath.normpath(posixpath.join(posixpath.dirname(path), location))

@@ -35,8 +35,8 @@ def check_directory(archive: ZipArchive, prefix: str, size: int) -> None:
                                   f"{archive.count_on_disk:,} on this disk")
     folder = prefix + "/"
     for entry in archive.entries.values():
-        try:
-            entry.raw_name.decode("utf-8")  # torch.load lists every record's name as text
+        try:  # torch.load lists every record's name as text (a C string: cut at its first NUL)
+            entry.raw_name.split(b"\0", 1)[0].decode("utf-8")
         except UnicodeDecodeError:
             raise MalformedCheckpoint(f"zip entry name {entry.raw_name[:100]!r} is not UTF-8") from None
         if not entry.name.startswith(folder):

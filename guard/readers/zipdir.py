@@ -35,6 +35,7 @@ class ZipEntry:
     header_offset: int
     crc: int = 0
     raw_name: bytes = b""
+    version_needed: int = 20  # "version needed to extract", times ten (2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class ZipArchive:
     directory_offset: int  # where the file data ends
     count: int = 0  # entries the end record declares
     count_on_disk: int = 0  # ... "on this disk" (the same number in a one-disk archive)
+    gap: int = 0  # bytes between the directory's end and the end record that follows it
 
 
 def read_zip_directory(source: ByteSource) -> dict[str, ZipEntry]:
@@ -68,7 +70,7 @@ def read_zip_archive(source: ByteSource) -> ZipArchive:
     for _ in range(count):
         if pos + _CENTRAL.size > cd_size:
             raise MalformedCheckpoint("zip central directory is truncated")
-        (sig, _made, _need, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen,
+        (sig, _made, need, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen,
          disk, _ia, _ea, offset) = _CENTRAL.unpack_from(directory, pos)
         if sig != b"PK\x01\x02":
             raise MalformedCheckpoint(f"bad zip central directory entry at byte {cd_offset + pos}")
@@ -86,9 +88,9 @@ def read_zip_archive(source: ByteSource) -> ZipArchive:
             raise MalformedCheckpoint(f"zip holds {name!r} twice")
         if offset + _LOCAL.size > cd_offset:
             raise MalformedCheckpoint(f"zip entry {name!r} starts past the file data")
-        entries[name] = ZipEntry(name, method, flags, csize, usize, offset, crc, raw_name)
+        entries[name] = ZipEntry(name, method, flags, csize, usize, offset, crc, raw_name, need)
     _check_layout(entries, cd_offset)
-    return ZipArchive(entries, cd_offset, count, on_disk)
+    return ZipArchive(entries, cd_offset, count, on_disk, cd_limit - cd_offset - cd_size)
 
 
 def _check_layout(entries: dict[str, ZipEntry], cd_offset: int) -> None:
