@@ -187,3 +187,14 @@ def test_a_big_deflated_member_is_read_only_for_its_header() -> None:
     scan = scan_file(source)
     assert [(t.name, t.dtype, t.shape) for t in scan.tensors] == [("big", "F32", (8_000_000,))]
     assert source.bytes_read < 24 * 1024
+
+
+def test_python2_long_ints_in_a_v1_header_read_as_numpy_reads_them(tmp_path: Path) -> None:
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3L), }"
+    path = tmp_path / "old.npy"
+    path.write_bytes(_npy(header, b"\0" * 24))
+    with pytest.warns(UserWarning):
+        theirs = np.load(path, mmap_mode="r")
+    assert [(t.dtype, t.shape) for t in _scan(path).tensors] == [("F32", theirs.shape)]
+    path.write_bytes(_npy(header, b"\0" * 24, version=3))  # 3.0 never had the second try
+    assert _scan(path).format is None

@@ -45,6 +45,7 @@ _CODES = {"F2": "F16", "F4": "F32", "F8": "F64", "I1": "I8", "I2": "I16", "I4": 
 _LETTERS = {"e": "F16", "f": "F32", "d": "F64", "b": "I8", "h": "I16", "i": "I32", "q": "I64", "l": "I64",
             "B": "U8", "H": "U16", "I": "U32", "Q": "U64", "L": "U64", "F": "C64", "D": "C128", "?": "BOOL"}
 _DESCR = re.compile(r"([<>|=]?)([a-zA-Z?])(\d*)(\[\w+\])?")
+_PY2_LONG = re.compile(r"[0-9]\s*L")
 
 
 class NpyHeader:
@@ -105,7 +106,7 @@ def _literal(text: str, *, python2: bool) -> object:
     try:
         return ast.literal_eval(text)
     except SyntaxError:
-        if not python2:
+        if not python2 or not _PY2_LONG.search(text):  # the filter only drops an "L" after a number
             raise
     tokens, after_number = [], False
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
