@@ -9,7 +9,6 @@ hand-made: lengths past the end, 11-byte varints, subgraphs nested 10,000 deep.
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from typing import Any
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.onnx_schema import SCHEMA
+from guard.readers.onnx_schema import DATA_TYPES, SCHEMA
 from guard.readers.onnx_tensors import RawTensor, external_data_findings, tensor_info
 from guard.readers.protobuf import LEN, MAX_DEPTH, VARINT, Field, Wire
 from guard.readers.window import Window
@@ -228,8 +228,6 @@ class _Walk:
         return name, elem
 
     def elem_type(self, f: Field, depth: int) -> str:
-        from guard.readers.onnx_schema import DATA_TYPES
-
         for g in self.wire.fields(f.value, f.end, depth):
             if g.number in (1, 8) and g.wire == LEN:  # tensor_type, sparse_tensor_type
                 for h in self.wire.fields(g.value, g.end, depth + 1):

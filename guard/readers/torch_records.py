@@ -61,7 +61,12 @@ def check_readable(source: ByteSource, entry: ZipEntry, head: bytes | None = Non
     return start
 
 
-def read_record(source: ByteSource, entry: ZipEntry, *, limit: int, crc: bool = False) -> bytes:
+def check_crc(entry: ZipEntry, data: bytes) -> None:
+    if zlib.crc32(data) != entry.crc:
+        raise MalformedCheckpoint(f"{entry.name!r} does not match its CRC-32: the file is corrupted")
+
+
+def read_record(source: ByteSource, entry: ZipEntry, *, limit: int) -> bytes:
     """A record's bytes: local header and data in one read (a second only for a long extra field)."""
     if entry.compressed_size > limit or (entry.method == 0 and entry.size > limit):
         raise MalformedCheckpoint(f"{entry.name!r} is {entry.size:,} bytes, over the {limit:,}-byte limit")
@@ -81,8 +86,6 @@ def read_record(source: ByteSource, entry: ZipEntry, *, limit: int, crc: bool = 
             raise MalformedCheckpoint(f"cannot inflate {entry.name!r}: {exc}") from None
         if inflater.unconsumed_tail:
             raise MalformedCheckpoint(f"{entry.name!r} inflates past {limit:,} bytes")
-    if crc and zlib.crc32(data) != entry.crc:
-        raise MalformedCheckpoint(f"{entry.name!r} does not match its CRC-32: the file is corrupted")
     return data
 
 

@@ -29,7 +29,13 @@ from guard.readers.torch_tensors import (
     torch_file_scan,
     unsafe_and_unreadable,
 )
-from guard.readers.torch_records import check_directory, check_readable, check_small_records, read_record
+from guard.readers.torch_records import (
+    check_crc,
+    check_directory,
+    check_readable,
+    check_small_records,
+    read_record,
+)
 from guard.readers.zipdir import ZipEntry, read_zip_archive, read_zip_directory
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
@@ -79,15 +85,17 @@ def read_torch_zip(source: ByteSource, *, locate_data: bool = False) -> FileScan
     archive = read_zip_archive(counted)
     entries = archive.entries
     prefix = _archive_prefix(entries)
-    check_directory(archive, prefix, source.size)
     pickle_entry = entries.get(f"{prefix}/data.pkl")
     if pickle_entry is None:
         raise MalformedCheckpoint(f"zip has no {prefix}/data.pkl: not a torch checkpoint")
     walker = PickleWalker(storage_from_pid)
     try:
-        pickle_bytes = read_record(counted, pickle_entry, limit=MAX_PICKLE_BYTES, crc=True)
-        check_small_records(counted, entries, prefix)
+        pickle_bytes = read_record(counted, pickle_entry, limit=MAX_PICKLE_BYTES)
+        # the pickle first: an unsafe one is CG003 whatever else is wrong with the archive
         root = walker.walk(io.BytesIO(pickle_bytes))
+        check_crc(pickle_entry, pickle_bytes)
+        check_directory(archive, prefix, source.size)
+        check_small_records(counted, entries, prefix)
         cheap = locate_data or isinstance(source, (LocalFile, BytesSource))
         spans = _locate(counted, entries, prefix) if cheap else {}
 
