@@ -92,7 +92,11 @@ def read_torch_zip(source: ByteSource, *, locate_data: bool = False) -> FileScan
     try:
         pickle_bytes = read_record(counted, pickle_entry, limit=MAX_PICKLE_BYTES)
         # the pickle first: an unsafe one is CG003 whatever else is wrong with the archive
-        root = walker.walk(io.BytesIO(pickle_bytes))
+        try:
+            root = walker.walk(io.BytesIO(pickle_bytes))
+        except MalformedCheckpoint:
+            check_crc(pickle_entry, pickle_bytes)  # a pickle that fails its CRC is reported as corrupted
+            raise
         check_crc(pickle_entry, pickle_bytes)
         check_directory(archive, prefix, source.size)
         check_small_records(counted, entries, prefix)
