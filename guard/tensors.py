@@ -45,8 +45,8 @@ class TensorInfo:
 
 
 # Formats a reader may report.
-FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer")
-FORMATS += ("hdf5", "keras", "orbax")  # readers-b
+FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer", "gguf", "onnx", "npy",
+           "npz", "hdf5", "keras", "orbax")
 
 
 NO_METADATA: Mapping[str, str] = MappingProxyType({})

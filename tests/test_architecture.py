@@ -97,7 +97,7 @@ SCAN_MODULES = {
     "guard.inventory.stats", "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.records",
     "guard.report",
     "guard.reporters", "guard.reporters.inert", "guard.reporters.text", "guard.rules", "guard.rules.config_dtype",
-    "guard.rules.copies", "guard.rules.dtype_policy", "guard.rules.shards", "guard.rules.targets",
+    "guard.rules.copies", "guard.rules.dtype_policy", "guard.rules.formats", "guard.rules.shards", "guard.rules.targets",
     "guard.rules.training", "guard.rules.variants", "guard.scan", "guard.sources", "guard.tensors",
 }
 HEAVY = ("click", "dataclasses", "inspect", "typing", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",

@@ -111,7 +111,7 @@ LAYOUT_ORDER = ("hf", "original", "fsdp", "peft", "lightning", "file", "trainer"
 # q4f16 is transformers.js's name for 4-bit weights with fp16 everywhere else.
 NAME_DTYPES: dict[str, str] = {
     "fp32": "F32", "f32": "F32", "float32": "F32",
-    "fp16": "F16", "f16": "F16", "float16": "F16", "q4f16": "F16", "half": "F16",
+    "fp16": "F16", "f16": "F16", "float16": "F16", "q4f16": "F16",
     "bf16": "BF16", "bfloat16": "BF16",
     "fp64": "F64", "f64": "F64", "float64": "F64",
 }
