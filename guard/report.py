@@ -55,7 +55,8 @@ class SetSummary:
 
     @classmethod
     def from_set(cls, ws: WeightSet, *, quantized: bool) -> SetSummary:
-        return cls(ws.name, ws.role, ws.layout, ws.variant, ws.format, tuple(s.path for s in ws.files),
+        files = tuple(p for s in ws.files for p in (s.path, *(_beside(s.path, c) for c in s.companions)))
+        return cls(ws.name, ws.role, ws.layout, ws.variant, ws.format, files,
                    ws.dtype_summary(), ws.primary, ws.claimed_dtype, quantized)
 
     def to_json(self) -> dict[str, Any]:
@@ -73,6 +74,11 @@ class SetSummary:
                    obj.get("variant"), str(obj.get("format", "")), tuple(str(f) for f in obj.get("files", [])),
                    _dtypes_from_json(obj.get("dtypes", {})), bool(obj.get("primary")), obj.get("claimed_dtype"),
                    bool(obj.get("quantized")))
+
+
+def _beside(path: str, name: str) -> str:
+    folder = path.rpartition("/")[0]
+    return f"{folder}/{name}" if folder else name
 
 
 def count_parameters(stats: dict[str, DtypeStats], *, quantized: bool) -> int:

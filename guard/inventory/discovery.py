@@ -151,7 +151,15 @@ def load_local_model(model: LocalModel) -> ModelInventory:
 
         scans += [scan_local_orbax(d, name=display_path(d)) for d in model.orbax]
     json_files = {display_path(p): read_small_file(p) for p in model.json_files}
-    return build_inventory(display_path(model.directory), scans, json_files=json_files)
+    return build_inventory(display_path(model.directory), scans, json_files=json_files,
+                           companion_size=lambda name: _size(model.directory / name))
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size if path.is_file() else None
+    except OSError:
+        return None
 
 
 def scan_local_file(path: Path) -> FileScan:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -118,15 +119,23 @@ def build_inventory(
     weight_scans: Iterable[FileScan],
     *,
     json_files: Mapping[str, bytes | None],
+    companion_size: Callable[[str], int | None] | None = None,
 ) -> ModelInventory:
     """Assemble an inventory from already-read weight files and small JSON files.
 
     ``json_files`` maps display paths of index files and config.json to their
-    bytes (None where the file could not be read).  Local and Hub scans share
-    this, so the same files give the same sets and findings either way.
+    bytes (None where the file could not be read).  ``companion_size`` gives the
+    size of a file beside them by its relative name (None: missing), for the files
+    a weight file needs (ONNX external data).  Local and Hub scans share this, so
+    the same files give the same sets and findings either way.
     """
     files = tuple(sorted(weight_scans, key=lambda s: s.path))
     findings: list[Finding] = []
+    needed = {name for scan in files for name in scan.companions}
+    if needed:  # a data file belongs to the file that needs it, not to a set of its own
+        files = tuple(s for s in files if posixpath.basename(s.path) not in needed)
+        sizes = {name: companion_size(name) if companion_size else None for name in needed}
+        findings.extend(companion_findings(files, sizes))
     indexes: list[ShardIndex] = []
     config_path: str | None = None
     config: dict[str, object] | None = None
@@ -150,6 +159,15 @@ def build_inventory(
             indexes.append(ShardIndex(name, weight_map if valid else {}, text))  # type: ignore[arg-type]
     sets = mark_primary(group_sets(files, indexes), diffusers=_is_diffusers(config))
     return ModelInventory(path, files, tuple(indexes), config_path, config, config_text, tuple(findings), sets)
+
+
+def companion_findings(files: Iterable[FileScan], sizes: Mapping[str, int | None]) -> Iterator[Finding]:
+    """A companion that is missing or too short for what its file places in it (CG004)."""
+    for scan in files:
+        if scan.companions and scan.format == "onnx":
+            from guard.readers.onnx_tensors import external_data_findings  # only where ONNX files are
+
+            yield from external_data_findings(scan, sizes)
 
 
 def _parse_json(name: str, data: bytes | None, findings: list[Finding]) -> tuple[object | None, str]:

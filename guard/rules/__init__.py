@@ -54,6 +54,7 @@ def check_model(inventory: ModelInventory, policy: Policy) -> list[Finding]:
         for scan in ws.files:
             findings.extend(f._replace(set=ws.name) for f in file_findings(ws, scan))
     owner = {index.path: ws.name for ws in inventory.sets for index in ws.indexes}
+    owner.update((scan.path, ws.name) for ws in inventory.sets for scan in ws.files)
     findings.extend(f._replace(set=owner.get(f.path)) for f in inventory.findings)
     for code, check in CHECKS:
         if policy.is_enabled(code):
