@@ -1,0 +1,32 @@
+"""The naming step of a conversion, as run.py calls it: mapping, checks, decisions, findings, figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from guard.convert.checks import check_shapes
+from guard.convert.naming import Mapping, Refusal, head_findings, map_tensors, resolve_aliases
+from guard.convert.restore import restore_counters
+from guard.convert.source import SourceModel
+from guard.findings import Finding
+
+
+def plan_mapping(source: SourceModel, config: dict[str, Any] | None, *, to: str, src: Path,
+                 strict: bool) -> tuple[Mapping, list[Finding], dict[str, Any]]:
+    where = str(src / "config.json")
+    try:
+        mapping = map_tensors(source, config, to=to, where=where)
+    except Refusal as exc:
+        return Mapping("refused"), [exc.finding], {"mapping": "refused"}
+    findings = list(mapping.findings)
+    if mapping.how != "identity":
+        assert config is not None and mapping.architecture is not None
+        resolve_aliases(mapping, to=to)
+        findings = list(mapping.findings) + head_findings(mapping, strict=strict)
+        findings += check_shapes(mapping.tensors, config, architecture=mapping.architecture)
+        if to == "torch":
+            restore_counters(mapping)
+    figures = {"mapping": mapping.how, "architecture": mapping.architecture, "tied": mapping.tied,
+               "dropped": mapping.dropped, "decisions": mapping.report(mapping.architecture or to)}
+    return mapping, findings, figures
