@@ -65,13 +65,13 @@ def tiny_bart(tmp: Path) -> Path:
     return out
 
 
-def safetensors_bits(directory: Path) -> dict[str, tuple[str, bytes]]:
+def safetensors_bits(directory: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     out = {}
     for path in sorted(directory.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as fh:
             for name in fh.keys():
                 t = fh.get_tensor(name)
-                out[name] = (str(t.dtype), t.contiguous().view(torch.uint8).numpy().tobytes())
+                out[name] = (str(t.dtype), tuple(t.shape), t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return out
 
 
@@ -121,7 +121,7 @@ def test_mistral_bf16_round_trip_is_bit_exact(tmp_path: Path) -> None:
     original = safetensors_bits(src)
     q = original["model.layers.0.self_attn.q_proj.weight"]
     kernel = params[("model", "layers", "0", "self_attn", "q_proj", "kernel")]
-    assert np.ascontiguousarray(kernel.T).view(np.uint8).tobytes() == q[1]  # Linear: transposed, same bits
+    assert np.ascontiguousarray(kernel.T).view(np.uint8).tobytes() == q[2]  # Linear: transposed, same bits
     assert json.loads((flax_dir / "config.json").read_text())["torch_dtype" if "torch_dtype" in json.loads(
         (src / "config.json").read_text()) else "dtype"] == "bfloat16"
     assert (flax_dir / "generation_config.json").is_file()

@@ -130,7 +130,7 @@ def decision_lines(figures: dict) -> list[str]:  # type: ignore[type-arg]
 
     lines = []
     for d in figures.get("decisions", []):
-        verb = {"tied": "left out", "restored": "restored"}.get(d["kind"], "dropped")
+        verb = {"tied": "left out", "restored": "restored", "restored_table": "restored"}.get(d["kind"], "dropped")
         shown = ", ".join(d["tensors"][:6]) + (f", ... ({len(d['tensors']) - 6} more)" if len(d["tensors"]) > 6 else "")
         lines.append(inert_text(f"  {verb} {d['count']} {d['reason']}: {shown}", limit=600))
     return lines

@@ -189,4 +189,5 @@ FAMILIES: dict[str, Family] = {
                           buffers=BERT_BUFFERS, tied=(r"^lm_head\.decoder\.weight",),
                           always_tied=(r"^lm_head\.decoder\.bias",)),
 }
+FLAX_NAMES = {"BertLMHeadModel": "FlaxBertForCausalLM"}  # the twins whose names differ by more than "Flax"
 ALIASES = {"gpt-sw3": "gpt2"}  # model types transformers maps to another type's classes

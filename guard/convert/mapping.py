@@ -7,7 +7,7 @@ from typing import Any
 
 from guard.convert.checks import check_shapes
 from guard.convert.naming import Mapping, Refusal, head_findings, map_tensors, resolve_aliases
-from guard.convert.restore import restore_counters
+from guard.convert.restore import restore_counters, restore_tables
 from guard.convert.source import SourceModel
 from guard.findings import Finding
 
@@ -27,6 +27,17 @@ def plan_mapping(source: SourceModel, config: dict[str, Any] | None, *, to: str,
         findings += check_shapes(mapping.tensors, config, architecture=mapping.architecture)
         if to == "torch":
             restore_counters(mapping)
+            restore_tables(mapping, config, dtype=_main_float(mapping))
     figures = {"mapping": mapping.how, "architecture": mapping.architecture, "tied": mapping.tied,
                "dropped": mapping.dropped, "decisions": mapping.report(mapping.architecture or to)}
     return mapping, findings, figures
+
+
+def _main_float(mapping: Mapping) -> str:
+    from guard import dtypes
+
+    counts: dict[str, int] = {}
+    for m in mapping.tensors:
+        if dtypes.is_float(m.source.info.dtype):
+            counts[m.source.info.dtype] = counts.get(m.source.info.dtype, 0) + m.source.info.numel
+    return max(counts, key=counts.__getitem__) if counts else "F32"

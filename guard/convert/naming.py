@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from guard.catalogue import make_finding
-from guard.convert.families import ALIASES, FAMILIES, Family
+from guard.convert.families import ALIASES, FAMILIES, FLAX_NAMES, Family
 from guard.convert.rules import Key, Perm, flax_to_torch, permuted, torch_to_flax
 from guard.convert.source import SourceModel, SourceTensor
 from guard.findings import Finding, Severity
@@ -28,6 +28,7 @@ REASONS = {  # decision kind -> the words of the report
     "tied": "tied alias(es), bit-identical to the tensor they share (transformers re-ties them on load)",
     "restored": "BatchNorm num_batches_tracked counter(s) Flax does not keep, written as 0 so PyTorch finds "
                 "nothing missing",
+    "restored_table": "frozen sinusoidal table(s) Flax computes, rebuilt with transformers' formula",
 }
 
 
@@ -57,14 +58,14 @@ class Mapping:
     tensors: list[Mapped] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     decisions: dict[str, list[SourceTensor]] = field(default_factory=dict)
-    aliases: list[SourceTensor] = field(default_factory=list)  # resolved later: tied alias or CG304
+    aliases: list[Mapped] = field(default_factory=list)  # resolved later: tied alias, the tensor itself, or CG304
 
     def decide(self, kind: str, tensor: SourceTensor) -> None:
         self.decisions.setdefault(kind, []).append(tensor)
 
     @property
     def dropped(self) -> list[str]:
-        return [t.name for kind, ts in self.decisions.items() if kind not in ("tied", "restored") for t in ts]
+        return [t.name for kind, ts in self.decisions.items() if kind not in ("tied", "restored", "restored_table") for t in ts]
 
     @property
     def tied(self) -> list[str]:
@@ -130,8 +131,13 @@ def map_tensors(source: SourceModel, config: dict[str, Any] | None, *, to: str, 
     keys = [tuple(t.name.split(source.separator)) for t in source.tensors]
     cls, strip = target_class(config, family, keys)
     strip = strip and to == "flax"
-    architecture = ("Flax" + cls) if to == "flax" else cls
+    architecture = FLAX_NAMES.get(cls, "Flax" + cls) if to == "flax" else cls
     mapping = Mapping("rules", architecture)
+    if to == "torch" and family.pt_only.get(cls):
+        mapping.findings.append(make_finding(
+            "CG304", where, f"{cls} holds tensors its Flax twin has none of ({', '.join(family.pt_only[cls])}): "
+                            "transformers will initialize them at random on load (this head does not use them)",
+            )._replace(severity=Severity.warning))
     batch_norm = to == "flax" and any(k[-1] == "running_mean" for k in keys)
     covered: dict[Key, str] = {}
     for tensor, key in zip(source.tensors, keys):
@@ -160,7 +166,16 @@ def _one(tensor: SourceTensor, key: Key, config: dict[str, Any], cls: str, mappi
          to: str, where: str) -> tuple[Key, Perm | None] | None:
     lookup = key[1:] if to == "torch" and key[0] in ("params", "batch_stats") else key
     r = route(lookup, config, where=where, name=tensor.name)
-    rest = r.rest
+    rest, name, ndim = r.rest, ".".join(r.rest), len(tensor.info.shape)
+    if to == "flax":
+        if rest[-1] == "num_batches_tracked":
+            mapping.decide("counter", tensor)
+            return None
+        for kind, patterns in (("buffer", r.family.buffers), ("computed", r.family.computed),
+                               ("head", r.family.pt_only.get(cls, ()) if not r.head else ())):
+            if any(re.search(p + "$", name) for p in patterns):
+                mapping.decide(kind, tensor)
+                return None
     root = rest[1] if len(rest) > 1 and rest[0] == r.family.prefix else rest[0] if rest else ""
     if root not in r.family.roots:
         mapping.findings.append(make_finding(
@@ -168,38 +183,34 @@ def _one(tensor: SourceTensor, key: Key, config: dict[str, Any], cls: str, mappi
                                        f"{mapping.architecture}: {r.model_type} models have no {root[:80]!r}",
             tensor=tensor.name))
         return None
-    ndim = len(tensor.info.shape)
     if to == "torch":
-        new, perm = flax_to_torch(key, ndim)
-        return new, perm
-    name = ".".join(rest)
-    if rest[-1] == "num_batches_tracked":
-        mapping.decide("counter", tensor)
-        return None
-    for kind, patterns in (("buffer", r.family.buffers), ("computed", r.family.computed),
-                           ("head", r.family.pt_only.get(cls, ()) if not r.head else ())):
-        if any(re.search(p + "$", name) for p in patterns):
-            mapping.decide(kind, tensor)
-            return None
+        return flax_to_torch(key, ndim)
+    target = torch_to_flax(key, ndim, norm_weight=r.family.norm_weight)
     tie = r.config.get("tie_word_embeddings", r.family.tie_default)
     if any(re.search(p + "$", name) for p in r.family.always_tied) or (
             tie and any(re.search(p + "$", name) for p in r.family.tied)):
-        mapping.aliases.append(tensor)
+        mapping.aliases.append(Mapped(tensor, *target))
         return None
-    return torch_to_flax(key, ndim, norm_weight=r.family.norm_weight)
+    return target
 
 
 def resolve_aliases(mapping: Mapping, *, to: str) -> None:
-    """A tied alias is dropped when bit-identical to a tensor of the same shape and dtype; else CG304."""
+    """A tied alias is dropped when bit-identical to a tensor of the same shape and dtype; with no such
+    tensor at all it is the only copy (BartForCausalLM's decoder embedding) and is kept; else CG304."""
     import numpy as np
 
     from guard.convert.bitviews import bits
 
-    for alias in mapping.aliases:
+    # input embeddings before output projections: with no other copy, the embedding is the one kept
+    for candidate in sorted(mapping.aliases, key=lambda m: m.target[-1] == "kernel"):
+        alias = candidate.source
         twins = [m.source for m in mapping.tensors
                  if m.source.info.shape == alias.info.shape and m.source.info.dtype == alias.info.dtype]
-        data = bits(alias.load()) if twins else None
-        if data is not None and any(np.array_equal(data, bits(t.load())) for t in twins):
+        if not twins:
+            mapping.tensors.append(candidate)
+            continue
+        data = bits(alias.load())
+        if any(np.array_equal(data, bits(t.load())) for t in twins):
             mapping.decide("tied", alias)
         else:
             mapping.findings.append(make_finding(
