@@ -18,6 +18,7 @@ from guard.convert.naming import Mapped
 from guard.findings import Finding
 
 NORM_MODULE = re.compile(r"(layer_?norm|^norm$|^ln_|_ln$|^ln$|layrnorm|_norm$)", re.IGNORECASE)
+LAYER_LISTS = ("layer", "layers", "h", "block", "blocks", "conv_layers", "stages")  # not any nn.Sequential
 VOCAB_MODULE = re.compile(r"^(word_embeddings|embed_tokens|wte|shared|token_embedding)$")
 
 
@@ -84,7 +85,7 @@ def _check_layers(tensors: list[Mapped]) -> list[Finding]:
     for parent, members in groups.items():
         where = ".".join(parent)
         gaps = sorted(set(range(max(members) + 1)) - set(members))
-        if gaps:
+        if gaps and parent[-1] in LAYER_LISTS:
             findings.append(make_finding("CG304", files[parent], f"{where}.{gaps[0]} is missing: {where} has "
                                                                  f"{len(members)} of {max(members) + 1} blocks"))
         if len(members) < 2:

@@ -48,7 +48,8 @@ BERT_BUFFERS = (r"embeddings\.position_ids", r"embeddings\.token_type_ids")
 ROTARY = (r"rotary_emb\.inv_freq",)  # 4.57 holds one under the model; older versions saved one per layer
 MLM_TIED = (r"predictions\.decoder\.weight",)
 MLM_BIAS = (r"predictions\.decoder\.bias",)  # the head's own `bias` under another name, in every version
-SEQ2SEQ_TIED = (r"(^|\.)encoder\.embed_tokens\.weight", r"(^|\.)decoder\.embed_tokens\.weight", r"^lm_head\.weight")
+SEQ2SEQ_TIED = (r"^lm_head\.weight",)
+SHARED_INPUTS = (r"(^|\.)encoder\.embed_tokens\.weight", r"(^|\.)decoder\.embed_tokens\.weight")  # = `shared`
 SEQ2SEQ_BUFFERS = (r"(^|\.)encoder\.version", r"(^|\.)decoder\.version")
 T5_BUFFERS = (r"decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight",)
 BART_ROOTS = _roots("model", "shared", "encoder", "decoder", "lm_head", "final_logits_bias", "classification_head",
@@ -71,7 +72,7 @@ FAMILIES: dict[str, Family] = {
                      tied=MLM_TIED, always_tied=MLM_BIAS),
     "bart": Family("model", _named("Bart", ("Model", "ForCausalLM", "ForConditionalGeneration",
                                               "ForQuestionAnswering", "ForSequenceClassification")),
-                   BART_ROOTS, buffers=SEQ2SEQ_BUFFERS, tied=SEQ2SEQ_TIED),
+                   BART_ROOTS, buffers=SEQ2SEQ_BUFFERS, tied=SEQ2SEQ_TIED, always_tied=SHARED_INPUTS),
     "beit": Family("beit", ("BeitModel", "BeitForImageClassification"),
                    _roots("beit", "embeddings", "encoder", "pooler", "classifier"),
                    buffers=(r"relative_position_index",)),
@@ -87,9 +88,9 @@ FAMILIES: dict[str, Family] = {
                        pt_only={c: (r"^bert\.pooler\..*",) for c in ("BigBirdForCausalLM", "BigBirdForMaskedLM",
                                                                     "BigBirdForTokenClassification")}),
     "blenderbot": Family("model", ("BlenderbotModel", "BlenderbotForConditionalGeneration"), BART_ROOTS,
-                         tied=SEQ2SEQ_TIED),
+                         tied=SEQ2SEQ_TIED, always_tied=SHARED_INPUTS),
     "blenderbot-small": Family("model", ("BlenderbotSmallModel", "BlenderbotSmallForConditionalGeneration"),
-                               BART_ROOTS, tied=SEQ2SEQ_TIED),
+                               BART_ROOTS, tied=SEQ2SEQ_TIED, always_tied=SHARED_INPUTS),
     "bloom": Family("transformer", ("BloomModel", "BloomForCausalLM"),
                     _roots("transformer", "word_embeddings", "word_embeddings_layernorm", "h", "ln_f", "lm_head"),
                     tied=(r"^lm_head\.weight",)),
@@ -132,19 +133,22 @@ FAMILIES: dict[str, Family] = {
                                                                        "lm_head"),
                     norm_weight=True, buffers=ROTARY, tied=(r"^lm_head\.weight",), tie_default=False),
     "longt5": Family("transformer", ("LongT5Model", "LongT5ForConditionalGeneration"), T5_ROOTS, norm_weight=True,
-                     buffers=T5_BUFFERS, tied=SEQ2SEQ_TIED),
+                     buffers=T5_BUFFERS, tied=SEQ2SEQ_TIED, always_tied=SHARED_INPUTS),
     "marian": Family("model", ("MarianModel", "MarianMTModel"), BART_ROOTS, tied=SEQ2SEQ_TIED,
+                     always_tied=SHARED_INPUTS,
                      computed=(r"(^|\.)(encoder|decoder)\.embed_positions\.weight",)),
     "mbart": Family("model", _named("MBart", ("Model", "ForConditionalGeneration", "ForQuestionAnswering",
-                                                "ForSequenceClassification")), BART_ROOTS, tied=SEQ2SEQ_TIED),
+                                                "ForSequenceClassification")), BART_ROOTS, tied=SEQ2SEQ_TIED,
+                    always_tied=SHARED_INPUTS),
     "mistral": Family("model", ("MistralModel", "MistralForCausalLM"),
                       _roots("model", "embed_tokens", "layers", "norm", "lm_head"),
                       norm_weight=True, buffers=ROTARY, tied=(r"^lm_head\.weight",), tie_default=False),
     "mt5": Family("transformer", ("MT5Model", "MT5ForConditionalGeneration"), T5_ROOTS, norm_weight=True,
-                  buffers=T5_BUFFERS, tied=SEQ2SEQ_TIED, tie_default=False),
+                  buffers=T5_BUFFERS, tied=SEQ2SEQ_TIED, always_tied=SHARED_INPUTS, tie_default=False),
     "opt": Family("model", ("OPTModel", "OPTForCausalLM"), _roots("model", "decoder", "lm_head"),
                   tied=(r"^lm_head\.weight",)),
     "pegasus": Family("model", ("PegasusModel", "PegasusForConditionalGeneration"), BART_ROOTS, tied=SEQ2SEQ_TIED,
+                      always_tied=SHARED_INPUTS,
                       computed=(r"(^|\.)(encoder|decoder)\.embed_positions\.weight",)),
     "regnet": Family("regnet", ("RegNetModel", "RegNetForImageClassification"),
                      _roots("regnet", "embedder", "encoder", "classifier")),
@@ -166,7 +170,7 @@ FAMILIES: dict[str, Family] = {
                                      _roots("encoder", "decoder", "enc_to_dec_proj"),
                                      parts={"encoder": "encoder", "decoder": "decoder"}),
     "t5": Family("transformer", ("T5Model", "T5ForConditionalGeneration"), T5_ROOTS, norm_weight=True,
-                 buffers=T5_BUFFERS, tied=SEQ2SEQ_TIED),
+                 buffers=T5_BUFFERS, tied=SEQ2SEQ_TIED, always_tied=SHARED_INPUTS),
     "vision-encoder-decoder": Family("vision_encoder_decoder", ("VisionEncoderDecoderModel",),
                                      _roots("encoder", "decoder", "enc_to_dec_proj"),
                                      parts={"encoder": "encoder", "decoder": "decoder"}),

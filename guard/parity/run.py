@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from guard.catalogue import make_finding
-from guard.errors import MissingExtraError
-from guard.findings import Finding
+from guard.errors import MissingExtraError, UsageError
+from guard.findings import Finding, Severity
 from guard.inventory import discover_models, display_path, load_local_model
 from guard.parity.runs import Failed as _Failed
 from guard.parity.runs import Unavailable as _Unavailable
 
-BATCH, SEQ_LEN, IMAGE_BATCH = 2, 16, 2
+BATCH, SEQ_LEN, IMAGE_BATCH, AUDIO_SAMPLES = 2, 16, 2, 3200
 LOW_PRECISION = ("BF16", "F16")
 # transformers' auto mappings that name Flax classes; the PyTorch twin has the same name minus "Flax".
 FLAX_MAPPINGS = (
@@ -90,8 +90,29 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[
             findings.append(make_finding("CG302", where, (
                 f"{label} ({ref} vs {other}): {metric} = {value:.3g} on {output!r} {relation} {threshold:.3g} "
                 f"({tol.dtype} bound: {tol.source}); {len(failures)} failing output(s)")))
-    figures["passed"] = not findings
+    findings = flax_precision_facts(findings, figures["comparisons"])
+    figures["passed"] = not any(f.severity is Severity.error for f in findings)
     return findings, figures
+
+
+FLAX_ONLY_DRIFT = ("stored dtype", "flax vs fp32 reference")
+
+
+def flax_precision_facts(findings: list[Finding], comparisons: list[dict[str, Any]]) -> list[Finding]:
+    """When the fp32 run agrees (the weights are the same) and PyTorch's own low-precision run stays
+    within bounds, a Flax-only low-precision drift is a fact about Flax's kernels (ResNet's avg_pool
+    sums in bf16), not about the conversion: a warning that says so."""
+    passed = {c["name"]: c["passed"] for c in comparisons}
+    if not passed.get("fp32") or not passed.get("torch vs fp32 reference", False):
+        return findings
+    facts = []
+    for finding in findings:
+        if finding.message.startswith(FLAX_ONLY_DRIFT):
+            finding = finding._replace(severity=Severity.warning, message=(
+                f"{finding.message}; the fp32 run agrees and PyTorch's own low-precision run stays within "
+                "bounds, so this is Flax's low-precision arithmetic drifting, not the conversion"))
+        facts.append(finding)
+    return facts
 
 
 def _plan(stored: dict[str, str]) -> list[tuple[str, str, str, tuple[str, ...]]]:
@@ -145,24 +166,42 @@ def find_pair(config: dict[str, Any]) -> tuple[str, str]:
 
 
 def make_inputs(config: Any, flax_cls: Any, *, seed: int) -> dict[str, Any]:
-    """Seeded inputs for whatever the Flax model's __call__ takes."""
+    """Seeded inputs for whatever the Flax model's __call__ takes, sized from the (sub-)configs."""
     import numpy as np
 
     accepted = set(inspect.signature(flax_cls.__call__).parameters)
     rng = np.random.default_rng(seed)
+    encoder = getattr(config, "encoder", None)
+    decoder = getattr(config, "decoder", None)
     text = getattr(config, "text_config", None) or config
-    vision = getattr(config, "vision_config", None) or config
+    vision = getattr(config, "vision_config", None) or encoder or config
     inputs: dict[str, Any] = {}
-    for name in ("input_ids", "decoder_input_ids"):
-        if name in accepted:
-            inputs[name] = _token_ids(rng, text, name)
+    if "input_ids" in accepted:
+        inputs["input_ids"] = _token_ids(rng, encoder if encoder is not None else text, "input_ids")
+    if "decoder_input_ids" in accepted:
+        inputs["decoder_input_ids"] = _token_ids(rng, decoder if decoder is not None else text, "decoder_input_ids")
     if "input_ids" in inputs and "attention_mask" in accepted:
         inputs["attention_mask"] = np.ones_like(inputs["input_ids"])
+    if "input_ids" in inputs and "token_type_ids" in accepted:
+        # explicit, as the two sides' defaults differ (Flax ELECTRA defaults to ones, PyTorch to zeros)
+        inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
     if "pixel_values" in accepted:
         size = getattr(vision, "image_size", 224)
         size = size if isinstance(size, int) else int(size[0])
         channels = getattr(vision, "num_channels", 3)
         inputs["pixel_values"] = rng.standard_normal((IMAGE_BATCH, channels, size, size)).astype(np.float32)
+    if "input_features" in accepted:  # Whisper: log-mel frames, twice the encoder's positions
+        audio = encoder if encoder is not None else config
+        frames = 2 * int(getattr(audio, "max_source_positions", 1500))
+        mels = int(getattr(audio, "num_mel_bins", 80))
+        inputs["input_features"] = rng.standard_normal((BATCH, mels, frames)).astype(np.float32)
+    if "input_values" in accepted or ("inputs" in accepted and encoder is not None):
+        # wav2vec2 (the speech composite names it `inputs` in Flax): raw audio, long enough for the strides
+        inputs["input_values"] = rng.standard_normal((BATCH, AUDIO_SAMPLES)).astype(np.float32)
+    if "MultipleChoice" in flax_cls.__name__:  # [batch, choices, length]
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            if name in inputs:
+                inputs[name] = np.stack([inputs[name], inputs[name][::-1]], axis=1)
     if not inputs:
         wanted = [p for p in accepted if p not in ("self", "params", "dropout_rng", "train")]
         raise _Unavailable(f"{flax_cls.__name__} takes inputs this tool does not build ({', '.join(wanted)})")
@@ -254,3 +293,15 @@ def _require_extras() -> None:
             __import__(module)
         except ImportError:
             raise MissingExtraError(module, "parity") from None
+    require_flax_transformers()
+
+
+def require_flax_transformers() -> None:
+    """transformers 5 removed the Flax classes parity runs; say so in one line."""
+    import transformers
+
+    major = str(getattr(transformers, "__version__", "0")).split(".")[0]
+    if not major.isdigit() or int(major) >= 5:
+        raise UsageError(f"parity needs transformers 4.x, the last line with Flax classes (found "
+                         f"{getattr(transformers, '__version__', '?')}); install it with: pip install "
+                         "'transformers>=4.40,<5' (convert itself does not need transformers)")
