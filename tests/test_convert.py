@@ -155,9 +155,10 @@ def test_round_trip_loads_in_transformers(tmp_path: Path, kind: str) -> None:
     report = tmp_path / "r.json"
     assert convert(tmp_path / "src", "--to", "flax", "--out", tmp_path / "f", "-f", "json", "-o", report) == 0
     conversion = json.loads(report.read_text())["extra"]["conversion"]
-    if "template_error" in conversion:  # FlaxT5 calls jnp.clip(a_max=), gone from this jax: no Flax model to load
-        assert kind == "t5" and conversion["mapping"] == "rules"
-        params = flax_params(tmp_path / "f")
+    assert conversion["mapping"] == "rules"
+    if kind == "t5":  # FlaxT5 calls jnp.clip(a_max=), gone from jax 0.10: its loader cannot run here
+        params = flax_params(tmp_path / "f")  # test_convert_families.py loads it with the old keyword restored
+        assert ("encoder", "final_layer_norm", "weight") in params  # FlaxT5LayerNorm's name, not `scale`
     else:
         params = assert_flax_loads(tmp_path / "f")
     assert convert(tmp_path / "f", "--to", "torch", "--out", tmp_path / "b") == 0

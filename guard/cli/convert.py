@@ -73,12 +73,14 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
     request = ConvertRequest(src, out, to, CastPolicy(DTYPE_CHOICES[dtype], tuple(keep_fp32)),
                              parse_size(max_shard_size), allow_lossy, strict)
     findings, figures = convert_model(request)
+    if not figures.get("written"):
+        figures["next_step"] = next_step(findings)
     report = Report(findings=findings, policy={"fail_on": "error"}, extra={"conversion": figures})
     if figures.get("written"):
         report.models.extend(_summaries(out))
         if run_parity:
             _add_parity(report, request, figures)
-    if fmt == "text" and output is None:
+    if fmt == "text" and output is None and figures.get("written"):  # a refusal ends the report instead
         click.echo(conversion_line(figures))
         for line in decision_lines(figures):
             click.echo(line)
@@ -122,6 +124,22 @@ def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-de
         parity_figures[side] = f"{request.out} (converted back, bit-exact)"
     report.extra["parity"] = {**parity_figures, "paired_with": "source" if pair == request.src else
                               "the output converted back with --dtype keep (the casts applied on both sides)"}
+
+
+NEXT_STEPS = {  # the first error's code -> what the user can do about it
+    "CG001": "repair or re-download the file named above; convert reads only intact files",
+    "CG003": "the pickle is refused unread; convert from model.safetensors instead (or re-save it as safetensors)",
+    "CG004": "the shard index and the shards disagree: restore the missing shard or fix the index",
+    "CG201": "choose a wider --dtype, hold the tensors in fp32 with --keep-fp32, or write anyway with --allow-lossy",
+    "CG301": "the written output did not read back: check the disk, then report it as a bug",
+    "CG304": "the tensors do not fit the architecture config.json names: check its model_type and architectures; "
+             "a tensor the target class has no place for is dropped with a warning unless --strict",
+}
+
+
+def next_step(findings: list) -> str:  # type: ignore[type-arg]
+    errors = [f.code for f in findings if f.severity.value == "error"]
+    return NEXT_STEPS.get(errors[0], "fix the findings above and run convert again") if errors else ""
 
 
 def decision_lines(figures: dict) -> list[str]:  # type: ignore[type-arg]

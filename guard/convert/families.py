@@ -18,6 +18,7 @@ Fields (regexes are searched against the PyTorch name, anchored at the end):
 - ``tied``: aliases of another tensor (output embeddings); ``always`` ones tie whatever the config says.
 - ``tie_default``: the config class's ``tie_word_embeddings`` default.
 - ``parts``: composites: top-level module -> the config key of its sub-config.
+- ``base_requires``: roots the Flax base class always holds, which a head checkpoint may lack.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ class Family:
     always_tied: tuple[str, ...] = ()
     tie_default: bool = True
     parts: dict[str, str] = field(default_factory=dict)
+    base_requires: tuple[str, ...] = ()  # roots the Flax base class always holds (BERT's pooler)
 
 
 def _roots(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
+POOLER = ("pooler",)
 BERT_BUFFERS = (r"embeddings\.position_ids", r"embeddings\.token_type_ids")
 ROTARY = (r"rotary_emb\.inv_freq",)  # 4.57 holds one under the model; older versions saved one per layer
 MLM_TIED = (r"predictions\.decoder\.weight",)
@@ -69,7 +72,7 @@ FAMILIES: dict[str, Family] = {
                                                    "ForQuestionAnswering", "ForSequenceClassification",
                                                    "ForTokenClassification")),
                      _roots("albert", *BERT_ROOTS, "predictions", "sop_classifier"), buffers=BERT_BUFFERS,
-                     tied=MLM_TIED, always_tied=MLM_BIAS),
+                     tied=MLM_TIED, always_tied=MLM_BIAS, base_requires=POOLER),
     "bart": Family("model", _named("Bart", ("Model", "ForCausalLM", "ForConditionalGeneration",
                                               "ForQuestionAnswering", "ForSequenceClassification")),
                    BART_ROOTS, buffers=SEQ2SEQ_BUFFERS, tied=SEQ2SEQ_TIED, always_tied=SHARED_INPUTS),
@@ -79,14 +82,16 @@ FAMILIES: dict[str, Family] = {
     "bert": Family("bert", _named("Bert", ("Model", "ForMaskedLM", "ForMultipleChoice", "ForNextSentencePrediction",
                                              "ForPreTraining", "ForQuestionAnswering", "ForSequenceClassification",
                                              "ForTokenClassification")) + ("BertLMHeadModel",),
-                   _roots("bert", *BERT_ROOTS, "cls"), buffers=BERT_BUFFERS, tied=MLM_TIED, always_tied=MLM_BIAS),
+                   _roots("bert", *BERT_ROOTS, "cls"), buffers=BERT_BUFFERS, tied=MLM_TIED, always_tied=MLM_BIAS,
+                   base_requires=POOLER),
     "big_bird": Family("bert", _named("BigBird", ("Model", "ForCausalLM", "ForMaskedLM", "ForMultipleChoice",
                                                     "ForPreTraining", "ForQuestionAnswering",
                                                     "ForSequenceClassification", "ForTokenClassification")),
                        _roots("bert", *BERT_ROOTS, "cls", "qa_classifier"), buffers=BERT_BUFFERS,
                        tied=MLM_TIED, always_tied=MLM_BIAS,
                        pt_only={c: (r"^bert\.pooler\..*",) for c in ("BigBirdForCausalLM", "BigBirdForMaskedLM",
-                                                                    "BigBirdForTokenClassification")}),
+                                                                    "BigBirdForTokenClassification")},
+                       base_requires=POOLER),
     "blenderbot": Family("model", ("BlenderbotModel", "BlenderbotForConditionalGeneration"), BART_ROOTS,
                          tied=SEQ2SEQ_TIED, always_tied=SHARED_INPUTS),
     "blenderbot-small": Family("model", ("BlenderbotSmallModel", "BlenderbotSmallForConditionalGeneration"),
@@ -156,11 +161,11 @@ FAMILIES: dict[str, Family] = {
                      _roots("resnet", "embedder", "encoder", "classifier")),
     "roberta": Family("roberta", _named("Roberta", ROBERTA_CLASSES), _roots("roberta", *BERT_ROOTS, "lm_head"),
                       buffers=BERT_BUFFERS, tied=(r"^lm_head\.decoder\.weight",),
-                      always_tied=(r"^lm_head\.decoder\.bias",)),
+                      always_tied=(r"^lm_head\.decoder\.bias",), base_requires=POOLER),
     "roberta-prelayernorm": Family("roberta_prelayernorm", _named("RobertaPreLayerNorm", ROBERTA_CLASSES),
                                    _roots("roberta_prelayernorm", *BERT_ROOTS, "LayerNorm", "lm_head"),
                                    buffers=BERT_BUFFERS, tied=(r"^lm_head\.decoder\.weight",),
-                                   always_tied=(r"^lm_head\.decoder\.bias",)),
+                                   always_tied=(r"^lm_head\.decoder\.bias",), base_requires=POOLER),
     "roformer": Family("roformer", _named("RoFormer", ("Model", "ForMaskedLM", "ForMultipleChoice",
                                                          "ForQuestionAnswering", "ForSequenceClassification",
                                                          "ForTokenClassification")),
@@ -191,7 +196,7 @@ FAMILIES: dict[str, Family] = {
                    buffers=(r"embed_positions\.weights",), tied=(r"^lm_head\.weight",)),
     "xlm-roberta": Family("roberta", _named("XLMRoberta", ROBERTA_CLASSES), _roots("roberta", *BERT_ROOTS, "lm_head"),
                           buffers=BERT_BUFFERS, tied=(r"^lm_head\.decoder\.weight",),
-                          always_tied=(r"^lm_head\.decoder\.bias",)),
+                          always_tied=(r"^lm_head\.decoder\.bias",), base_requires=POOLER),
 }
 FLAX_NAMES = {"BertLMHeadModel": "FlaxBertForCausalLM"}  # the twins whose names differ by more than "Flax"
 ALIASES = {"gpt-sw3": "gpt2"}  # model types transformers maps to another type's classes

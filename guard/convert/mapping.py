@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from guard.convert.checks import check_shapes
-from guard.convert.naming import Mapping, Refusal, head_findings, map_tensors, resolve_aliases
+from guard.convert.decisions import head_findings, resolve_aliases
+from guard.convert.mapped import Mapping, Refusal
+from guard.convert.naming import map_tensors
 from guard.convert.restore import restore_counters, restore_tables
 from guard.convert.source import SourceModel
 from guard.findings import Finding

@@ -11,71 +11,17 @@ holds that its Flax twin has no place for.  Nothing is dropped without a line sa
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from guard.catalogue import make_finding
 from guard.convert.families import ALIASES, FAMILIES, FLAX_NAMES, Family
-from guard.convert.rules import Key, Perm, flax_to_torch, permuted, torch_to_flax
+from guard.convert.mapped import Mapped, Mapping, Refusal
+from guard.convert.rules import Key, Perm, flax_to_torch, torch_to_flax
 from guard.convert.source import SourceModel, SourceTensor
-from guard.findings import Finding, Severity
+from guard.findings import Severity
 
-REASONS = {  # decision kind -> the words of the report
-    "buffer": "buffer(s) the {target} class does not hold",
-    "counter": "BatchNorm num_batches_tracked counter(s), which Flax does not keep (restored as 0 on the way back)",
-    "computed": "frozen sinusoidal table(s) the {target} class computes itself",
-    "head": "tensor(s) the {target} class has no place for (transformers drops them with a warning)",
-    "tied": "tied alias(es), bit-identical to the tensor they share (transformers re-ties them on load)",
-    "restored": "BatchNorm num_batches_tracked counter(s) Flax does not keep, written as 0 so PyTorch finds "
-                "nothing missing",
-    "restored_table": "frozen sinusoidal table(s) Flax computes, rebuilt with transformers' formula",
-}
-
-
-class Refusal(Exception):
-    """The architecture cannot be named: one CG304 finding, nothing written."""
-
-    def __init__(self, path: str, message: str, tensor: str | None = None) -> None:
-        super().__init__(message)
-        self.finding = make_finding("CG304", path, message, tensor=tensor)
-
-
-@dataclass(frozen=True)
-class Mapped:
-    source: SourceTensor
-    target: Key
-    perm: Perm | None  # axes of the source array, in target order
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return permuted(self.source.info.shape, self.perm)
-
-
-@dataclass
-class Mapping:
-    how: str
-    architecture: str | None = None
-    tensors: list[Mapped] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    decisions: dict[str, list[SourceTensor]] = field(default_factory=dict)
-    aliases: list[Mapped] = field(default_factory=list)  # resolved later: tied alias, the tensor itself, or CG304
-
-    def decide(self, kind: str, tensor: SourceTensor) -> None:
-        self.decisions.setdefault(kind, []).append(tensor)
-
-    @property
-    def dropped(self) -> list[str]:
-        return [t.name for kind, ts in self.decisions.items() if kind not in ("tied", "restored", "restored_table") for t in ts]
-
-    @property
-    def tied(self) -> list[str]:
-        return [t.name for t in self.decisions.get("tied", [])]
-
-    def report(self, target: str) -> list[dict[str, Any]]:
-        return [{"kind": kind, "reason": REASONS[kind].format(target=target), "count": len(ts),
-                 "bytes": sum(t.info.nbytes or 0 for t in ts), "tensors": [t.name for t in ts]}
-                for kind, ts in self.decisions.items()]
-
+__all__ = ["Mapped", "Mapping", "Refusal", "map_tensors"]  # Mapped: the writer's input
 
 @dataclass(frozen=True)
 class Route:
@@ -159,6 +105,14 @@ def map_tensors(source: SourceModel, config: dict[str, Any] | None, *, to: str, 
             continue
         covered[new] = tensor.name
         mapping.tensors.append(Mapped(tensor, new, perm))
+    if to == "flax" and cls == family.classes[0]:
+        held = {m.target[0] for m in mapping.tensors}
+        for root in family.base_requires:
+            if root not in held:
+                mapping.findings.append(make_finding(
+                    "CG304", where, f"{architecture} holds a {root!r} that no tensor of the checkpoint fills (a head "
+                                    f"checkpoint has none): transformers would initialize it at random; name the head "
+                                    f"class in config.json's architectures instead"))
     return mapping
 
 
@@ -192,42 +146,3 @@ def _one(tensor: SourceTensor, key: Key, config: dict[str, Any], cls: str, mappi
         mapping.aliases.append(Mapped(tensor, *target))
         return None
     return target
-
-
-def resolve_aliases(mapping: Mapping, *, to: str) -> None:
-    """A tied alias is dropped when bit-identical to a tensor of the same shape and dtype; with no such
-    tensor at all it is the only copy (BartForCausalLM's decoder embedding) and is kept; else CG304."""
-    import numpy as np
-
-    from guard.convert.bitviews import bits
-
-    # input embeddings before output projections: with no other copy, the embedding is the one kept
-    for candidate in sorted(mapping.aliases, key=lambda m: m.target[-1] == "kernel"):
-        alias = candidate.source
-        twins = [m.source for m in mapping.tensors
-                 if m.source.info.shape == alias.info.shape and m.source.info.dtype == alias.info.dtype]
-        if not twins:
-            mapping.tensors.append(candidate)
-            continue
-        data = bits(alias.load())
-        if any(np.array_equal(data, bits(t.load())) for t in twins):
-            mapping.decide("tied", alias)
-        else:
-            mapping.findings.append(make_finding(
-                "CG304", alias.info.file,
-                f"{alias.name} {list(alias.info.shape)} is tied to another tensor in {mapping.architecture}, but no "
-                f"tensor of the checkpoint holds the same values: {to} would lose it", tensor=alias.name))
-
-
-def head_findings(mapping: Mapping, *, strict: bool) -> list[Finding]:
-    """Tensors dropped because the target class has no place for them: a warning, or refused (--strict)."""
-    dropped = mapping.decisions.get("head", [])
-    if not dropped:
-        return []
-    names = ", ".join(f"{t.name} {list(t.info.shape)} ({t.info.nbytes or 0} bytes)" for t in dropped)
-    total = sum(t.info.nbytes or 0 for t in dropped)
-    verb = "refused (--strict): would drop" if strict else "dropped"
-    finding = make_finding("CG304", dropped[0].info.file,
-                           f"{verb} {len(dropped)} tensor(s), {total} bytes, that {mapping.architecture} has no "
-                           f"place for: {names}", tensor=dropped[0].name)
-    return [finding if strict else finding._replace(severity=Severity.warning)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from guard.convert.naming import Mapped, Mapping
+from guard.convert.mapped import Mapped, Mapping
 from guard.convert.source import SourceTensor
 from guard.tensors import TensorInfo
 

@@ -275,15 +275,13 @@ def _numerics() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
+    """No progress bars; transformers' log lines are the CLI's to show (-v) or hide (guard.quiet)."""
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
-        hf_logging.set_verbosity(level)
         hf_logging.enable_progress_bar()
 
 
