@@ -15,7 +15,7 @@ from guard.convert.mapping import plan_mapping
 from guard.convert.source import SourceModel, open_source
 from guard.convert.writer import (OutputTensor, discard, make_temp_dir, plan_shards, publish, verify_written,
                                   write_shards)
-from guard.errors import UsageError
+from guard.errors import GuardError, UsageError
 from guard.findings import Finding, Severity
 from guard.progress import progress
 
@@ -79,7 +79,12 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
     cast_findings: list[Finding] = []
 
     def produce(tensor: OutputTensor) -> np.ndarray:
-        array = tensor.mapped.source.load()
+        source_tensor = tensor.mapped.source
+        try:
+            array = source_tensor.load()
+        except OSError as exc:  # a shard deleted or unmounted mid-conversion
+            raise GuardError(f"{source_tensor.info.file}: cannot read {source_tensor.name} "
+                             f"({exc.strerror or exc}); nothing written") from None
         if tensor.mapped.perm is not None:
             array = array.transpose(tensor.mapped.perm)
         array, finding = cast_array(array, tensor.dtype, name=tensor.name, path=tensor.mapped.source.info.file)
