@@ -1,4 +1,4 @@
-"""`convert --parity` on every PT/Flax pair of transformers 4.57 in fp32, and on each family's base model in bf16.
+"""`convert --parity` on every PT/Flax pair of transformers 4.57 in fp32, and on a representative set in bf16.
 
 The conversion path imports no transformers; parity does, and runs both classes on the same inputs.
 Where transformers' Flax code cannot run with the installed jax (the T5 family calls
@@ -25,7 +25,11 @@ from guard.parity.run import run_parity  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CLIP_REASON = "does not run with the installed jax/flax: clip() got an unexpected keyword argument 'a_max'"
-BASES = [p for p in PAIRS if p[1] == FAMILIES[p[0]].classes[0]]
+# bf16 on a representative subset (every layout family: encoder, decoder, RMSNorm, seq2seq, T5, vision,
+# BatchNorm, audio, sinusoidal tables, dual encoder): the full sweep doubles the CI time of this file
+BF16_TYPES = ("bert", "gpt2", "llama", "gemma", "bart", "t5", "vit", "resnet", "regnet", "whisper", "wav2vec2",
+              "marian", "clip", "bloom")
+BASES = [p for p in PAIRS if p[1] == FAMILIES[p[0]].classes[0] and p[0] in BF16_TYPES]
 # Flax's bf16 avg_pool sums in bf16; the fp32 run agrees, so this is reported as a fact about Flax
 BF16_FLAX_DRIFT = ("resnet", "regnet")
 
@@ -52,7 +56,8 @@ def test_fp32_parity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_type
         findings, parity = run_parity(src, tmp_path / "f")
         assert findings == [], [f.message for f in findings]
     else:
-        assert [f for f in report["findings"] if f["code"].startswith("CG30")] == [], report["findings"]
+        expected = FAMILIES[model_type].pt_only.get(pt_name)  # BigBird's pooler: dropped with a warning
+        assert [f["code"] for f in report["findings"]] == (["CG304"] if expected else []), report["findings"]
     assert parity["passed"] is True and parity["flax_class"] == flax_name
     assert parity["comparisons"][0]["tolerance"]["max_rel"] == 1e-5
 
@@ -70,8 +75,11 @@ def test_bf16_parity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_type
     assert code == 0, report["findings"]
     assert parity["stored_dtype"] == {"torch": "BF16", "flax": "BF16"}
     by_name = {c["name"]: c for c in parity["comparisons"]}
-    assert by_name["fp32"]["passed"], by_name["fp32"]["failures"]  # the weights are the same bits
     warnings = [f for f in report["findings"] if f["code"] == "CG302"]
+    if FAMILIES[model_type].computed and warnings:  # PyTorch's table in bf16, Flax's computed in fp32
+        assert [f["severity"] for f in warnings] == ["warning"] and "sinusoidal" in warnings[0]["message"]
+        return
+    assert by_name["fp32"]["passed"], by_name["fp32"]["failures"]  # the weights are the same bits
     if model_type in BF16_FLAX_DRIFT and warnings:
         assert all(f["severity"] == "warning" and "not the conversion" in f["message"] for f in warnings)
     else:

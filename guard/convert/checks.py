@@ -19,6 +19,7 @@ from guard.findings import Finding
 
 NORM_MODULE = re.compile(r"(layer_?norm|^norm$|^ln_|_ln$|^ln$|layrnorm|_norm$)", re.IGNORECASE)
 LAYER_LISTS = ("layer", "layers", "h", "block", "blocks", "conv_layers", "stages")  # not any nn.Sequential
+ALIKE = ("layer", "layers", "h", "block", "blocks")  # blocks of one kind (a ResNet's stages differ by design)
 VOCAB_MODULE = re.compile(r"^(word_embeddings|embed_tokens|wte|shared|token_embedding)$")
 
 
@@ -88,7 +89,7 @@ def _check_layers(tensors: list[Mapped]) -> list[Finding]:
         if gaps and parent[-1] in LAYER_LISTS:
             findings.append(make_finding("CG304", files[parent], f"{where}.{gaps[0]} is missing: {where} has "
                                                                  f"{len(members)} of {max(members) + 1} blocks"))
-        if len(members) < 2:
+        if len(members) < 2 or parent[-1] not in ALIKE:
             continue
         union = {k for v in members.values() for k in v}
         for index, member in sorted(members.items()):

@@ -29,6 +29,9 @@ def make_inputs(config: Any, flax_cls: Any, *, seed: int) -> dict[str, Any]:
         inputs["input_ids"] = _token_ids(rng, encoder if encoder is not None else text, "input_ids")
     if "decoder_input_ids" in accepted:
         inputs["decoder_input_ids"] = _token_ids(rng, decoder if decoder is not None else text, "decoder_input_ids")
+    eos = getattr(encoder if encoder is not None else text, "eos_token_id", None)
+    if "input_ids" in inputs and "SequenceClassification" in flax_cls.__name__ and isinstance(eos, int):
+        inputs["input_ids"][:, -1] = eos  # BART-style heads classify from the final <eos>
     if "input_ids" in inputs and "attention_mask" in accepted:
         inputs["attention_mask"] = np.ones_like(inputs["input_ids"])
     if "input_ids" in inputs and "token_type_ids" in accepted:

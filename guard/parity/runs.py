@@ -16,6 +16,7 @@ from guard.findings import Finding
 from guard.inventory import display_path
 
 LOAD_FAILURES = (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError)
+RUN_FAILURES = (*LOAD_FAILURES, IndexError)
 SKIPPED_OUTPUTS = ("past_key_values", "attentions", "cross_attentions")
 
 
@@ -57,7 +58,7 @@ def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> 
     try:
         with torch.no_grad():
             out = model(**kwargs)
-    except LOAD_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
+    except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
         raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
     return {name: value.detach().float().numpy() for name, value in _flatten(out)}
 
@@ -95,7 +96,7 @@ def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> d
         out = model(**kwargs, params=params)
     except TypeError as exc:  # an API drift between transformers' Flax code and the installed jax
         raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}")
-    except LOAD_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
+    except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
         raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
     return {name: np.asarray(value).astype(np.float32) for name, value in _flatten(out)}
 
