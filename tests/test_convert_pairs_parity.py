@@ -80,3 +80,17 @@ def test_bf16_parity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_type
         assert all(f["severity"] == "warning" and "not the conversion" in f["message"] for f in warnings)
     else:
         assert warnings == [] and parity["passed"] is True, warnings
+
+
+def test_speech_composite_saved_in_fp16(tmp_path: Path) -> None:
+    """The seed's case: a wav2vec2 encoder with a BART decoder, saved in fp16, both ways and through parity."""
+    from test_convert import safetensors_bits
+
+    src = save_tiny(tmp_path, "speech-encoder-decoder", "SpeechEncoderDecoderModel", dtype=torch.float16)
+    code, report = convert_with_parity(tmp_path, src)
+    assert code == 0, report["findings"]
+    parity = report["extra"]["parity"]
+    assert parity["stored_dtype"] == {"torch": "F16", "flax": "F16"} and parity["passed"] is True
+    assert {c["tolerance"]["dtype"] for c in parity["comparisons"]} == {"F32", "F16"}
+    assert convert(tmp_path / "f", "--to", "torch", "--out", tmp_path / "b") == 0
+    assert safetensors_bits(tmp_path / "b") == safetensors_bits(src)
