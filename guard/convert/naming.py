@@ -23,6 +23,7 @@ from guard.findings import Severity
 
 __all__ = ["Mapped", "Mapping", "Refusal", "map_tensors"]  # Mapped: the writer's input
 
+
 @dataclass(frozen=True)
 class Route:
     family: Family
@@ -121,6 +122,10 @@ def _one(tensor: SourceTensor, key: Key, config: dict[str, Any], cls: str, mappi
     lookup = key[1:] if to == "torch" and key[0] in ("params", "batch_stats") else key
     r = route(lookup, config, where=where, name=tensor.name)
     rest, name, ndim = r.rest, ".".join(r.rest), len(tensor.info.shape)
+    if not rest:  # a composite's part name alone ("encoder"): no module holds a tensor there
+        mapping.findings.append(make_finding("CG304", tensor.info.file, f"{tensor.name} has no place in "
+                                             f"{mapping.architecture}", tensor=tensor.name))
+        return None
     if to == "flax":
         if rest[-1] == "num_batches_tracked":
             mapping.decide("counter", tensor)
