@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
+import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,11 +15,6 @@ from guard import dtypes
 from guard.catalogue import RULES_BY_CODE
 from guard.errors import ConfigError
 from guard.findings import FAIL_ON_CHOICES
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 EXPECT_MODES = ("uniform", "config")
 DEFAULT_KEEP_FP32 = ("*norm*", "*ln_*")  # layer/RMS norms (LayerNorm, layer_norm, ln_f, ln_1, ...)
@@ -48,8 +45,7 @@ class Policy:
     source: str | None = None  # the config file it came from
 
     def keeps_fp32(self, tensor: str) -> bool:
-        lowered = tensor.lower()
-        return any(fnmatch.fnmatchcase(lowered, pattern.lower()) for pattern in self.keep_fp32)
+        return _any_glob(self.keep_fp32).match(tensor.lower()) is not None
 
     def is_enabled(self, code: str, path: str | None = None) -> bool:
         """Longest matching prefix wins between select/extend-select and ignore."""
@@ -74,6 +70,12 @@ class Policy:
             "fail_on": self.fail_on,
             "config_file": self.source,
         }
+
+
+@functools.lru_cache(maxsize=32)
+def _any_glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """One regex for a tuple of case-insensitive globs: tested once per tensor, not once per pattern."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(p.lower())})" for p in patterns) or "(?!)")
 
 
 def parse_expect(value: str) -> str:
@@ -139,12 +141,18 @@ def find_config_file(start: Path | None = None) -> Path | None:
 
 def _has_tool_table(path: Path) -> bool:
     try:
+        if b"ckpt-guard" not in path.read_bytes():  # most pyproject.toml files: no TOML parser needed
+            return False
         return "ckpt-guard" in _load_toml(path).get("tool", {})
-    except ConfigError:
+    except (ConfigError, OSError):
         return False
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)

@@ -27,6 +27,7 @@ class TensorInfo:
     data_end: int | None = None
     stride: tuple[int, ...] | None = None
     storage: str | None = None
+    storage_offset: int | None = None  # bytes into ``storage``: two names on one span are one tensor (tied)
 
     @property
     def numel(self) -> int:
@@ -39,6 +40,7 @@ class TensorInfo:
 
 # Formats a reader may report.
 FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer")
+FORMATS += ("hdf5", "keras", "orbax")  # readers-b
 
 
 @dataclass(frozen=True, slots=True)

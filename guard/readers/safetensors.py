@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 from guard import dtypes
@@ -34,14 +35,35 @@ def parse_header(raw: bytes) -> dict[str, object]:
     except UnicodeDecodeError as exc:
         raise MalformedCheckpoint(f"header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
-        # parse_constant/parse_int: the Rust reader (serde_json) refuses NaN and reads -0 as a float
-        header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
-                            parse_int=_json_int)
+        if _needs_exact_parse(raw):
+            # parse_constant/parse_int: the Rust reader (serde_json) refuses NaN and reads -0 as a float;
+            # a \\u escape may decode to a lone surrogate, which no UTF-8 output could hold
+            header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                                parse_int=_json_int)
+        else:  # the common header: no escapes, no signs, no constants; only duplicates to refuse
+            header = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise MalformedCheckpoint(f"header is not valid JSON ({exc.msg} at char {exc.pos})") from None
     if not isinstance(header, dict):
         raise MalformedCheckpoint("header is not a JSON object")
     return header
+
+
+def _needs_exact_parse(raw: bytes) -> bool:
+    """Whether the header holds what the fast parse cannot judge (a superset: names may trip it too)."""
+    return b"\\u" in raw or b"NaN" in raw or b"Infinity" in raw or _SIGNED.search(raw) is not None
+
+
+_SIGNED = re.compile(rb"-\s*[0-9]")  # a number with a sign (serde reads -0 as a float)
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise MalformedCheckpoint(f"duplicate key {duplicate!r} in header")
+    return out
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
