@@ -84,7 +84,7 @@ def write_flax_msgpack(fh: IO[bytes], entries: Sequence[Key],
 def write_leaf(fh: IO[bytes], array: np.ndarray, *, packer: Any) -> None:
     import numpy as np
 
-    array = np.ascontiguousarray(array)
+    array = np.ascontiguousarray(array).reshape(np.shape(array))  # keep 0-d parameters (CLIP logit_scale) 0-d
     if array.nbytes <= MAX_CHUNK_SIZE:
         _write_ndarray_ext(fh, array, packer=packer)
         return

@@ -85,8 +85,8 @@ def write_shards(directory: Path, shards: list[list[OutputTensor]], *, to: str,
     def next_array(expected: OutputTensor) -> np.ndarray:
         tensor = next(stream)
         assert tensor is expected, "tensors must be produced in shard order"
-        array = np.ascontiguousarray(produce(tensor))
-        if array.nbytes != tensor.nbytes or dtypes_code(array) != tensor.dtype:
+        array = np.ascontiguousarray(produce(tensor)).reshape(tensor.shape)  # ascontiguousarray makes 0-d [1]
+        if array.shape != tensor.shape or array.nbytes != tensor.nbytes or dtypes_code(array) != tensor.dtype:
             raise AssertionError(f"{tensor.name}: produced {array.dtype} {array.shape}, planned {tensor.dtype} "
                                  f"{tensor.shape}")
         crcs[tensor.name] = zlib.crc32(array.reshape(-1).view(np.uint8).data)
