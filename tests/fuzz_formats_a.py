@@ -39,15 +39,34 @@ def _scratch(data: bytes, suffix: str) -> Iterator[str]:
 
 # ------------------------------------------------------------------ references
 
-def reference_gguf(data: bytes) -> Inventory | str:
+def _bounded_gguf_reader() -> type:
+    """GGUFReader, except that a read wholly past the end of the file raises.
+
+    gguf-py slices its memmap past the end into empty arrays of size 0, so a mutated array or
+    key count (up to 2^64) makes it loop without advancing, allocating as it goes.  The alarm
+    below ends that loop in a short process, but in the whole suite's process (4 GB, 25 threads)
+    it did not: the loop took the machine's memory (CI killed for it, reproduced at 16 GB here).
+    Every file that the real reader accepts reads the same through this one.
+    """
     from gguf import GGUFReader
 
+    class BoundedGGUFReader(GGUFReader):  # type: ignore[misc]
+        def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
+            if int(count) > 0 and offset >= len(self.data):
+                raise EOFError(f"read of {int(count)} item(s) at offset {offset}, past the end of the file")
+            return super()._get(offset, dtype, count, override_order)
+
+    return BoundedGGUFReader
+
+
+def reference_gguf(data: bytes) -> Inventory | str:
     from fuzz_inputs import alarm
 
+    reader_class = _bounded_gguf_reader()
     for path in _scratch(data, ".gguf"):
         try:
-            with alarm(REFERENCE_SECONDS):  # GGUFReader loops over a count it never checks
-                reader = GGUFReader(path)
+            with alarm(REFERENCE_SECONDS):  # any other loop over a count it never checks
+                reader = reader_class(path)
             out = {t.name: (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape.tolist())))
                    for t in reader.tensors}
             del reader  # release the memmap before the file goes
