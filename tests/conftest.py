@@ -6,6 +6,9 @@ import importlib.util
 import ipaddress
 import os
 import socket
+import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,7 +19,36 @@ _REQUIRED = ("numpy", "ml_dtypes", "torch", "jax", "flax", "safetensors", "msgpa
              "huggingface_hub", "starlette", "uvicorn", "httpx", "hypothesis", "jsonschema")
 
 
+# CI has 24 GiB: a test whose process outgrows this is stopped with its name, not OOM-killed unnamed
+RSS_LIMIT = int(os.environ.get("CKPT_GUARD_TEST_RSS_LIMIT", str(16 * 2**30)))
+_current_test = ["(collection)"]
+
+
+def _rss_watchdog(config: pytest.Config) -> None:
+    page = os.sysconf("SC_PAGE_SIZE")
+    while True:
+        time.sleep(0.5)
+        try:
+            with open("/proc/self/statm", "rb") as fh:
+                rss = int(fh.read().split()[1]) * page
+        except OSError:
+            return  # not Linux: no watchdog
+        if rss > RSS_LIMIT:
+            capture = config.pluginmanager.getplugin("capturemanager")
+            if capture is not None:  # the message must reach the real stderr, not the test's captured one
+                capture.suspend_global_capture(in_=False)
+            sys.stderr.write(f"\n{_current_test[0]}: the test process passed {rss / 2**30:.1f} GiB resident "
+                             f"(limit {RSS_LIMIT / 2**30:.1f} GiB, CKPT_GUARD_TEST_RSS_LIMIT); stopped\n")
+            sys.stderr.flush()
+            os._exit(3)
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    _current_test[0] = nodeid
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    threading.Thread(target=_rss_watchdog, args=(config,), name="rss-watchdog", daemon=True).start()
     if os.environ.get("CKPT_GUARD_PARTIAL_ENV") == "1":
         return
     missing = [name for name in _REQUIRED if importlib.util.find_spec(name) is None]
