@@ -43,24 +43,35 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
               show_default=True, help="Cast floating tensors; keep is bit-exact.")
 @click.option("--keep-fp32", "keep_fp32", multiple=True, metavar="PATTERN",
               help="Tensor-name glob held in fp32 whatever --dtype says (repeatable), e.g. '*norm*'.")
+@click.option("--layout", type=click.Choice(["msgpack", "orbax"]), default=None,
+              help="With --to flax: flax_model.msgpack (default, transformers' layout) or an Orbax checkpoint.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard.")
 @click.option("--allow-lossy", is_flag=True, help="Write even when a cast overflows (CG201 becomes a warning).")
+@click.option("--verify", "verify", type=click.Choice(["sampled", "full"]), default="sampled", show_default=True,
+              help="Read-back check: headers, placements and sampled elements against the source; full adds "
+                   "a CRC32 of every byte.")
 @click.option("--parity", "run_parity", is_flag=True, help="Then compare PyTorch and Flax outputs (CG302/CG303).")
 @click.option("--format", "-f", "fmt", type=click.Choice(tuple(REPORTERS)), default="text", show_default=True,
               help="Output format.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report to FILE instead of stdout.")
-def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], max_shard_size: str,
-            allow_lossy: bool, run_parity: bool, fmt: str, output: Path | None) -> int:
+def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], layout: str | None,
+            max_shard_size: str, allow_lossy: bool, verify: str, run_parity: bool, fmt: str,
+            output: Path | None) -> int:
     """Convert a model directory between PyTorch and Flax, bit-exactly unless --dtype says otherwise."""
     require_extras(CONVERT_MODULES, "convert")
     from guard.cli.options import emit
+    from guard.convert.io_orbax import is_orbax_checkpoint
+
+    if run_parity and (layout == "orbax" or is_orbax_checkpoint(src)):
+        raise UsageError("--parity loads flax_model.msgpack with transformers; it cannot read an Orbax checkpoint "
+                         "(convert with --layout msgpack for parity)")
     from guard.convert.cast import DTYPE_CHOICES, CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
     from guard.report import Report
 
     request = ConvertRequest(src, out, to, CastPolicy(DTYPE_CHOICES[dtype], tuple(keep_fp32)),
-                             parse_size(max_shard_size), allow_lossy)
+                             parse_size(max_shard_size), allow_lossy, layout=layout, verify=verify)
     findings, figures = convert_model(request)
     report = Report(findings=findings, policy={"fail_on": "error"}, extra={"conversion": figures})
     if figures.get("written"):

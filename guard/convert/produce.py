@@ -1,0 +1,130 @@
+"""Each output tensor's bytes as a stream of pieces: read once, permuted in tiles, cast in bands.
+
+A piece is ``("range", path, start, length)`` (bytes the writer copies straight from
+a source file, in the kernel where it can) or ``("bytes", buffer, release)``.  A
+tensor that neither moves nor changes dtype is a single range; every other tensor is
+read by byte range into one reused buffer (or handed over by its loader) and leaves
+as bands from a small pool, so memory holds one source tensor plus a few bands.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from guard.convert.bitviews import numpy_dtype
+from guard.convert.cast import CastCheck
+from guard.convert.sink import DEPTH
+from guard.convert.transpose import BAND_BYTES, bit_view, permuted_bands, reduce_perm
+from guard.errors import MalformedCheckpoint
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from guard.convert.source import SourceTensor
+
+Piece = tuple[Any, ...]
+
+
+class BandPool:
+    """DEPTH + 1 reusable band buffers: the writer gives each back once it is written."""
+
+    def __init__(self, count: int = DEPTH + 1) -> None:
+        self._free: queue.Queue[Any] = queue.Queue()
+        for _ in range(count):
+            self._free.put(None)  # allocated on first use, at the size first asked for
+
+    def take(self, nbytes: int) -> np.ndarray:
+        import numpy as np
+
+        buffer = self._free.get()
+        if buffer is None or buffer.size < nbytes:
+            buffer = np.empty(max(nbytes, BAND_BYTES), np.uint8)
+        return buffer
+
+    def give(self, buffer: np.ndarray) -> Callable[[], None]:
+        return lambda: self._free.put(buffer)
+
+
+class SourceBuffer:
+    """One buffer, grown to the largest tensor read so far, that every ranged read lands in."""
+
+    def __init__(self) -> None:
+        self._buffer: Any = None
+
+    def read(self, tensor: SourceTensor) -> np.ndarray:
+        import numpy as np
+
+        info = tensor.info
+        assert info.data_start is not None and info.data_end is not None
+        size = info.data_end - info.data_start
+        if self._buffer is None or self._buffer.size < size:
+            self._buffer = None  # free the old one before allocating the larger
+            self._buffer = np.empty(size, np.uint8)
+        view = memoryview(self._buffer)[:size]
+        fd = os.open(info.file, os.O_RDONLY) if size else -1
+        try:
+            done = 0
+            while done < size:  # preadv may return short reads above 2 GiB
+                n = os.preadv(fd, [view[done:]], info.data_start + done)
+                if not n:
+                    raise MalformedCheckpoint(f"{info.file}: {info.name} is truncated")
+                done += n
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return self._buffer[:size].view(numpy_dtype(info.dtype)).reshape(info.shape)
+
+
+def ranged(tensor: SourceTensor) -> bool:
+    """Its bytes are one C-ordered range of its file, readable without its framework."""
+    info = tensor.info
+    return info.data_start is not None and info.data_end is not None and info.stride is None
+
+
+def moves(shape: tuple[int, ...], perm: tuple[int, ...] | None) -> bool:
+    """Whether ``perm`` changes the byte order (transposing a [1, N] matrix does not)."""
+    if perm is None:
+        return False
+    order = reduce_perm(shape, perm)[1]
+    return order != tuple(range(len(order)))
+
+
+def body_pieces(tensor: SourceTensor, perm: tuple[int, ...] | None, code: str, *, pool: BandPool,
+                source: SourceBuffer, check: CastCheck | None) -> Iterator[Piece]:
+    """The output bytes of ``tensor`` permuted by ``perm`` and stored as ``code``, in order."""
+    info = tensor.info
+    permute = moves(info.shape, perm)
+    if check is None and not permute and ranged(tensor):
+        assert info.data_start is not None and info.data_end is not None
+        yield ("range", info.file, info.data_start, info.data_end - info.data_start)
+        return
+    array = source.read(tensor) if ranged(tensor) else tensor.load()
+    bits = bit_view(array)
+    if not permute:
+        flat = bits.reshape(-1)
+        step = max(1, BAND_BYTES // max(1, bits.itemsize))
+        for start in range(0, flat.size, step):
+            piece = flat[start:start + step]
+            if check is not None:
+                yield ("bytes", bit_view(check.cast(piece.view(array.dtype))), None)
+            else:
+                yield ("bytes", piece, None)  # a loader's own array (never the shared buffer), alive until written
+        return
+    current: list[np.ndarray] = []
+
+    def buffer(n: int) -> np.ndarray:
+        current[:] = [pool.take(n * bits.itemsize)]
+        return current[0][:n * bits.itemsize].view(bits.dtype)
+
+    for band in permuted_bands(bits, perm, buffer):
+        release = pool.give(current[0])
+        if check is not None:
+            out = bit_view(check.cast(band.view(array.dtype)))
+            release()
+            yield ("bytes", out, None)
+        else:
+            yield ("bytes", band, release)
+    del array, bits
