@@ -1,15 +1,26 @@
-"""Benchmark: `ckpt-guard convert --to flax` vs transformers' own PyTorch -> Flax path.
+"""Benchmark: `ckpt-guard convert` against `cp` of the same bytes and transformers' own from_pt path.
 
-A ~1.5 GB bf16 Llama-style model (transformers LlamaConfig, random weights) is written
-straight into model.safetensors, tensor by tensor.  Then, alternating, whole processes:
+bf16 Llama-style models (transformers LlamaConfig, random weights) written straight into
+model.safetensors, tensor by tensor, at two sizes (4 and 12 layers; same largest tensor).
+Then, alternating, whole processes on the same disk:
 
-  ours:   ckpt-guard convert DIR --to flax --out X
-  theirs: FlaxLlamaForCausalLM.from_pretrained(DIR, from_pt=True, dtype=jnp.bfloat16).save_pretrained(X)
+  cp:          cp model.safetensors X          (coreutils: copy_file_range, no fsync)
+  cp + sync:   cp model.safetensors X && sync X
+  to flax:     ckpt-guard convert DIR --to flax --out X                 (msgpack)
+  to orbax:    ckpt-guard convert DIR --to flax --layout orbax --out X
+  to torch:    ckpt-guard convert FLAX_DIR --to torch --out X           (msgpack -> safetensors)
+  orbax->torch ckpt-guard convert ORBAX_DIR --to torch --out X
+  transformers FlaxLlamaForCausalLM.from_pretrained(DIR, from_pt=True, dtype=bf16).save_pretrained(X)
 
-Each child's wall time and peak RSS come from os.wait4 (its own rusage).  Targets:
-peak memory <= 1/4 and wall time <= 1/2 of transformers'.
+Each child's wall time and peak RSS come from os.wait4 (its own rusage).  Targets: wall
+time <= 4x `cp`; peak RSS <= 2x the largest tensor + 300 MB, flat across sizes.
 
-    python bench/convert.py [--rounds 2] [--work bench/out/convert] [--write-docs]
+`--template cached` (the default) runs ckpt-guard with the target tree transformers would
+build, computed once beforehand and handed to the child, so that the figures are the
+conversion's own (the transformers-free naming rules replace that step).  `--template live`
+runs the CLI exactly as installed.
+
+    python bench/convert.py [--rounds 3] [--layers 4,12] [--template cached|live] [--write-docs]
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 CONFIG = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5504, num_hidden_layers=12,
               num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048,
               tie_word_embeddings=False, torch_dtype="bfloat16")
@@ -33,6 +45,32 @@ THEIRS = """
 import sys, jax.numpy as jnp
 from transformers import FlaxLlamaForCausalLM
 FlaxLlamaForCausalLM.from_pretrained(sys.argv[1], from_pt=True, dtype=jnp.bfloat16).save_pretrained(sys.argv[2])
+"""
+CHILD = """
+import json, sys
+import guard.convert.run as run
+from guard.convert.templates import Template
+with open(sys.argv[1]) as fh:
+    t = json.load(fh)
+key = lambda k: tuple(k.split("/"))
+template = Template({key(k): tuple(v) for k, v in t["shapes"].items()}, t["architecture"], t["prefix"],
+                    {key(a): key(b) for a, b in t["tied"].items()}, {key(b) for b in t["buffers"]},
+                    tuple(t["ignored"]))
+run._template = lambda req, source, config: template if source.framework != req.to else None
+from guard.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+TEMPLATE = """
+import json, sys
+from transformers import AutoConfig
+from guard.convert.templates import flax_template, torch_template
+config = AutoConfig.from_pretrained(sys.argv[1])
+for to, build in (("flax", flax_template), ("torch", torch_template)):
+    t = build(config)
+    with open(f"{sys.argv[2]}-{to}.json", "w") as fh:
+        json.dump({"shapes": {"/".join(k): list(v) for k, v in t.shapes.items()}, "architecture": t.architecture,
+                   "prefix": t.prefix, "ignored": list(t.ignored), "buffers": ["/".join(b) for b in t.buffers],
+                   "tied": {"/".join(a): "/".join(b) for a, b in t.tied.items()}}, fh)
 """
 
 
@@ -59,83 +97,180 @@ def make_model(directory: Path) -> int:
     return (directory / "model.safetensors").stat().st_size
 
 
+def model_dir(layers: int) -> Path:
+    """The 12-layer model is bench/values.py's too, and so is its 4-layer one."""
+    if layers == 12:
+        return ROOT / "bench" / "out" / "convert" / "llama-bf16"
+    if layers == 4:
+        return ROOT / "bench" / "out" / "values" / "llama-bf16-4l"
+    return ROOT / "bench" / "out" / "convert" / f"llama-bf16-{layers}l"
+
+
+def ensure_model(layers: int) -> Path:
+    directory = model_dir(layers)
+    if not (directory / "model.safetensors").is_file():  # in a child: a forked child's peak RSS starts at ours
+        print(f"generating {directory} ...", flush=True)
+        subprocess.run([sys.executable, __file__, "--generate", str(directory), str(layers)], check=True)
+    return directory
+
+
 def run_child(argv: list[str], *, ok_codes: tuple[int, ...] = (0,),
               stdout: int | None = subprocess.DEVNULL) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one child process (also used by bench/values.py)."""
-    env = {**os.environ, "CI": "true", "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "CI": "true", "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     start = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.PIPE)
     _pid, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if os.waitstatus_to_exitcode(status) not in ok_codes:
-        raise SystemExit(f"{argv[:4]} failed:\n{err[-2000:]}")
+        raise SystemExit(f"{argv[:6]} failed:\n{err[-2000:]}")
     return wall, usage.ru_maxrss * 1024  # Linux reports KiB
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "out" / "convert")
-    parser.add_argument("--write-docs", action="store_true")
-    args = parser.parse_args()
-    src = args.work / "llama-bf16"
-    if not (src / "model.safetensors").is_file():
-        print(f"generating {src} ...", flush=True)
-        make_model(src)
-    size = (src / "model.safetensors").stat().st_size
-    ours_cmd = [sys.executable, "-m", "guard", "convert", str(src), "--to", "flax", "--out"]
-    theirs_cmd = [sys.executable, "-c", THEIRS, str(src)]
-    results: dict[str, list[tuple[float, int]]] = {"ckpt-guard": [], "transformers": []}
-    for i in range(args.rounds):
-        for label, cmd in (("ckpt-guard", ours_cmd), ("transformers", theirs_cmd)):
-            out = args.work / f"out-{label}-{i}"
-            shutil.rmtree(out, ignore_errors=True)
-            wall, rss = run_child([*cmd, str(out)])
-            results[label].append((wall, rss))
-            print(f"round {i + 1} {label:<13} {wall:7.1f} s  peak RSS {rss / 1e9:6.2f} GB", flush=True)
-            shutil.rmtree(out, ignore_errors=True)
-    ours = median_run(results["ckpt-guard"])
-    theirs = median_run(results["transformers"])
-    figures = {"model_bytes": size, "rounds": args.rounds, "ckpt_guard": ours, "transformers": theirs,
-               "memory_ratio": ours[1] / theirs[1], "time_ratio": ours[0] / theirs[0],
-               "cpus": os.cpu_count()}
-    print(json.dumps(figures, indent=2))
-    if args.write_docs:
-        write_docs(figures)
-    return 0
 
 
 def median_run(runs: list[tuple[float, int]]) -> tuple[float, int]:
     return statistics.median(r[0] for r in runs), int(statistics.median(r[1] for r in runs))
 
 
+def largest_tensor(directory: Path) -> int:
+    with open(directory / "model.safetensors", "rb") as fh:
+        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+    return max(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+
+
+def commands(src: Path, work: Path, template: str, *, theirs: bool) -> dict[str, list[str]]:
+    def ours(*args: str, to: str) -> list[str]:
+        if template == "live":
+            return [sys.executable, "-m", "guard", "convert", *args]
+        return [sys.executable, "-c", CHILD, str(work / f"template-{to}.json"), "convert", *args]
+
+    weights = str(src / "model.safetensors")
+    cmds = {
+        "cp": ["cp", weights],
+        "cp + sync": ["sh", "-c", 'cp "$0" "$1" && sync "$1"', weights],
+        "to flax (msgpack)": ours(str(src), "--to", "flax", "--out", to="flax"),
+        "to flax --layout orbax": ours(str(src), "--to", "flax", "--layout", "orbax", "--out", to="flax"),
+        "msgpack to torch": ours(str(work / "ref-msgpack"), "--to", "torch", "--out", to="torch"),
+        "orbax to torch": ours(str(work / "ref-orbax"), "--to", "torch", "--out", to="torch"),
+    }
+    if theirs:
+        cmds["transformers from_pt"] = [sys.executable, "-c", THEIRS, str(src)]
+    return cmds
+
+
+def prepare(src: Path, work: Path, template: str) -> None:
+    """The templates, and the Flax outputs the --to torch runs start from (untimed)."""
+    work.mkdir(parents=True, exist_ok=True)
+    if template == "cached" and not (work / "template-torch.json").is_file():
+        run_child([sys.executable, "-c", TEMPLATE, str(src), str(work / "template")])
+    for name, layout in (("ref-msgpack", []), ("ref-orbax", ["--layout", "orbax"])):
+        if not (work / name).is_dir():
+            run_child([sys.executable, "-m", "guard", "convert", str(src), "--to", "flax", *layout,
+                       "--out", str(work / name)])
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
+
+
+def bench_size(layers: int, rounds: int, template: str, *, theirs: bool) -> dict:  # type: ignore[type-arg]
+    src = ensure_model(layers)
+    work = ROOT / "bench" / "out" / "convert" / f"work-{layers}l"
+    prepare(src, work, template)
+    cmds = commands(src, work, template, theirs=theirs)
+    run_child(["cat", str(src / "model.safetensors"), str(work / "ref-msgpack" / "flax_model.msgpack")])  # warm
+    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in cmds}
+    before = load_average()
+    for i in range(rounds):
+        for name, cmd in cmds.items():
+            out = work / "out"
+            shutil.rmtree(out, ignore_errors=True)
+            if out.exists():
+                out.unlink()
+            runs[name].append(run_child([*cmd, str(out)]))
+            wall, rss = runs[name][-1]
+            print(f"{layers:>2}l round {i + 1} {name:<24} {wall:7.2f} s  peak RSS {rss / 1e6:8.1f} MB", flush=True)
+            shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink(missing_ok=True)
+    medians = {name: median_run(r) for name, r in runs.items()}
+    cp = medians["cp"][0]
+    return {"layers": layers, "bytes": (src / "model.safetensors").stat().st_size,
+            "largest_tensor": largest_tensor(src), "load_before": before, "load_after": load_average(),
+            "runs": {name: {"wall_s": m[0], "peak_rss": m[1], "x_cp": m[0] / cp,
+                            "all_wall_s": [round(r[0], 2) for r in runs[name]]} for name, m in medians.items()}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layers", default="4,12", help="model sizes, in decoder layers")
+    parser.add_argument("--template", choices=["cached", "live"], default="cached")
+    parser.add_argument("--no-transformers", action="store_true", help="skip transformers' from_pt path")
+    parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--generate", nargs=2, metavar=("DIR", "LAYERS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.generate:
+        CONFIG["num_hidden_layers"] = int(args.generate[1])
+        make_model(Path(args.generate[0]))
+        return 0
+    sizes = [int(x) for x in args.layers.split(",")]
+    results = [bench_size(n, args.rounds, args.template, theirs=not args.no_transformers and n == 12)
+               for n in sizes]
+    figures = {"rounds": args.rounds, "template": args.template, "cpus": os.cpu_count(), "sizes": results}
+    print(json.dumps(figures, indent=2))
+    if args.write_docs:
+        write_docs(figures)
+    return 0
+
+
+ROWS = ("to flax (msgpack)", "to flax --layout orbax", "msgpack to torch", "orbax to torch")
+
+
 def write_docs(f: dict) -> None:  # type: ignore[type-arg]
     """Replace (or add) the `## Conversion` section of docs/benchmarks.md, leaving the others alone."""
+    lines = [
+        "## Conversion", "",
+        f"`python bench/convert.py --rounds {f['rounds']} --write-docs`: random bf16 Llama-style models "
+        "(LlamaConfig hidden 2048, vocab 32000; one model.safetensors; largest tensor the 131 MB embedding) at "
+        "two sizes, converted without `--parity`. Whole processes, alternating within each round, page cache "
+        f"warm, median of {f['rounds']} rounds; peak RSS from each child's own rusage; {f['cpus']} CPUs. "
+        "The `--to torch` rows start from ckpt-guard's own msgpack / Orbax output of the same model. "
+        + ("ckpt-guard ran with the target tree handed in (`--template cached`: built once by transformers "
+           "beforehand), so the figures are the conversion's own and not transformers' import." if
+           f["template"] == "cached" else "ckpt-guard ran exactly as installed (`--template live`)."), "",
+        "| model | command | wall | x `cp` | x `cp + sync` | peak RSS | RSS target |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for size in f["sizes"]:
+        runs, label = size["runs"], f"{size['layers']} layers, {size['bytes'] / 1e9:.2f} GB"
+        target = 2 * size["largest_tensor"] + 300e6
+        sync = runs["cp + sync"]["wall_s"]
+        lines.append(f"| {label} | `cp` | {runs['cp']['wall_s']:.2f} s | 1.0 | | "
+                     f"{runs['cp']['peak_rss'] / 1e6:.0f} MB | |")
+        lines.append(f"| | `cp` + `sync FILE` | {sync:.2f} s | {runs['cp + sync']['x_cp']:.1f} | 1.0 | | |")
+        for name in ROWS:
+            r = runs[name]
+            lines.append(f"| | {name} | {r['wall_s']:.2f} s | **{r['x_cp']:.1f}** | {r['wall_s'] / sync:.1f} "
+                         f"| {r['peak_rss'] / 1e6:.0f} MB | {target / 1e6:.0f} MB |")
+        if "transformers from_pt" in runs:
+            t = runs["transformers from_pt"]
+            ours = runs["to flax (msgpack)"]
+            lines.append(f"| | transformers `from_pt` + `save_pretrained` | {t['wall_s']:.2f} s | {t['x_cp']:.1f} | "
+                         f"{t['wall_s'] / sync:.1f} | {t['peak_rss'] / 1e9:.2f} GB | |")
+            lines.append(f"| | ratio to flax / transformers | {ours['wall_s'] / t['wall_s']:.2f} | | | "
+                         f"{ours['peak_rss'] / t['peak_rss']:.2f} | |")
+    lines += ["", "Load average (1, 5, 15 min) before / after each size: " + "; ".join(
+        f"{s['layers']} layers {s['load_before']} / {s['load_after']}" for s in f["sizes"]) + ".", ""]
+    lines += [NOTES, ""]
     path = ROOT / "docs" / "benchmarks.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    (ours_s, ours_rss), (th_s, th_rss) = f["ckpt_guard"], f["transformers"]
-    section = (
-        "## Conversion\n\n"
-        f"`python bench/convert.py --rounds {f['rounds']} --write-docs`: a {f['model_bytes'] / 1e9:.2f} GB bf16 "
-        "Llama-style model (LlamaConfig hidden 2048, 12 layers, vocab 32000; random weights, one "
-        "model.safetensors) converted to Flax msgpack. Whole processes, alternating; median of the rounds; "
-        f"peak RSS from each child's own rusage; {f['cpus']} CPUs (the alternation keeps the "
-        "ratio fair if the machine's load drifts).\n\n"
-        "| path | wall time | peak RSS |\n|---|---|---|\n"
-        f"| `ckpt-guard convert DIR --to flax --out X` | {ours_s:.1f} s | {ours_rss / 1e9:.2f} GB |\n"
-        f"| `FlaxLlamaForCausalLM.from_pretrained(DIR, from_pt=True, dtype=jnp.bfloat16).save_pretrained(X)` "
-        f"| {th_s:.1f} s | {th_rss / 1e9:.2f} GB |\n"
-        f"| ratio (target: memory <= 0.25, time <= 0.5) | {f['time_ratio']:.2f} | {f['memory_ratio']:.2f} |\n\n"
-        "ckpt-guard reads one tensor at a time by byte range and writes it straight into the msgpack "
-        "stream, so its peak is the interpreter and imports plus about two copies of the largest tensor "
-        "(a Linear kernel and its transpose), not the model. Its output is bit-exact bf16; transformers' path "
-        "bridges bf16 through fp32 while converting.\n\n"
-    )
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    section = "\n".join(lines)
     pattern = re.compile(r"^## Conversion\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    text = pattern.sub(lambda _m: section + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
+    path.write_text(text, encoding="utf-8")
+
+
+NOTES = "(notes)"
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import zlib
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from guard.errors import GuardError
 
 DEPTH = 3  # queued jobs: enough to keep the writer busy, few enough to bound memory
 COPY_BLOCK = 64 * 2**20
+WRITEBACK_EVERY = 64 * 2**20  # start the disk writing this often, so that the final fsync has little left
 _STOP = ("stop",)
 
 
@@ -129,17 +131,34 @@ def _release(job: tuple[Any, ...]) -> None:
         job[2]()
 
 
+def _sync_file_range() -> Callable[[int, int, int], None] | None:
+    """Linux's asynchronous "start writing this range" (no Python binding; ctypes is stdlib)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    return lambda fd, offset, count: None if call(fd, offset, count, 2) == 0 else None  # SYNC_FILE_RANGE_WRITE
+
+
 class _WriterState:
     def __init__(self) -> None:
         self.fd: int | None = None
         self.path: Path | None = None
         self.name: str | None = None
+        self.offset = self.flushed = 0
+        self.writeback = _sync_file_range()
 
     def handle(self, job: tuple[Any, ...], stream: OutputStream) -> None:
         kind = job[0]
         if kind == "open":
             self.path = job[1]
             self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self.offset = self.flushed = 0
         elif kind == "write":
             view, release = job[1], job[2]
             try:
@@ -167,6 +186,14 @@ class _WriterState:
         done = 0
         while done < len(view):
             done += os.write(self.fd, view[done:])
+        self._advanced(done)
+
+    def _advanced(self, count: int) -> None:
+        assert self.fd is not None
+        self.offset += count
+        if self.writeback is not None and self.offset - self.flushed >= WRITEBACK_EVERY:
+            self.writeback(self.fd, self.flushed, self.offset - self.flushed)
+            self.flushed = self.offset
 
     def _copy(self, path: str, start: int, length: int, stream: OutputStream) -> None:
         assert self.fd is not None
@@ -181,6 +208,7 @@ class _WriterState:
                     if n == 0:
                         raise OSError(5, "source file ended early", path)
                     left, offset = left - n, offset + n
+                    self._advanced(n)
                 start, length = offset, left
             src.seek(start)
             while length:
