@@ -49,7 +49,13 @@ class BandPool:
 
 
 class SourceBuffer:
-    """One buffer, grown to the largest tensor read so far, that every ranged read lands in."""
+    """Ranged source tensors, mapped read-only (no copy out of the page cache), or read into one buffer.
+
+    The mapping is what safetensors' own loader and ``torch.load(mmap=True)`` do; it lives as long as
+    the arrays made from it (the transposer copies out of it before the next tensor is mapped).  The
+    range was checked against the file size by the reader; where mapping is refused (a pipe, an odd
+    file system) the bytes are read with ``preadv`` into one buffer grown to the largest tensor.
+    """
 
     def __init__(self) -> None:
         self._buffer: Any = None
@@ -60,22 +66,43 @@ class SourceBuffer:
         info = tensor.info
         assert info.data_start is not None and info.data_end is not None
         size = info.data_end - info.data_start
+        dtype = numpy_dtype(info.dtype)
+        if not size:
+            return np.empty(info.shape, dtype)
+        with open(info.file, "rb", buffering=0) as fh:
+            if os.fstat(fh.fileno()).st_size < info.data_end:
+                raise MalformedCheckpoint(f"{info.file}: {info.name} is truncated")
+            try:
+                return _mapped(fh.fileno(), info.data_start, size).view(dtype).reshape(info.shape)
+            except (OSError, ValueError):
+                return self._read(fh.fileno(), info.data_start, size).view(dtype).reshape(info.shape)
+
+    def _read(self, fd: int, start: int, size: int) -> np.ndarray:
+        import numpy as np
+
         if self._buffer is None or self._buffer.size < size:
             self._buffer = None  # free the old one before allocating the larger
             self._buffer = np.empty(size, np.uint8)
         view = memoryview(self._buffer)[:size]
-        fd = os.open(info.file, os.O_RDONLY) if size else -1
-        try:
-            done = 0
-            while done < size:  # preadv may return short reads above 2 GiB
-                n = os.preadv(fd, [view[done:]], info.data_start + done)
-                if not n:
-                    raise MalformedCheckpoint(f"{info.file}: {info.name} is truncated")
-                done += n
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        return self._buffer[:size].view(numpy_dtype(info.dtype)).reshape(info.shape)
+        done = 0
+        while done < size:  # preadv may return short reads above 2 GiB
+            n = os.preadv(fd, [view[done:]], start + done)
+            if not n:
+                raise MalformedCheckpoint(f"the file ended {size - done} bytes early")
+            done += n
+        return self._buffer[:size]
+
+
+def _mapped(fd: int, start: int, size: int) -> np.ndarray:
+    """``size`` bytes of the file from ``start``, mapped and prefaulted in one call (MAP_POPULATE)."""
+    import mmap
+
+    import numpy as np
+
+    skip = start % mmap.ALLOCATIONGRANULARITY
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    mapping = mmap.mmap(fd, size + skip, flags=flags, prot=mmap.PROT_READ, offset=start - skip)
+    return np.frombuffer(mapping, np.uint8, size, skip)
 
 
 def ranged(tensor: SourceTensor) -> bool:
