@@ -1,7 +1,7 @@
 """Benchmark: `ckpt-guard convert` against `cp` of the same bytes and transformers' own from_pt path.
 
 bf16 Llama-style models (transformers LlamaConfig, random weights) written straight into
-model.safetensors, tensor by tensor, at two sizes (4 and 12 layers; same largest tensor).
+model.safetensors, tensor by tensor, at three sizes (4, 12 and 24 layers; the same largest tensor).
 Then, alternating, whole processes on the same disk:
 
   cp:          cp model.safetensors X          (coreutils: copy_file_range, no fsync)
@@ -183,15 +183,19 @@ def bench_size(layers: int, rounds: int, template: str, *, theirs: bool) -> dict
                '> /dev/null', str(src), str(work)])  # every input warm in the page cache
     runs: dict[str, list[tuple[float, int]]] = {name: [] for name in cmds}
     before = load_average()
-    for i in range(rounds):
-        for name, cmd in cmds.items():
+    # transformers' runs last: each leaves 8 GB freed behind it, which would slow the next child down
+    ordered = [name for name in cmds if name != "transformers from_pt"]
+    schedule = [ordered] * rounds + ([["transformers from_pt"]] * rounds if "transformers from_pt" in cmds else [])
+    for i, names in enumerate(schedule):
+        for name in names:
             out = work / "out"
             shutil.rmtree(out, ignore_errors=True)
             if out.exists():
                 out.unlink()
-            runs[name].append(run_child([*cmd, str(out)]))
+            runs[name].append(run_child([*cmds[name], str(out)]))
             wall, rss = runs[name][-1]
-            print(f"{layers:>2}l round {i + 1} {name:<24} {wall:7.2f} s  peak RSS {rss / 1e6:8.1f} MB", flush=True)
+            print(f"{layers:>2}l round {i % rounds + 1} {name:<24} {wall:7.2f} s  peak RSS {rss / 1e6:8.1f} MB",
+                  flush=True)
             shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink(missing_ok=True)
     medians = {name: median_run(r) for name, r in runs.items()}
     cp = medians["cp"][0]
@@ -204,7 +208,7 @@ def bench_size(layers: int, rounds: int, template: str, *, theirs: bool) -> dict
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--layers", default="4,12", help="model sizes, in decoder layers")
+    parser.add_argument("--layers", default="4,12,24", help="model sizes, in decoder layers")
     parser.add_argument("--template", choices=["cached", "live"], default="cached")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' from_pt path")
     parser.add_argument("--write-docs", action="store_true")
@@ -233,7 +237,7 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
         "## Conversion", "",
         f"`python bench/convert.py --rounds {f['rounds']} --write-docs`: random bf16 Llama-style models "
         "(LlamaConfig hidden 2048, vocab 32000; one model.safetensors; largest tensor the 131 MB embedding) at "
-        "two sizes, converted without `--parity`. Whole processes, alternating within each round, page cache "
+        "three sizes, converted without `--parity`. Whole processes, alternating within each round, page cache "
         f"warm, median of {f['rounds']} rounds; peak RSS from each child's own rusage; {f['cpus']} CPUs. "
         "The `--to torch` rows start from ckpt-guard's own msgpack / Orbax output of the same model. "
         + ("ckpt-guard ran with the target tree handed in (`--template cached`: built once by transformers "

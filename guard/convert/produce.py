@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard.convert.bitviews import numpy_dtype
 from guard.convert.cast import CastCheck
-from guard.convert.sink import DEPTH
+from guard.convert.sink import DEPTH, OutputStream
 from guard.convert.transpose import BAND_BYTES, bit_view, permuted_bands, reduce_perm
 from guard.errors import MalformedCheckpoint
 
@@ -155,3 +155,41 @@ def body_pieces(tensor: SourceTensor, perm: tuple[int, ...] | None, code: str, *
         else:
             yield ("bytes", band, release)
     del array, bits
+
+
+class PieceCutter:
+    """Cuts a tensor's piece stream at segment boundaries (flax's 1 GiB chunks)."""
+
+    def __init__(self, pieces: Iterator[Piece], name: str) -> None:
+        self.pieces, self.name = pieces, name
+        self.pending: Piece | None = None
+
+    def emit(self, size: int, stream: OutputStream) -> None:
+        """Queue exactly ``size`` more bytes of the tensor (splitting a piece where a segment ends)."""
+        while size:
+            piece = self.pending or next(self.pieces, None)
+            self.pending = None
+            if piece is None:
+                raise AssertionError(f"{self.name}: produced fewer bytes than planned")
+            length = piece[3] if piece[0] == "range" else memoryview(piece[1]).nbytes
+            if length > size:
+                head, self.pending = _split(piece, size)
+                piece, length = head, size
+            if piece[0] == "range":
+                stream.copy_range(piece[1], piece[2], piece[3])
+            else:
+                stream.write(piece[1], piece[2])
+            size -= length
+
+    def done(self) -> None:
+        extra = self.pending or next(self.pieces, None)
+        if extra is not None and (extra[3] if extra[0] == "range" else memoryview(extra[1]).nbytes):
+            raise AssertionError(f"{self.name}: produced more bytes than planned")
+
+
+def _split(piece: Piece, size: int) -> tuple[Piece, Piece]:
+    if piece[0] == "range":
+        _, path, start, length = piece
+        return ("range", path, start, size), ("range", path, start + size, length - size)
+    view = memoryview(piece[1]).cast("B")
+    return ("bytes", view[:size], None), ("bytes", view[size:], piece[2])  # released with its last part

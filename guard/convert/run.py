@@ -18,7 +18,8 @@ from guard.convert.source import SourceModel, open_source
 from guard.convert.source_orbax import open_orbax
 from guard.convert.templates import Template, flax_template, load_config, torch_template
 from guard.convert.verify import verify_output
-from guard.convert.writer import LAYOUTS, OutputTensor, discard, make_temp_dir, plan_shards, publish, write_output
+from guard.convert.publish import discard, make_temp_dir, publish
+from guard.convert.writer import LAYOUTS, OutputTensor, plan_shards, write_output
 from guard.errors import UsageError
 from guard.findings import Finding, Severity
 from guard.progress import progress

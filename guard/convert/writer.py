@@ -11,9 +11,6 @@ tensor plus a few bands, never a shard.  Where every body landed is recorded for
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,9 +25,10 @@ from guard.convert.cast import CastCheck
 from guard.convert.io_flax import leaf_segments, msgpack_tree, walk_tree
 from guard.convert.io_torch import safetensors_header
 from guard.convert.naming import Mapped
-from guard.convert.produce import BandPool, Piece, SourceBuffer, body_pieces
+from guard.convert.produce import BandPool, PieceCutter, SourceBuffer, body_pieces
+from guard.convert.publish import fsync_paths
 from guard.convert.sink import OutputStream
-from guard.errors import GuardError, UsageError
+from guard.errors import UsageError
 from guard.findings import Finding
 
 NAMES = {"safetensors": ("model", ".safetensors"), "msgpack": ("flax_model", ".msgpack")}
@@ -117,7 +115,7 @@ def write_output(directory: Path, shards: list[list[OutputTensor]], *, layout: s
         stream.abort()
         raise
     emitter.written.crcs = stream.crcs
-    _fsync_dirs([directory, *(p for p in directory.iterdir() if p.is_dir())])
+    fsync_paths([directory, *(p for p in directory.iterdir() if p.is_dir())])
     return emitter.written
 
 
@@ -187,7 +185,7 @@ class _Emitter:
         if dtypes_code(numpy_dtype(tensor.dtype)) != tensor.dtype:
             raise AssertionError(f"{tensor.name}: planned {tensor.dtype} has no numpy dtype of that code")
         check = CastCheck(tensor.dtype) if tensor.dtype != src.info.dtype else None
-        pieces = _Pieces(body_pieces(src, tensor.mapped.perm, tensor.dtype, pool=self.pool, source=self.source,
+        pieces = PieceCutter(body_pieces(src, tensor.mapped.perm, tensor.dtype, pool=self.pool, source=self.source,
                                      check=check), tensor.name)
         places = self.written.places.setdefault(tensor.name, [])
         for framing, size in segments:
@@ -201,77 +199,3 @@ class _Emitter:
         finding = check.finding(name=tensor.name, path=src.info.file) if check is not None else None
         if finding is not None:
             self.written.cast_findings.append(finding)
-
-
-class _Pieces:
-    """Cuts a tensor's piece stream at segment boundaries (flax's 1 GiB chunks)."""
-
-    def __init__(self, pieces: Iterator[Piece], name: str) -> None:
-        self.pieces, self.name = pieces, name
-        self.pending: Piece | None = None
-
-    def emit(self, size: int, stream: OutputStream) -> None:
-        while size:
-            piece = self.pending or next(self.pieces, None)
-            self.pending = None
-            if piece is None:
-                raise AssertionError(f"{self.name}: produced fewer bytes than planned")
-            length = piece[3] if piece[0] == "range" else memoryview(piece[1]).nbytes
-            if length > size:
-                head, self.pending = _split(piece, size)
-                piece, length = head, size
-            if piece[0] == "range":
-                stream.copy_range(piece[1], piece[2], piece[3])
-            else:
-                stream.write(piece[1], piece[2])
-            size -= length
-
-    def done(self) -> None:
-        extra = self.pending or next(self.pieces, None)
-        if extra is not None and (extra[3] if extra[0] == "range" else memoryview(extra[1]).nbytes):
-            raise AssertionError(f"{self.name}: produced more bytes than planned")
-
-
-def _split(piece: Piece, size: int) -> tuple[Piece, Piece]:
-    if piece[0] == "range":
-        _, path, start, length = piece
-        return ("range", path, start, size), ("range", path, start + size, length - size)
-    view = memoryview(piece[1]).cast("B")
-    return ("bytes", view[:size], None), ("bytes", view[size:], piece[2])  # released with its last part
-
-
-def _fsync_dirs(paths: list[Path]) -> None:
-    """Directories (so that the new names are durable before the rename publishes them), or files."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def make_temp_dir(out: Path) -> Path:
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        temp = out.parent / f".{out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
-        temp.mkdir()
-    except OSError as exc:
-        raise GuardError(f"{out}: cannot create the output directory ({exc.strerror})") from None
-    return temp
-
-
-def publish(temp: Path, out: Path) -> None:
-    """Rename the finished directory into place (an existing empty ``out`` is replaced).
-
-    The files carried next to the weights (config.json, ...) are fsynced here; the weights were already.
-    """
-    try:
-        _fsync_dirs([p for p in temp.iterdir() if p.is_file() and not p.is_symlink()] + [temp])
-        os.replace(temp, out)
-        _fsync_dirs([out.parent])
-    except OSError as exc:
-        raise GuardError(f"{out}: cannot move the finished output into place ({exc.strerror})") from None
-
-
-def discard(temp: Path) -> None:
-    shutil.rmtree(temp, ignore_errors=True)
