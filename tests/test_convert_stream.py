@@ -223,3 +223,23 @@ def test_misplaced_bytes_are_cg301(tmp_path: Path) -> None:
     written.places["x/b"] = [(file, start - 16, length)]  # as if the writer had framed it 16 bytes early
     [finding] = verify_output(tmp_path / "out", outputs, written, layout="safetensors")[0]
     assert finding.tensor == "x/b" and "not where they were written" in finding.message
+
+
+def test_reads_without_mmap_give_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from guard.convert import produce
+    from guard.convert.verify import verify_output
+    from guard.convert.writer import write_output
+
+    arrays = arrays_for_writer(np.random.default_rng(5))
+    outputs = plan(source_model(tmp_path, arrays), PERMS)
+    for name, mapped in (("mapped", produce._mapped), ("read", None)):
+        if mapped is None:
+            def refuse(*_args: object) -> None:
+                raise OSError(19, "No such device")  # what mmap says for a pipe or an odd file system
+
+            monkeypatch.setattr(produce, "_mapped", refuse)
+        out = tmp_path / name
+        out.mkdir()
+        written = write_output(out, [outputs], layout="safetensors")
+        assert verify_output(out, outputs, written, layout="safetensors")[0] == []
+    assert (tmp_path / "mapped" / "model.safetensors").read_bytes() == (tmp_path / "read" / "model.safetensors").read_bytes()

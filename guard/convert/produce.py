@@ -54,7 +54,7 @@ class SourceBuffer:
     The mapping is what safetensors' own loader and ``torch.load(mmap=True)`` do; it lives as long as
     the arrays made from it (the transposer copies out of it before the next tensor is mapped).  The
     range was checked against the file size by the reader; where mapping is refused (a pipe, an odd
-    file system) the bytes are read with ``preadv`` into one buffer grown to the largest tensor.
+    file system) the bytes are read into one buffer grown to the largest tensor.
     """
 
     def __init__(self) -> None:
@@ -74,19 +74,20 @@ class SourceBuffer:
                 raise MalformedCheckpoint(f"{info.file}: {info.name} is truncated")
             try:
                 return _mapped(fh.fileno(), info.data_start, size).view(dtype).reshape(info.shape)
-            except (OSError, ValueError):
-                return self._read(fh.fileno(), info.data_start, size).view(dtype).reshape(info.shape)
+            except (OSError, ValueError, TypeError):  # no mmap here (a pipe, Windows' signature, ...)
+                return self._read(fh, info.data_start, size).view(dtype).reshape(info.shape)
 
-    def _read(self, fd: int, start: int, size: int) -> np.ndarray:
+    def _read(self, fh: Any, start: int, size: int) -> np.ndarray:
         import numpy as np
 
         if self._buffer is None or self._buffer.size < size:
             self._buffer = None  # free the old one before allocating the larger
             self._buffer = np.empty(size, np.uint8)
         view = memoryview(self._buffer)[:size]
+        fh.seek(start)
         done = 0
-        while done < size:  # preadv may return short reads above 2 GiB
-            n = os.preadv(fd, [view[done:]], start + done)
+        while done < size:  # readinto may return short reads above 2 GiB
+            n = fh.readinto(view[done:])
             if not n:
                 raise MalformedCheckpoint(f"the file ended {size - done} bytes early")
             done += n

@@ -2,10 +2,12 @@
 
 The producer (reading, transposing, casting) queues bytes, buffers and in-kernel
 range copies; the writer thread issues the ``write`` / ``copy_file_range`` calls
-(which release the GIL) in the same order, and fsyncs each finished file before
-the output may be published.  A buffer handed over with ``release`` is given back
-once written, so a small pool of band buffers bounds memory.  The first error on
-the writer side is raised again in the producer at its next call.
+(which release the GIL) in the same order, starts the disk writing every 64 MiB
+(``sync_file_range``) so that the final fsyncs have little left, and ``finish``
+fsyncs every file before the output may be published.  A buffer handed over with
+``release`` is given back once written, so a small pool of band buffers bounds
+memory.  The first error on the writer side is raised again in the producer at its
+next call.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class OutputStream:
         self.position = 0
         self.checksum = checksum
         self.crcs: dict[str, int] = {}
-        self._closed: list[Path] = []  # files written and closed, for finish() to fsync
+        self.closed: list[Path] = []  # files written and closed, for finish() to fsync
         self._jobs: queue.Queue[tuple[Any, ...]] = queue.Queue(DEPTH)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ckpt-guard-writer", daemon=True)
@@ -81,7 +83,7 @@ class OutputStream:
         self._thread.join()
         self._raise()
         try:
-            for path in self._closed:
+            for path in self.closed:
                 fd = os.open(path, os.O_RDONLY)
                 try:
                     os.fsync(fd)
@@ -198,7 +200,7 @@ class _WriterState:
             if self.writeback is not None and self.offset > self.flushed:
                 self.writeback(self.fd, self.flushed, self.offset - self.flushed)
             os.close(self.fd)
-            stream._closed.append(self.path)
+            stream.closed.append(self.path)
             self.fd, self.name = None, None
 
     def _write_all(self, view: Any, stream: OutputStream) -> None:
