@@ -243,3 +243,16 @@ def test_reads_without_mmap_give_the_same_bytes(tmp_path: Path, monkeypatch: pyt
         written = write_output(out, [outputs], layout="safetensors")
         assert verify_output(out, outputs, written, layout="safetensors")[0] == []
     assert (tmp_path / "mapped" / "model.safetensors").read_bytes() == (tmp_path / "read" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("perms", [{}, PERMS], ids=["copied", "transposed"])
+def test_a_source_deleted_mid_conversion_is_one_guard_error(tmp_path: Path, perms: dict) -> None:  # type: ignore[type-arg]
+    from guard.convert.writer import write_output
+    from guard.errors import GuardError
+
+    arrays = arrays_for_writer(np.random.default_rng(2))
+    outputs = plan(source_model(tmp_path, arrays), perms)
+    (tmp_path / "src" / "model.safetensors").unlink()  # after planning, before any tensor is read
+    (tmp_path / "out").mkdir()
+    with pytest.raises(GuardError, match=r"model\.safetensors: cannot read .*; nothing written"):
+        write_output(tmp_path / "out", [outputs], layout="safetensors")

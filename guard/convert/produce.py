@@ -18,7 +18,7 @@ from guard.convert.bitviews import numpy_dtype
 from guard.convert.cast import CastCheck
 from guard.convert.sink import DEPTH, OutputStream
 from guard.convert.transpose import BAND_BYTES, bit_view, permuted_bands, reduce_perm
-from guard.errors import MalformedCheckpoint
+from guard.errors import GuardError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -70,8 +70,8 @@ class SourceBuffer:
         if not size:
             return np.empty(info.shape, dtype)
         with open(info.file, "rb", buffering=0) as fh:
-            if os.fstat(fh.fileno()).st_size < info.data_end:
-                raise MalformedCheckpoint(f"{info.file}: {info.name} is truncated")
+            if os.fstat(fh.fileno()).st_size < info.data_end:  # it shrank since its header was read
+                raise GuardError(f"{info.file}: {info.name} is truncated; nothing written")
             try:
                 return _mapped(fh.fileno(), info.data_start, size).view(dtype).reshape(info.shape)
             except (OSError, ValueError, TypeError):  # no mmap here (a pipe, Windows' signature, ...)
@@ -89,7 +89,7 @@ class SourceBuffer:
         while done < size:  # readinto may return short reads above 2 GiB
             n = fh.readinto(view[done:])
             if not n:
-                raise MalformedCheckpoint(f"the file ended {size - done} bytes early")
+                raise GuardError(f"{fh.name}: the file ended {size - done} bytes early; nothing written")
             done += n
         return self._buffer[:size]
 
@@ -129,7 +129,10 @@ def body_pieces(tensor: SourceTensor, perm: tuple[int, ...] | None, code: str, *
         assert info.data_start is not None and info.data_end is not None
         yield ("range", info.file, info.data_start, info.data_end - info.data_start)
         return
-    array = source.read(tensor) if ranged(tensor) else tensor.load()
+    try:
+        array = source.read(tensor) if ranged(tensor) else tensor.load()
+    except OSError as exc:  # a shard deleted or unmounted mid-conversion
+        raise GuardError(f"{info.file}: cannot read {tensor.name} ({exc.strerror or exc}); nothing written") from None
     bits = bit_view(array)
     if not permute:
         flat = bits.reshape(-1)

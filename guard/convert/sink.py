@@ -119,7 +119,7 @@ class OutputStream:
             return
         if isinstance(error, OSError):
             where = f"{error.filename}: " if error.filename else ""
-            raise GuardError(f"{where}cannot write the converted output ({error.strerror})") from None
+            raise GuardError(f"{where}cannot write the converted output ({error.strerror}); nothing written") from None
         raise error
 
     # ---------------------------------------------------------------- writer side
@@ -221,7 +221,11 @@ class _WriterState:
 
     def _copy(self, path: str, start: int, length: int, stream: OutputStream) -> None:
         assert self.fd is not None
-        with open(path, "rb", buffering=0) as src:
+        try:
+            src = open(path, "rb", buffering=0)  # noqa: SIM115  closed below
+        except OSError as exc:  # a source shard deleted or unmounted mid-conversion
+            raise GuardError(f"{path}: cannot read it ({exc.strerror}); nothing written") from None
+        with src:
             if not stream.checksum and hasattr(os, "copy_file_range"):
                 left, offset = length, start
                 while left:
@@ -230,7 +234,7 @@ class _WriterState:
                     except OSError:
                         break  # EXDEV, ENOSYS, EINVAL on some file systems: plain reads below
                     if n == 0:
-                        raise OSError(5, "source file ended early", path)
+                        raise GuardError(f"{path}: the file ended early; nothing written")
                     left, offset = left - n, offset + n
                     self._advanced(n)
                 start, length = offset, left
@@ -238,7 +242,7 @@ class _WriterState:
             while length:
                 block = src.read(min(length, COPY_BLOCK))
                 if not block:
-                    raise OSError(5, "source file ended early", path)
+                    raise GuardError(f"{path}: the file ended early; nothing written")
                 self._write_all(block, stream)
                 length -= len(block)
 
