@@ -20,8 +20,10 @@ from fuzz_inputs import sample_checkpoints  # noqa: E402
 
 TARGETS = {"safetensors": "safetensors", "torch_zip": "torch-zip", "torch_legacy": "torch-legacy",
            "flax_msgpack": "flax-msgpack"}
+TARGETS.update({"hdf5": "hdf5", "keras": "keras"})  # readers-b
 SUFFIX = {"safetensors": ".safetensors", "torch_zip": ".bin", "torch_legacy": ".bin",
-          "flax_msgpack": ".msgpack", "torch_pickle": ".pkl"}
+          "flax_msgpack": ".msgpack", "torch_pickle": ".pkl", "hdf5": ".h5", "keras": ".keras",
+          "orbax_metadata": ".bin"}
 
 
 def main() -> int:
@@ -45,8 +47,31 @@ def main() -> int:
     for i, data in enumerate(pickles):
         (folder / f"seed-{i}.pkl").write_bytes(data)
         written += 1
+    written += orbax_metadata_seeds(HERE / "corpus" / "orbax_metadata")
     print(f"wrote {written} seed files under {HERE / 'corpus'}")
     return 0
+
+
+def orbax_metadata_seeds(folder: Path) -> int:
+    """readers-b: ``_METADATA`` + NUL + one array's zarr metadata, from checkpoints orbax writes."""
+    import tempfile
+
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tree = {"params": {"w": np.ones((3, 4), np.float32), "b": np.zeros((4,), np.float16)},
+            "step": 3, "ids": np.arange(5, dtype=np.int64)}
+    written = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, zarr3 in enumerate((False, True)):
+            path = Path(tmp, f"ck{i}").absolute()
+            ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False, use_zarr3=zarr3)).save(
+                path, args=ocp.args.PyTreeSave(tree))
+            array = (path / "params.w" / ("zarr.json" if zarr3 else ".zarray")).read_bytes()
+            (folder / f"seed-{i}.bin").write_bytes((path / "_METADATA").read_bytes() + b"\0" + array)
+            written += 1
+    return written
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TARGETS = ("safetensors", "torch_zip", "torch_legacy", "flax_msgpack", "torch_pickle")
+TARGETS += ("hdf5", "keras", "orbax_metadata")  # readers-b
 
 
 def run_target(target: str, seconds: int) -> tuple[int, int, int]:

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
+import re
 import sys
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from guard import dtypes
 from guard.catalogue import RULES_BY_CODE
 from guard.errors import ConfigError
 from guard.findings import FAIL_ON_CHOICES
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 EXPECT_MODES = ("uniform", "config")
 DEFAULT_KEEP_FP32 = ("*norm*", "*ln_*")  # layer/RMS norms (LayerNorm, layer_norm, ln_f, ln_1, ...)
@@ -26,8 +22,7 @@ TARGET_FRAMEWORKS = ("torch", "flax", "jax", "numpy")
 CONFIG_FILES = (".ckpt-guard.toml", "pyproject.toml")
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     framework: str  # torch | flax | jax | numpy
     dtype: str | None = None  # a cast target such as F16 (torch:fp16)
 
@@ -35,8 +30,7 @@ class Target:
         return self.framework + (f":{dtypes.display_name(self.dtype)}" if self.dtype else "")
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(NamedTuple):
     expect: str = "F32"  # a dtype code, "uniform" or "config"
     keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32
     targets: tuple[Target, ...] = (Target("torch"), Target("flax"))
@@ -48,8 +42,7 @@ class Policy:
     source: str | None = None  # the config file it came from
 
     def keeps_fp32(self, tensor: str) -> bool:
-        lowered = tensor.lower()
-        return any(fnmatch.fnmatchcase(lowered, pattern.lower()) for pattern in self.keep_fp32)
+        return _any_glob(self.keep_fp32).match(tensor.lower()) is not None
 
     def is_enabled(self, code: str, path: str | None = None) -> bool:
         """Longest matching prefix wins between select/extend-select and ignore."""
@@ -74,6 +67,12 @@ class Policy:
             "fail_on": self.fail_on,
             "config_file": self.source,
         }
+
+
+@functools.lru_cache(maxsize=32)
+def _any_glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """One regex for a tuple of case-insensitive globs: tested once per tensor, not once per pattern."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(p.lower())})" for p in patterns) or "(?!)")
 
 
 def parse_expect(value: str) -> str:
@@ -139,12 +138,18 @@ def find_config_file(start: Path | None = None) -> Path | None:
 
 def _has_tool_table(path: Path) -> bool:
     try:
+        if b"ckpt-guard" not in path.read_bytes():  # most pyproject.toml files: no TOML parser needed
+            return False
         return "ckpt-guard" in _load_toml(path).get("tool", {})
-    except ConfigError:
+    except (ConfigError, OSError):
         return False
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
@@ -179,17 +184,17 @@ def build_policy(
     policy = Policy(source=source)
     try:
         if "expect" in merged:
-            policy = replace(policy, expect=parse_expect(str(merged["expect"])))
+            policy = policy._replace(expect=parse_expect(str(merged["expect"])))
         if "keep-fp32" in merged:
             extra = tuple(str(p) for p in _as_list(merged["keep-fp32"], "keep-fp32"))
-            policy = replace(policy, keep_fp32=DEFAULT_KEEP_FP32 + extra)
+            policy = policy._replace(keep_fp32=DEFAULT_KEEP_FP32 + extra)
         if "targets" in merged:
             targets = tuple(parse_target(str(t)) for t in _as_list(merged["targets"], "targets"))
-            policy = replace(policy, targets=targets)
+            policy = policy._replace(targets=targets)
         for key in ("select", "extend-select", "ignore"):
             if key in merged:
                 codes = parse_codes(_as_list(merged[key], key), key=key)
-                policy = replace(policy, **{key.replace("-", "_"): codes})
+                policy = policy._replace(**{key.replace("-", "_"): codes})
         if "per-file-ignores" in merged:
             value = merged["per-file-ignores"]
             if not isinstance(value, dict):
@@ -198,9 +203,9 @@ def build_policy(
                 (str(glob), parse_codes(_as_list(codes, "per-file-ignores"), key="per-file-ignores"))
                 for glob, codes in value.items()
             )
-            policy = replace(policy, per_file_ignores=pairs)
+            policy = policy._replace(per_file_ignores=pairs)
         if "fail-on" in merged:
-            policy = replace(policy, fail_on=parse_fail_on(str(merged["fail-on"])))
+            policy = policy._replace(fail_on=parse_fail_on(str(merged["fail-on"])))
     except TypeError as exc:  # wrong TOML types
         raise ConfigError(f"{source or 'config'}: {exc}") from None
     return policy

@@ -1,7 +1,7 @@
 """`make demo`: build sample checkpoints with the real libraries, then scan them.
 
 Run as ``python -m guard.demo [DIR]`` (default ``demo-models``).  Needs the
-``parity`` extra (torch, transformers); the scan itself needs none of it.
+``parity`` extra (torch, transformers) and diffusers; the scan itself needs none of it.
 """
 
 from __future__ import annotations
@@ -62,6 +62,16 @@ def build_samples(root: Path) -> list[Path]:
         "size 437955512\n"
     )
     made.append(pointer)
+
+    # The layouts people publish: a diffusers pipeline saved with save_pretrained() and again with
+    # variant="fp16" (every Stable Diffusion repository), and bart-large's two copies that disagree.
+    from guard.samples import bart_like_copies, diffusers_pipeline
+
+    layouts = root / "layouts"
+    diffusers_pipeline(layouts / "sd-pipeline-with-fp16-variant")
+    made.append(layouts / "sd-pipeline-with-fp16-variant")
+    bart_like_copies(layouts / "bart-fp16-pytorch-fp32-flax")
+    made.append(layouts / "bart-fp16-pytorch-fp32-flax")
     return made
 
 
@@ -74,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     cli = [sys.executable, "-m", "guard"]
     print(f"\n== ckpt-guard scan {root}")
     subprocess.run([*cli, "scan", str(root), "--no-summary"], check=False)
+    layouts = root / "layouts"
+    print("\n== a diffusers pipeline with its fp16 variant: one table per component, a row per weight set;"
+          " clean")
+    subprocess.run([*cli, "scan", str(layouts / "sd-pipeline-with-fp16-variant"), "--no-summary"], check=False)
+    print("\n== bart-large's case: fp16 PyTorch weights beside an fp32 Flax copy are CG107, not a mix")
+    subprocess.run([*cli, "scan", str(layouts / "bart-fp16-pytorch-fp32-flax"), "--expect", "uniform", "--no-summary"],
+                   check=False)
     report = root / "report.json"
     subprocess.run([*cli, "scan", str(root), "--format", "json", "-o", str(report), "--no-summary"],
                    check=False)

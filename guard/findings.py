@@ -43,6 +43,7 @@ class Finding(NamedTuple):
     message: str
     tensor: str | None = None
     line: int | None = None  # 1-based line inside a JSON file (index, config.json)
+    set: str | None = None  # the weight set it was judged in (None: the model, a pipeline, a JSON file)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -52,12 +53,14 @@ class Finding(NamedTuple):
             "tensor": self.tensor,
             "message": self.message,
             "line": self.line,
+            "set": self.set,
         }
 
     @classmethod
     def from_json(cls, obj: dict[str, object]) -> Finding:
         line = obj.get("line")
         tensor = obj.get("tensor")
+        judged_in = obj.get("set")
         return cls(
             code=str(obj["code"]),
             severity=Severity(str(obj["severity"])),
@@ -65,4 +68,5 @@ class Finding(NamedTuple):
             message=str(obj["message"]),
             tensor=None if tensor is None else str(tensor),
             line=line if isinstance(line, int) else None,
+            set=None if judged_in is None else str(judged_in),
         )

@@ -2,38 +2,46 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from guard import __version__
+from guard import __version__, dtypes
 from guard.findings import Finding, Severity, fail_threshold
-from guard.inventory import DtypeStats, ModelInventory
+from guard.inventory import DtypeStats, ModelInventory, WeightSet
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: models carry their weight sets, findings the set they were judged in
+READABLE_VERSIONS = (1, 2)
 
 
 class ReportFormatError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class FileSummary:
+class FileSummary(NamedTuple):
     path: str
     format: str | None
     size: int
     tensors: int
+    unsupported: str | None = None  # CG006: the format no reader handles; the file was not scanned
 
 
-@dataclass(frozen=True)
-class ModelSummary:
-    path: str
-    files: tuple[FileSummary, ...]
+class SetSummary(NamedTuple):
+    name: str
+    role: str
+    layout: str
+    variant: str | None
+    format: str
+    files: tuple[str, ...]
     dtypes: dict[str, DtypeStats]
-    config_dtype: str | None = None
-    quantization: str | None = None
+    primary: bool = False
+    claimed_dtype: str | None = None
+    quantized: bool = False
 
     @property
     def parameters(self) -> int:
+        return count_parameters(self.dtypes, quantized=self.quantized)
+
+    @property
+    def elements(self) -> int:
         return sum(s.parameters for s in self.dtypes.values())
 
     @property
@@ -41,30 +49,92 @@ class ModelSummary:
         return sum(s.bytes for s in self.dtypes.values())
 
     @classmethod
+    def from_set(cls, ws: WeightSet, *, quantized: bool) -> SetSummary:
+        return cls(ws.name, ws.role, ws.layout, ws.variant, ws.format, tuple(s.path for s in ws.files),
+                   ws.dtype_summary(), ws.primary, ws.claimed_dtype, quantized)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "role": self.role, "layout": self.layout, "variant": self.variant,
+            "format": self.format, "primary": self.primary, "claimed_dtype": self.claimed_dtype,
+            "quantized": self.quantized, "files": list(self.files), "parameters": self.parameters,
+            "bytes": self.bytes,
+            "dtypes": _dtypes_json(self.dtypes),
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> SetSummary:
+        return cls(str(obj["name"]), str(obj.get("role", "weights")), str(obj.get("layout", "file")),
+                   obj.get("variant"), str(obj.get("format", "")), tuple(str(f) for f in obj.get("files", [])),
+                   _dtypes_from_json(obj.get("dtypes", {})), bool(obj.get("primary")), obj.get("claimed_dtype"),
+                   bool(obj.get("quantized")))
+
+
+def count_parameters(stats: dict[str, DtypeStats], *, quantized: bool) -> int:
+    """What the libraries call parameters: floating tensors' elements.  Integer and bool buffers
+    (position_ids, num_batches_tracked) are not parameters; a quantized model's packed integer
+    payloads are."""
+    return sum(s.parameters for code, s in stats.items() if quantized or dtypes.is_float(code))
+
+
+def _dtypes_json(stats: dict[str, DtypeStats]) -> dict[str, Any]:
+    return {code: s.to_json() for code, s in stats.items()}
+
+
+def _dtypes_from_json(obj: dict[str, Any]) -> dict[str, DtypeStats]:
+    return {str(code): DtypeStats(int(s["tensors"]), int(s["parameters"]), int(s["bytes"])) for code, s in obj.items()}
+
+
+class ModelSummary(NamedTuple):
+    path: str
+    files: tuple[FileSummary, ...]
+    dtypes: dict[str, DtypeStats]
+    config_dtype: str | None = None
+    quantization: str | None = None
+    sets: tuple[SetSummary, ...] = ()
+
+    @property
+    def parameters(self) -> int:
+        return count_parameters(self.dtypes, quantized=self.quantization is not None)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.dtypes.values())
+
+    @property
+    def all_sets(self) -> tuple[SetSummary, ...]:
+        """The weight sets; a version-1 report had none, so its dtypes stand as one."""
+        if self.sets:
+            return self.sets
+        return (SetSummary(self.path, "weights", "file", None, "", tuple(f.path for f in self.files), self.dtypes,
+                           primary=True, quantized=self.quantization is not None),)
+
+    @classmethod
     def from_inventory(cls, inv: ModelInventory) -> ModelSummary:
         declared = inv.config_dtypes()
         return cls(
             path=inv.path,
-            files=tuple(FileSummary(s.path, s.format, s.size, len(s.tensors)) for s in inv.files),
+            files=tuple(FileSummary(s.path, s.format, s.size, len(s.tensors), s.metadata.get("unsupported"))
+                        for s in inv.files),
             dtypes=inv.dtype_summary(),
             config_dtype=declared[0].value if declared else None,
             quantization=inv.quantization(),
+            sets=tuple(SetSummary.from_set(ws, quantized=inv.quantization(ws) is not None) for ws in inv.sets),
         )
 
     def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "files": [
-                {"path": f.path, "format": f.format, "size": f.size, "tensors": f.tensors} for f in self.files
+                {"path": f.path, "format": f.format, "size": f.size, "tensors": f.tensors,
+                 "unsupported": f.unsupported} for f in self.files
             ],
-            "dtypes": {
-                code: {"tensors": s.tensors, "parameters": s.parameters, "bytes": s.bytes}
-                for code, s in self.dtypes.items()
-            },
+            "dtypes": _dtypes_json(self.dtypes),
             "parameters": self.parameters,
             "bytes": self.bytes,
             "config_dtype": self.config_dtype,
             "quantization": self.quantization,
+            "sets": [ws.to_json() for ws in self.sets],
         }
 
     @classmethod
@@ -72,25 +142,31 @@ class ModelSummary:
         return cls(
             path=str(obj["path"]),
             files=tuple(
-                FileSummary(str(f["path"]), f.get("format"), int(f.get("size", 0)), int(f.get("tensors", 0)))
+                FileSummary(str(f["path"]), f.get("format"), int(f.get("size", 0)), int(f.get("tensors", 0)),
+                            f.get("unsupported"))
                 for f in obj.get("files", [])
             ),
-            dtypes={
-                str(code): DtypeStats(int(s["tensors"]), int(s["parameters"]), int(s["bytes"]))
-                for code, s in obj.get("dtypes", {}).items()
-            },
+            dtypes=_dtypes_from_json(obj.get("dtypes", {})),
             config_dtype=obj.get("config_dtype"),
             quantization=obj.get("quantization"),
+            sets=tuple(SetSummary.from_json(ws) for ws in obj.get("sets", [])),  # version 1 had none
         )
 
 
-@dataclass
 class Report:
-    models: list[ModelSummary] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    policy: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # values / conversion / parity / hub figures
-    tool_version: str = __version__
+    """The result of a run; mutable while it is assembled (models and findings are appended)."""
+
+    def __init__(self, models: list[ModelSummary] | None = None, findings: list[Finding] | None = None,
+                 policy: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+                 tool_version: str = __version__) -> None:
+        self.models: list[ModelSummary] = [] if models is None else models
+        self.findings: list[Finding] = [] if findings is None else findings
+        self.policy: dict[str, Any] = {} if policy is None else policy
+        self.extra: dict[str, Any] = {} if extra is None else extra  # values / conversion / parity / hub figures
+        self.tool_version = tool_version
+
+    def __repr__(self) -> str:
+        return f"Report({len(self.models)} model(s), {len(self.findings)} finding(s))"
 
     @property
     def fail_on(self) -> str:
@@ -127,6 +203,7 @@ class Report:
             "summary": {
                 "models": len(self.models),
                 "files": sum(len(m.files) for m in self.models),
+                "not_scanned": sum(1 for m in self.models for f in m.files if f.unsupported),
                 "findings": len(self.findings),
                 "errors": counts["error"],
                 "warnings": counts["warning"],
@@ -144,8 +221,9 @@ class Report:
         if not isinstance(obj, dict) or "findings" not in obj or "models" not in obj:
             raise ReportFormatError("not a ckpt-guard JSON report (no 'models'/'findings')")
         version = obj.get("version")
-        if version != REPORT_VERSION:
-            raise ReportFormatError(f"report version {version!r} is not supported (expected {REPORT_VERSION})")
+        if version not in READABLE_VERSIONS:
+            raise ReportFormatError(f"report version {version!r} is not supported (expected one of "
+                                    f"{', '.join(map(str, READABLE_VERSIONS))})")
         try:
             return cls(
                 models=[ModelSummary.from_json(m) for m in obj["models"]],

@@ -1,16 +1,21 @@
-"""What a reader learns about a checkpoint file from its headers."""
+"""What a reader learns about a checkpoint file from its headers.
+
+Records are NamedTuples, not dataclasses: they are built on every scan's path, and a
+pre-commit hook pays for the dataclasses machinery on every commit.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from math import prod
+from types import MappingProxyType
+from typing import NamedTuple
 
 from guard import dtypes
 from guard.findings import Finding
 
 
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """One tensor, from headers only.
 
     ``data_start``/``data_end`` are absolute byte offsets of the tensor's bytes in
@@ -27,6 +32,7 @@ class TensorInfo:
     data_end: int | None = None
     stride: tuple[int, ...] | None = None
     storage: str | None = None
+    storage_offset: int | None = None  # bytes into ``storage``: two names on one span are one tensor (tied)
 
     @property
     def numel(self) -> int:
@@ -39,10 +45,13 @@ class TensorInfo:
 
 # Formats a reader may report.
 FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer")
+FORMATS += ("hdf5", "keras", "orbax")  # readers-b
 
 
-@dataclass(frozen=True, slots=True)
-class FileScan:
+NO_METADATA: Mapping[str, str] = MappingProxyType({})
+
+
+class FileScan(NamedTuple):
     """A reader's result for one file: tensors plus findings in the file itself."""
 
     path: str
@@ -50,7 +59,7 @@ class FileScan:
     size: int
     tensors: tuple[TensorInfo, ...] = ()
     findings: tuple[Finding, ...] = ()
-    metadata: dict[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, str] = NO_METADATA
     bytes_read: int = 0
     # Other files this one needs, relative to its directory (ONNX external data, ...);
     # the inventory resolves them against the directory listing, local or remote.

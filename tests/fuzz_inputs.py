@@ -33,6 +33,8 @@ FILE_NAMES = {
     "torch-zip": "pytorch_model.bin",
     "torch-legacy": "pytorch_model.bin",
     "flax-msgpack": "flax_model.msgpack",
+    "hdf5": "model.weights.h5",  # readers-b
+    "keras": "model.keras",  # readers-b
 }
 SCAN_SECONDS = 1.0  # a header scan of a small file takes milliseconds
 SCAN_PEAK_BYTES = 4 * 1024 * 1024  # beyond a copy of the input itself
@@ -95,7 +97,12 @@ def bounded_scan(data: bytes, name: str, *, hang_after: float = 10 * SCAN_SECOND
 
 
 def assert_well_behaved(result: BoundedScan, data: bytes) -> None:
-    assert result.seconds < SCAN_SECONDS, f"scan of {len(data)} bytes took {result.seconds:.2f}s"
+    seconds = SCAN_SECONDS
+    if "HDF5 library made no progress" in result.reason:  # readers-b: libhdf5 spun; its worker was killed
+        from guard.readers.hdf5_worker import STALL_SECONDS
+
+        seconds = STALL_SECONDS + SCAN_SECONDS
+    assert result.seconds < seconds, f"scan of {len(data)} bytes took {result.seconds:.2f}s"
     limit = SCAN_PEAK_BYTES + len(data)
     assert result.peak_bytes < limit, f"scan peaked at {result.peak_bytes:,} bytes (limit {limit:,})"
     if result.scan.format is None:
@@ -204,11 +211,81 @@ def reference_flax(data: bytes) -> Inventory | str:
             for name, leaf in flatten(tree, "/", lambda v: isinstance(v, (np.ndarray, np.generic)))}
 
 
+# ---- readers-b: h5py is C and can spin on a corrupt file, so the reference runs in a forked
+# pool worker that is replaced after REFERENCE_SECONDS; a hang counts as the reference's refusal.
+REFERENCE_SECONDS = 3.0
+_H5_POOL: Any = None
+
+
+def _h5_listing(data: bytes) -> Inventory | str:
+    import h5py
+
+    from guard.dtypes import NUMPY_NAMES
+
+    out: Inventory = {}
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset) and obj.shape is not None:
+            dtype = obj.dtype
+            code = NUMPY_NAMES.get(dtype.name) if dtype.kind in "fiubc" else None
+            if dtype.kind == "V" and "dtype" in obj.attrs:
+                declared = obj.attrs["dtype"]
+                declared = declared.decode() if isinstance(declared, bytes) else str(declared)
+                code = NUMPY_NAMES.get(declared)
+                if code is None or int(dtype.itemsize) * 8 != {"BF16": 16}.get(code, 8):
+                    code = f"{declared} (opaque {dtype.itemsize}-byte)"
+            out[name] = (code or f"hdf5:{dtype.str}", tuple(int(d) for d in obj.shape))
+
+    try:
+        with h5py.File(io.BytesIO(data), "r") as f:
+            f.visititems(visit)
+    except Exception as exc:  # noqa: BLE001
+        return f"h5py: {_first_line(exc)}"
+    return out
+
+
+def _in_pool(function: Callable[[bytes], Inventory | str], data: bytes) -> Inventory | str:
+    import multiprocessing
+
+    global _H5_POOL
+    if _H5_POOL is None:
+        _H5_POOL = multiprocessing.get_context("fork").Pool(1)
+    try:
+        return _H5_POOL.apply_async(function, (data,)).get(REFERENCE_SECONDS)
+    except multiprocessing.TimeoutError:
+        _H5_POOL.terminate()
+        _H5_POOL = None
+        return f"h5py: no answer after {REFERENCE_SECONDS:g} s (libhdf5 spins)"
+
+
+def reference_hdf5(data: bytes) -> Inventory | str:
+    return _in_pool(_h5_listing, data)
+
+
+def _keras_listing(data: bytes) -> Inventory | str:
+    import json
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            json.loads(archive.read("config.json"))
+            weights = archive.read("model.weights.h5")
+    except Exception as exc:  # noqa: BLE001
+        return f"zipfile: {_first_line(exc)}"
+    return _h5_listing(weights)
+
+
+def reference_keras(data: bytes) -> Inventory | str:
+    return _in_pool(_keras_listing, data)
+
+
 REFERENCES: dict[str, Callable[[bytes], Inventory | str]] = {
     "safetensors": reference_safetensors,
     "torch-zip": reference_torch,
     "torch-legacy": reference_torch,
     "flax-msgpack": reference_flax,
+    "hdf5": reference_hdf5,  # readers-b
+    "keras": reference_keras,  # readers-b
 }
 
 
@@ -282,6 +359,20 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     # msgpack decodes any value; a flax state dict is a map of str keys with array leaves.
     Known("not-a-flax-tree", ("flax-msgpack",), False,
           r"top level is|map key|duplicate key|shape is not a list"),
+    # readers-b. Headers, not tensors: the weights member of a .keras zip is never read whole, so
+    # its CRC-32 is not checked (config.json and metadata.json are read whole and checked);
+    # zipfile (and so keras.saving.load_model) checks it on extraction.
+    Known("data-crc-not-read", ("keras",), True, r"Bad CRC-32 for file 'model\.weights\.h5'"),
+    # The zip directory is read by the same rules as a torch zip's (guard.readers.torch_zip):
+    # records that disagree (entry count, comment length) are refused; zipfile tolerates them.
+    Known("stricter-zip", ("keras",), False,
+          r"zip central directory|End Of Central Directory|does not fit|zip64|multi-disk"
+          r"|two different sizes"),
+    # zipfile refuses an entry whose "version needed to extract" is above 6.3; that field says
+    # nothing about how a stored or deflated member is laid out, and we do not read it.
+    Known("zip-version-needed", ("keras",), True, r"zip file version"),
+    # h5py hands back an object name that is not UTF-8 as bytes; a tensor name must be text.
+    Known("non-utf8-name", ("hdf5", "keras"), False, r"name is not UTF-8"),
 )
 
 
@@ -396,9 +487,68 @@ def _flax_samples() -> list[bytes]:
     return [serialization.msgpack_serialize(tree) for tree in trees]
 
 
+def _hdf5_samples() -> list[bytes]:
+    """readers-b: h5py-written weights: Keras 3 layout (bf16 opaque + attribute), Keras-2 layout."""
+    import tempfile
+    from pathlib import Path
+
+    import h5py
+    import ml_dtypes
+    import numpy as np
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "w.h5"
+        with h5py.File(path, "w") as f:
+            f.create_group("vars")
+            for layer, dtype in (("dense", np.float32), ("norm", ml_dtypes.bfloat16)):
+                group = f.create_group(f"layers/{layer}/vars")
+                for i, shape in enumerate(((4, 3), (3,))):
+                    value = np.ones(shape, dtype)
+                    if dtype is ml_dtypes.bfloat16:
+                        group.create_dataset(str(i), data=value.view("V2")).attrs["dtype"] = "bfloat16"
+                    else:
+                        group.create_dataset(str(i), data=value)
+        out.append(path.read_bytes())
+        with h5py.File(path, "w") as f:
+            f.attrs["layer_names"] = [b"bert", b"classifier"]
+            f.attrs["keras_version"] = b"2.15.0"
+            f["bert/bert/embeddings/weight:0"] = np.zeros((6, 4), np.float16)
+            f["classifier/classifier/bias:0"] = np.zeros((2,), np.float32)
+            f["classifier/classifier/kernel:0"] = np.zeros((4, 2), np.float32)
+        out.append(path.read_bytes())
+        with h5py.File(path, "w", libver="latest") as f:  # new-style groups, superblock v3
+            f.create_dataset("a/b/c", data=np.arange(6, dtype=np.int64).reshape(2, 3), chunks=(1, 3))
+            f["a/flag"] = np.array([True, False])
+        out.append(path.read_bytes())
+    return out
+
+
+def _keras_samples() -> list[bytes]:
+    """readers-b: .keras archives as Keras 3 lays them out (stored members), around h5py weights."""
+    import json
+    import zipfile
+
+    out = []
+    for i, weights in enumerate(_hdf5_samples()[:2]):
+        buffer = io.BytesIO()
+        policy = ("float32", "mixed_bfloat16")[i]
+        config = {"module": "keras", "class_name": "Sequential", "config": {
+            "name": "sequential", "dtype": {"module": "keras", "class_name": "DTypePolicy",
+                                            "config": {"name": policy}}, "layers": []}}
+        with zipfile.ZipFile(buffer, "w") as archive:
+            archive.writestr("metadata.json", json.dumps({"keras_version": "3.15.1"}))
+            archive.writestr("config.json", json.dumps(config))
+            archive.writestr("model.weights.h5", weights)
+        out.append(buffer.getvalue())
+    return out
+
+
 _SAMPLERS: dict[str, Callable[[], list[bytes]]] = {
     "safetensors": _safetensors_samples,
     "torch-zip": _torch_zip_samples,
     "torch-legacy": _torch_legacy_samples,
     "flax-msgpack": _flax_samples,
+    "hdf5": _hdf5_samples,  # readers-b
+    "keras": _keras_samples,  # readers-b
 }

@@ -3,9 +3,12 @@
 Serves model repositories (branches, ``refs/pr/N``, commits by sha), ranged and
 whole resolve GETs, HEAD metadata, ``list_models(author=)``, ``create_repo``,
 preupload + commit (the single-commit path), discussions, pull requests and
-comments.  Every request is recorded (method, path, status, bytes sent) so tests
-and the benchmark can count what a client really asked for.  Faults (5xx, a
-stalled response) and a per-request latency can be injected.
+comments.  Every request is recorded (method, path, status, bytes sent, when it
+arrived) so tests and the benchmark can count what a client really asked for,
+and how fast.  Faults (5xx, a stalled response, any status with headers such as
+``Retry-After``), a rate-limit mode that turns away every N-th request with 429
+or 503 and ``Retry-After`` without handling it, and a per-request latency can
+be injected.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import hashlib
 import json
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +40,7 @@ class Record:
     bytes: int  # body bytes sent
     range: str | None
     authorized: bool
+    at: float = 0.0  # time.monotonic() when the request arrived
 
 
 @dataclass
@@ -44,6 +49,14 @@ class Fault:
     contains: str
     status: int | None  # None: stall until the stand-in stops
     remaining: int
+    headers: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Throttle:
+    every: int  # the N-th, 2N-th, ... request is turned away
+    status: int  # 429 or 503
+    retry_after: str | None  # the Retry-After header, or None to send none
 
 
 class StandinHub:
@@ -54,6 +67,8 @@ class StandinHub:
         self.commits: dict[str, Commit] = {}
         self.records: list[Record] = []
         self.faults: list[Fault] = []
+        self.throttling: Throttle | None = None
+        self._arrivals = 0
         self.received_commits: list[tuple[str, str, dict[str, Any], list[str]]] = []
         self.lock = threading.RLock()
         self.release = threading.Event()
@@ -95,9 +110,16 @@ class StandinHub:
             repo.discussions.append(Discussion(num, title, "", True, author, status="draft", ref=ref))
             return num, sha
 
-    def fail(self, method: str, contains: str, status: int | None, times: int = 1) -> None:
+    def fail(self, method: str, contains: str, status: int | None, times: int = 1,
+             headers: dict[str, str] | None = None) -> None:
         with self.lock:
-            self.faults.append(Fault(method, contains, status, times))
+            self.faults.append(Fault(method, contains, status, times, headers))
+
+    def throttle(self, every: int, *, status: int = 429, retry_after: str | None = "1") -> None:
+        """Turn away every ``every``-th request from now on (0 stops), as the Hub's rate limiter does."""
+        with self.lock:
+            self.throttling = Throttle(every, status, retry_after) if every else None
+            self._arrivals = 0
 
     @staticmethod
     def next_num(repo: Repo) -> int:
@@ -115,6 +137,17 @@ class StandinHub:
     def reset_records(self) -> None:
         with self.lock:
             self.records.clear()
+
+    def busiest_window(self, seconds: float, records: list[Record] | None = None) -> int:
+        """The most requests that arrived within any ``seconds``-long window."""
+        with self.lock:
+            times = sorted(r.at for r in (self.records if records is None else records))
+        most, first = 0, 0
+        for last, at in enumerate(times):
+            while at - times[first] >= seconds:
+                first += 1
+            most = max(most, last - first + 1)
+        return most
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> StandinHub:
@@ -144,6 +177,11 @@ class StandinHub:
                 with hub.lock:
                     hub._connections.add(conn)
                 return conn, address
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # A client killed mid-connection (the kill tests) resets it: not the stand-in's problem.
+                if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+                    super().handle_error(request, client_address)
 
             def shutdown_request(self, request: Any) -> None:
                 with hub.lock:
@@ -176,6 +214,7 @@ class StandinHub:
 
     # ------------------------------------------------------------ dispatch
     def _handle(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        arrived = time.monotonic()
         if self.latency:
             time.sleep(self.latency)
         split = urlsplit(handler.path)
@@ -184,13 +223,14 @@ class StandinHub:
         body = handler.rfile.read(length) if length else b""
         auth = handler.headers.get("Authorization", "")
         user = self.tokens.get(auth[7:]) if auth.startswith("Bearer ") else None
-        fault = self._fault(method, unquote(split.path))
+        fault = self._throttled() or self._fault(method, unquote(split.path))
         if fault is not None and fault.status is None:
             self.release.wait(30)
             handler.close_connection = True
             return
         if fault is not None:
-            status, headers, payload = fault.status or 500, {"Content-Type": "text/plain"}, b"injected fault"
+            status, payload = fault.status or 500, b"injected fault"
+            headers = {"Content-Type": "text/plain", **(fault.headers or {})}
         else:
             headers = {k.lower(): v for k, v in handler.headers.items()}
             request = Request(method, segments, parse_qs(split.query), body, headers, user)
@@ -207,7 +247,18 @@ class StandinHub:
             sent = len(payload)
         with self.lock:
             self.records.append(Record(method, unquote(split.path), split.query, status, sent,
-                                       handler.headers.get("Range"), user is not None))
+                                       handler.headers.get("Range"), user is not None, arrived))
+
+    def _throttled(self) -> Fault | None:
+        with self.lock:
+            rule = self.throttling
+            if rule is None:
+                return None
+            self._arrivals += 1
+            if self._arrivals % rule.every:
+                return None
+        headers = {"Retry-After": rule.retry_after} if rule.retry_after is not None else {}
+        return Fault("*", "", rule.status, 1, headers)
 
     def _fault(self, method: str, path: str) -> Fault | None:
         with self.lock:

@@ -436,3 +436,19 @@ def test_convert_step_converts_each_model_once(tmp_path):
     out = tmp_path / "runner" / "ckpt-guard" / "converted"
     assert [p.name for p in out.iterdir()] == ["bert"]
     assert (out / "bert" / "flax_model.msgpack").is_file() and (out / "bert" / "config.json").is_file()
+
+
+def test_push_of_only_a_variant_index_scans_that_model(tmp_path):
+    repo = tmp_path / "repo"
+    safetensors_file(repo / "m" / "model.fp16-00001-of-00001.safetensors", "F16")
+    (repo / "m" / "model.safetensors.index.fp16.json").write_text(json.dumps({"weight_map": {}}))
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    first = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "m" / "model.safetensors.index.fp16.json").write_text(json.dumps(
+        {"weight_map": {"t0": "model.fp16-00001-of-00001.safetensors"}}))
+    git(repo, "commit", "-q", "-am", "two")
+    runner = Runner(tmp_path, repo)
+    runner.event({"before": first, "after": git(repo, "rev-parse", "HEAD").strip()})
+    assert runner.selected()[1] == ["m/model.safetensors.index.fp16.json"]

@@ -12,7 +12,8 @@ FUZZ = Path(__file__).resolve().parent.parent / "fuzz"
 # target folder -> file name the dispatcher sees (content sniffing decides; the name breaks ties)
 NAMES = {"safetensors": "model.safetensors", "torch_zip": "pytorch_model.bin",
          "torch_legacy": "pytorch_model.bin", "flax_msgpack": "flax_model.msgpack",
-         "torch_pickle": "data.pkl"}
+         "torch_pickle": "data.pkl",
+         "hdf5": "model.weights.h5", "keras": "model.keras", "orbax_metadata": "_METADATA"}  # readers-b
 FILES = sorted(p for kind in ("corpus", "regressions") for p in (FUZZ / kind).glob("*/*")
                if p.is_file() and not p.name.startswith("."))
 

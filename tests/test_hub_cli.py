@@ -55,7 +55,7 @@ def test_webhook_needs_a_secret(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
 # ---------------------------------------------------------------- huggingface_hub 2.x
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def hub2_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A throwaway venv with huggingface_hub 2.4.0 (httpx2) and this package (no deps)."""
     root = tmp_path_factory.mktemp("hub2") / "venv"
@@ -106,3 +106,36 @@ def test_hub_scan_on_huggingface_hub_2(hub2_venv: Path, tmp_path: Path) -> None:
         weight_gets = [r for r in hub.matching(method="GET", contains="/resolve/")
                        if r.path.endswith(".safetensors")]
         assert weight_gets and all(r.range for r in weight_gets)
+
+
+@pytest.mark.slow
+def test_reviewer_and_rate_limits_on_huggingface_hub_2(hub2_venv: Path, tmp_path: Path) -> None:
+    """`hub webhook --once` and `hub scan --max-rps` on httpx2, while every third request gets a 429."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hub_delivery import answers, make_pushes
+    from hub_standin import StandinHub
+
+    from guard.hub.queue import Job, open_queue
+
+    with StandinHub() as hub:
+        pushes = make_pushes(hub, "org/reviewed", 5)
+        state = tmp_path / "q.sqlite3"
+        queue = open_queue(state)
+        queue.enqueue([Job(p.repo, p.ref, p.sha) for p in pushes])
+        queue.close()
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "NO_PROXY": "127.0.0.1",
+               "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": "", "CI": "true"}
+        cli = str(hub2_venv / "bin" / "ckpt-guard")
+        hub.throttle(3, status=429, retry_after="1")
+        done = subprocess.run([cli, "hub", "webhook", "--once", "--state", str(state), "--token", "hf_bot",
+                               "--log-format", "json"], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert answers(hub, pushes) == [1] * 5
+        hub.reset_records()
+        audit = subprocess.run([cli, "hub", "scan", "--author", "org", "--max-rps", "20", "--format", "json"],
+                               capture_output=True, text=True, env=env, timeout=120)
+        assert audit.returncode == 1, audit.stderr  # the pushes mix dtypes: findings, but no error
+        report = json.loads(audit.stdout)["extra"]["hub"]
+        refused = sum(r.status == 429 for r in hub.records)
+        assert refused and report["retried"] == {"429": refused}
+        assert [r["error"] for r in report["repos"]] == [None]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,15 +17,11 @@ httpx = pytest.importorskip("httpx")
 np = pytest.importorskip("numpy")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
+from hub_delivery import SECRET, AppServer as Service, make_reviewer  # noqa: E402
 from hub_standin import StandinHub, standin_fixture  # noqa: E402
 
-from guard.config import build_policy  # noqa: E402
-from guard.hub.client import HubClient  # noqa: E402
 from guard.hub.comment import marker  # noqa: E402
-from guard.hub.reviewer import Reviewer  # noqa: E402
-from guard.hub.webhook import create_app, parse_payload  # noqa: E402
-
-SECRET = "s3cret-value"
+from guard.hub.webhook import parse_payload  # noqa: E402
 
 
 def weights(dtype: Any) -> bytes:
@@ -46,52 +40,14 @@ def payload(repo: str, ref: str, sha: str | None, *, scope: str = "repo.content"
     }
 
 
-class Service:
-    """The webhook app on a real uvicorn server, on a random loopback port."""
-
-    def __init__(self, reviewer: Reviewer) -> None:
-        self.reviewer = reviewer
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(secret=SECRET, reviewer=reviewer), log_level="warning",
-                                limit_concurrency=200, backlog=256)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        self.http = httpx.Client(base_url=self.url, timeout=10, trust_env=False)
-        for _ in range(200):  # bounded wait for startup, no sleep: started is set by uvicorn
-            if self.server.started:
-                break
-            self.thread.join(0.02)
-        assert self.server.started
-
-    def post(self, body: Any, *, secret: str | bytes | None = SECRET, raw: bytes | None = None) -> httpx.Response:
-        headers: dict[str, str | bytes] = {"Content-Type": "application/json"}
-        if secret is not None:
-            headers["X-Webhook-Secret"] = secret
-        return self.http.post("/webhook", content=raw if raw is not None else json.dumps(body), headers=headers)
-
-    def stop(self) -> None:
-        self.http.close()
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
-
-
 @pytest.fixture
 def standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[StandinHub]:
     yield from standin_fixture(monkeypatch, tmp_path)
 
 
-def make_reviewer(workers: int = 4) -> Reviewer:
-    return Reviewer(HubClient(token="hf_bot", timeout=10), build_policy({}, source=None, overrides={}),
-                    workers=workers)
-
-
 @pytest.fixture
-def service(standin: StandinHub) -> Iterator[Service]:
-    svc = Service(make_reviewer())
+def service(standin: StandinHub, tmp_path: Path) -> Iterator[Service]:
+    svc = Service(make_reviewer(tmp_path / "queue.sqlite3"))  # the app's lifespan starts the workers
     yield svc
     svc.stop()
 
@@ -135,7 +91,8 @@ def test_unwatched_events_are_ignored(service: Service, standin: StandinHub, rep
     assert standin.repos[repo].discussions == []
 
 
-def test_push_to_main_opens_one_discussion_even_on_redelivery(service: Service, standin: StandinHub) -> None:
+def test_push_to_main_opens_one_discussion_even_on_redelivery(service: Service, standin: StandinHub,
+                                                             tmp_path: Path) -> None:
     sha = standin.add_repo("org/mixed", {"model.safetensors": weights(np.float16)})
     event = payload("org/mixed", "refs/heads/main", sha)
     response = service.post(event)
@@ -147,8 +104,9 @@ def test_push_to_main_opens_one_discussion_even_on_redelivery(service: Service, 
     assert discussion.author == "ckpt-guard-bot"
     # Redelivered (the Hub retries; the Activity tab replays): no second answer.
     assert service.post(event).json()["duplicates"] == 1
-    # Even after a restart of the service: the Hub is asked first.
-    fresh = make_reviewer()
+    # Even from a service that lost its queue: the Hub is asked first.
+    fresh = make_reviewer(tmp_path / "fresh.sqlite3")
+    fresh.start()
     for job in parse_payload(event)[0] or []:
         assert fresh.submit(job)
     assert fresh.wait_idle(30)
@@ -157,15 +115,17 @@ def test_push_to_main_opens_one_discussion_even_on_redelivery(service: Service, 
     assert fresh.stats()["skipped"] == 1
 
 
-def test_push_to_a_pr_ref_comments_on_the_pr(service: Service, standin: StandinHub, repo: str) -> None:
+def test_push_to_a_pr_ref_comments_on_the_pr(service: Service, standin: StandinHub, repo: str,
+                                             tmp_path: Path) -> None:
     num, sha = standin.add_pull_request(repo, {"model.safetensors": weights(np.float16)})
     assert service.post(payload(repo, f"refs/pr/{num}", sha)).status_code == 202
     assert service.reviewer.wait_idle(30)
     [pr] = standin.repos[repo].discussions
     [(author, comment)] = pr.comments
     assert author == "ckpt-guard-bot" and "CG102" in comment and f"pull request #{num}" in comment
-    # Redelivery to a fresh service: the marker in the existing comment prevents a second one.
-    fresh = make_reviewer()
+    # Redelivery to a service that lost its queue: the marker in the existing comment prevents a second one.
+    fresh = make_reviewer(tmp_path / "fresh.sqlite3")
+    fresh.start()
     assert fresh.submit(parse_payload(payload(repo, f"refs/pr/{num}", sha))[0][0])  # type: ignore[index]
     assert fresh.wait_idle(30)
     fresh.close()
@@ -196,4 +156,91 @@ def test_fifty_deliveries_at_once(service: Service, standin: StandinHub, repo: s
     assert service.reviewer.wait_idle(120)
     discussions = standin.repos[repo].discussions
     assert [len(d.comments) for d in discussions] == [1] * 50
-    assert service.reviewer.stats() == {"pending": 0, "answered": 50, "skipped": 0, "failed": 0}
+    assert service.reviewer.stats() == {"queued": 0, "running": 0, "answered": 50, "skipped": 0, "failed": 0}
+
+
+# ---------------------------------------------------------------- the secret and the size cap, on the wire
+
+
+def raw_exchange(service: Service, head: bytes, body_parts: list[bytes], *, timeout: float = 5.0) -> bytes:
+    """Send a request's head and some body bytes over a plain socket, then read what comes back.
+
+    The body is never finished: a server that waited for all of it would time out here.
+    """
+    host, port = service.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(head)
+        for part in body_parts:
+            try:
+                sock.sendall(part)
+            except (BrokenPipeError, ConnectionResetError):
+                break  # the server answered and closed: it stopped reading
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return b"".join(chunks)
+
+
+def request_head(*, secret: str | None = SECRET, length: int | None = None, chunked: bool = False) -> bytes:
+    lines = ["POST /webhook HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+    if secret is not None:
+        lines.append(f"X-Webhook-Secret: {secret}")
+    if length is not None:
+        lines.append(f"Content-Length: {length}")
+    if chunked:
+        lines.append("Transfer-Encoding: chunked")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def status_line(response: bytes) -> str:
+    return response.split(b"\r\n", 1)[0].decode()
+
+
+def test_a_declared_huge_body_is_413_before_a_byte_is_read(service: Service) -> None:
+    from guard.hub.webhook import MAX_BODY
+
+    response = raw_exchange(service, request_head(length=50 * MAX_BODY), [b"{" * 1024])
+    assert status_line(response) == "HTTP/1.1 413 Request Entity Too Large"
+    assert b"connection: close" in response.lower()
+
+
+def test_a_streamed_body_over_the_cap_is_413_without_reading_the_rest(service: Service) -> None:
+    from guard.hub.webhook import MAX_BODY
+
+    chunk = b"x" * 65536
+    parts = [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * (MAX_BODY // len(chunk) + 2)  # never the last chunk
+    response = raw_exchange(service, request_head(chunked=True), parts)
+    assert status_line(response) == "HTTP/1.1 413 Request Entity Too Large"
+    # The service is still serving.
+    assert service.http.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("secret, expected", [(None, "401"), ("wrong", "403")])
+def test_the_secret_is_checked_before_the_body_is_read(service: Service, secret: str | None,
+                                                       expected: str) -> None:
+    # A huge declared body that never comes: only a check made on the headers can answer.
+    response = raw_exchange(service, request_head(secret=secret, length=10**9), [b"not json at all"])
+    assert status_line(response).split()[1] == expected
+    assert b"connection: close" in response.lower()
+
+
+def test_the_secret_is_compared_in_constant_time(service: Service, monkeypatch: pytest.MonkeyPatch,
+                                                 repo: str) -> None:
+    import hmac
+
+    import guard.hub.webhook
+
+    compared: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(guard.hub.webhook.hmac, "compare_digest", spy)
+    assert service.post(None, raw=b"{broken", secret="s3cret-valuX").status_code == 403  # before parsing
+    assert service.post(None, raw=b"{broken").status_code == 400
+    assert compared == [(b"s3cret-valuX", SECRET.encode()), (SECRET.encode(), SECRET.encode())]

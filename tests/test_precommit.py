@@ -183,3 +183,34 @@ def test_plain_pre_push_hook(tmp_path):
     _run(repo, "git", "commit", "-q", "-m", "bad")
     result = _run(repo, "git", "push", "-q", "origin", "main")
     assert result.returncode != 0 and "CG101" in result.stdout + result.stderr
+
+
+def test_a_commit_of_one_variant_file_scans_that_component(tmp_path, hook_repo, pre_commit_home):
+    """diffusers' fp16 variant named fp16 but holding fp32, and a format no reader handles: both reach
+    the hook through its `files:` pattern, and the component's default copy is read from disk."""
+    target = user_repo(tmp_path / "u", {"unet/diffusion_pytorch_model.safetensors": GOOD,
+                                         "unet/diffusion_pytorch_model.fp16.safetensors": GOOD})
+    (target / "unet" / "model.tflite").write_bytes(b"\0" * 1024)
+    git(target, "add", "-A")
+    git(target, "commit", "-q", "-m", "variant")
+    result = try_repo(target, hook_repo, pre_commit_home, "--files", "unet/diffusion_pytorch_model.fp16.safetensors",
+                      "unet/model.tflite")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and "CG108" in out and "CG006" in out and "CG102" not in out, out
+
+
+@pytest.mark.parametrize("name, selected", [
+    ("model.safetensors.index.fp16.json", True), ("unet/diffusion_pytorch_model.safetensors.fp16.index.json", True),
+    ("model.fp16-00001-of-00002.safetensors", True), ("llama-q4_k_m.gguf", True), ("model.onnx", True),
+    ("tf_model.h5", True), ("model_index.json", True), ("weights.npz", True), ("README.md", False),
+    ("tokenizer.json", False), ("special_tokens_map.json", False),
+])
+def test_hook_files_pattern_selects_every_file_that_matters(name: str, selected: bool) -> None:
+    import re
+
+    import yaml
+
+    pattern = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())[0]["files"]
+    assert bool(re.search(pattern, name)) == selected
+    action = (ROOT / "scripts" / "action" / "select.sh").read_text()
+    assert pattern.removeprefix("(?i)") in action  # the Action's changed-only selection is the same

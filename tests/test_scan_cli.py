@@ -45,7 +45,7 @@ def test_clean_fp32_model_passes_with_a_dtype_table(tmp_path: Path, capsys: pyte
     _model(tmp_path / "clean", {"a.weight": torch.randn(4, 4), "b.bias": torch.zeros(4)},
            config={"torch_dtype": "float32"})
     code, report = _json_scan(capsys, str(tmp_path / "clean"))
-    assert code == 0 and report["version"] == 1 and report["findings"] == []
+    assert code == 0 and report["version"] == 2 and report["findings"] == []
     (model,) = report["models"]
     assert model["dtypes"] == {"F32": {"tensors": 2, "parameters": 20, "bytes": 80}}
     assert model["config_dtype"] == "float32"

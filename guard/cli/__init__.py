@@ -1,79 +1,53 @@
 """The command line: ``ckpt-guard scan|rules|report|convert|parity|hub``.
 
-One module per command group.  ``guard.cli.options`` holds what they share (the
-policy and output flags, ``emit``) and imports no command.  The root group loads
-a command's module only when that command runs, so ``ckpt-guard scan`` never pays
-for convert, parity or the Hub; ``--help`` still lists them all.  This package may
-import any part of guard; nothing outside it imports from it but ``__main__``.
+One module per command group (``scan``, ``rules``, ``report``, ``convert``,
+``parity``, ``hub``).  What they share: the flag table (``flags``, no click), the
+work after parsing (``run``: policy, scan, emit; no click) and the click options
+built from the table (``options``); none of these imports a command.  The click
+root group (``root``) loads a command's module only when that command runs, so
+``ckpt-guard scan`` never pays for convert, parity or the Hub, and ``--help``
+still lists them all.  The hook's plain ``scan`` invocations skip click entirely
+(``flags.parse_plain``).  This package may import any part of guard; nothing
+outside it imports from it but ``__main__``.
 """
 
 from __future__ import annotations
 
-import importlib
+import sys
 from collections.abc import Sequence
 
-import click
-
-from guard import __version__
 from guard.errors import GuardError
-
-# name -> (module, attribute, short help); the short help is here so `--help` loads no command.
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "scan": ("guard.cli.scan", "scan", "Scan checkpoints and model directories."),
-    "rules": ("guard.cli.rules", "rules", "List the rules, or explain one."),
-    "report": ("guard.cli.report", "report_cmd", "Render a saved JSON result in another format."),
-    "convert": ("guard.cli.convert", "convert", "Convert between PyTorch and Flax, bit-exactly."),
-    "parity": ("guard.cli.parity", "parity", "Compare PyTorch and Flax outputs of one model."),
-    "hub": ("guard.cli.hub", "hub", "Scan Hub repositories remotely, gate uploads, review pushes."),
-}
-
-
-class LazyGroup(click.Group):
-    """A group whose commands are imported on first use."""
-
-    def __init__(self, *args: object, commands: dict[str, tuple[str, str, str]], **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.lazy = commands
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(self.lazy)
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.lazy:
-            return None
-        module, attribute, _ = self.lazy[cmd_name]
-        command: click.Command = getattr(importlib.import_module(module), attribute)
-        return command
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, help_) for name, (_, _, help_) in self.lazy.items()]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
-
-
-@click.group(cls=LazyGroup, commands=COMMANDS,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="ckpt-guard")
-def cli() -> None:
-    """Check model checkpoints for dtype problems before they land."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        result = cli.main(args=list(argv) if argv is not None else None, prog_name="ckpt-guard",
-                          standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("ckpt-guard: interrupted", err=True)
-        return 130
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        return 2
-    except GuardError as exc:
-        click.echo(f"ckpt-guard: error: {exc}", err=True)
-        return 2
-    except KeyboardInterrupt:
-        click.echo("ckpt-guard: interrupted", err=True)
-        return 130
-    return result if isinstance(result, int) else 0
+    args = list(argv) if argv is not None else sys.argv[1:]
+    fast = _plain_scan(args)
+    if fast is not None:  # the hook's own spellings: no click to import
+        from guard.cli.run import run_scan
+
+        options, paths = fast
+        try:
+            return run_scan(tuple(_paths(paths)), **options)  # type: ignore[arg-type]
+        except GuardError as exc:
+            print(f"ckpt-guard: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("ckpt-guard: interrupted", file=sys.stderr)
+            return 130
+    from guard.cli.root import run
+
+    return run(args)
+
+
+def _plain_scan(args: list[str]) -> tuple[dict[str, object], list[str]] | None:
+    if not args or args[0] != "scan":
+        return None
+    from guard.cli.flags import SCAN_FLAGS, parse_plain
+
+    return parse_plain(args[1:], SCAN_FLAGS)
+
+
+def _paths(raw: list[str]):  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    return (Path(p) for p in raw)

@@ -1,19 +1,25 @@
-"""`ckpt-guard hub scan|upload|webhook`: the command wiring of ``guard.hub``.
+"""`ckpt-guard hub scan|upload|webhook|jobs`: the command wiring of ``guard.hub``.
 
-huggingface_hub, starlette and uvicorn are imported inside the commands, so
-`--help` works without the `hub` extra and a command run without it fails with
-the one-line install hint.
+huggingface_hub, starlette, uvicorn and psycopg are imported inside the
+commands, so `--help` works without the `hub` extra and a command run without
+it fails with the one-line install hint.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from guard.cli.options import emit, output_options, policy_options, resolve_policy
 from guard.errors import GuardError, UsageError
+
+if TYPE_CHECKING:
+    from guard.hub.client import HubClient
 
 token_option = click.option(
     "--token", metavar="TOKEN",
@@ -21,6 +27,25 @@ token_option = click.option(
 timeout_option = click.option(
     "--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
     help="Seconds per Hub request; failures retry a bounded number of times.")
+deadline_option = click.option(
+    "--retry-deadline", type=click.FloatRange(min=0.0), default=300.0, show_default=True,
+    help="Seconds one Hub call may spend retrying (429/503 after their Retry-After, other 5xx with back-off).")
+max_rps_option = click.option(
+    "--max-rps", type=click.FloatRange(min=0.0, min_open=True), metavar="RATE",
+    help="At most RATE Hub requests per second, all threads together (default: no limit).")
+state_option = click.option(
+    "--state", metavar="PATH|URL",
+    help="Job queue: a SQLite file (default: $XDG_CACHE_HOME/ckpt-guard/reviewer.sqlite3) "
+         "or postgresql://... shared by replicas on several hosts.")
+
+
+def make_client(token: str | None, timeout: float, *, retry_deadline: float,
+                max_rps: float | None = None) -> HubClient:
+    from guard.hub.client import HubClient
+    from guard.hub.retry import RateLimiter
+
+    return HubClient(token=token, timeout=timeout, deadline=retry_deadline,
+                     limiter=RateLimiter(max_rps) if max_rps else None)
 
 
 @click.command("scan")
@@ -29,22 +54,23 @@ timeout_option = click.option(
 @click.option("--author", metavar="ORG", help="Scan every model of this user or organisation.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Repositories scanned at once.")
+@max_rps_option
 @token_option
 @timeout_option
+@deadline_option
 @click.option("--no-summary", is_flag=True, help="Do not append to $GITHUB_STEP_SUMMARY.")
 @policy_options
 @output_options
 def scan_cmd(repo_ids: tuple[str, ...], revision: str | None, author: str | None, jobs: int,
-             token: str | None, timeout: float, no_summary: bool, fmt: str, output: Path | None,
-             **policy_flags: object) -> int:
+             max_rps: float | None, token: str | None, timeout: float, retry_deadline: float, no_summary: bool,
+             fmt: str, output: Path | None, **policy_flags: object) -> int:
     """Scan Hub repositories through ranged reads of their headers (no weights downloaded)."""
-    from guard.hub.client import HubClient
     from guard.hub.scan import list_author_models, scan_hub
 
     if not repo_ids and not author:
         raise UsageError("give at least one REPO_ID, or --author ORG")
     policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
-    client = HubClient(token=token, timeout=timeout)
+    client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
     targets = list(repo_ids)
     if author:
         targets += [r for r in list_author_models(client, author) if r not in targets]
@@ -69,11 +95,12 @@ def scan_cmd(repo_ids: tuple[str, ...], revision: str | None, author: str | None
 @click.option("--commit-message", metavar="TEXT", help="Commit title (default: 'Upload with ckpt-guard').")
 @token_option
 @timeout_option
+@deadline_option
 @policy_options
 @output_options
 def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: bool, private: bool,
-               commit_message: str | None, token: str | None, timeout: float, fmt: str, output: Path | None,
-               **policy_flags: object) -> int:
+               commit_message: str | None, token: str | None, timeout: float, retry_deadline: float, fmt: str,
+               output: Path | None, **policy_flags: object) -> int:
     """Scan LOCAL_DIR, then upload it to REPO_ID only if the policy passes (or as a PR with the report)."""
     from guard.hub.upload import gated_upload
 
@@ -81,7 +108,8 @@ def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: b
         raise UsageError(f"{local_dir}: not a directory")
     policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
     outcome = gated_upload(local_dir, repo_id, policy, token=token, timeout=timeout, revision=revision,
-                           create_pr=create_pr, private=private, commit_message=commit_message)
+                           create_pr=create_pr, private=private, commit_message=commit_message,
+                           retry_deadline=retry_deadline)
     emit(outcome.report, fmt, output, summary=False)
     click.echo(outcome.message, err=True)
     return outcome.report.exit_code
@@ -91,31 +119,89 @@ def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: b
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--secret", metavar="S", help="Expected X-Webhook-Secret (default: $CKPT_GUARD_WEBHOOK_SECRET).")
-@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Scans run at once in the background.")
+@click.option("--workers", type=click.IntRange(0, 64), default=4, show_default=True,
+              help="Reviews run at once (0: only accept deliveries, for a separate `--once` job).")
+@state_option
+@click.option("--once", is_flag=True, help="Serve nothing: review every job that is due, then exit (cron).")
+@click.option("--lease", type=click.FloatRange(min=0.5), default=60.0, show_default=True,
+              help="Seconds a claimed job stays held without a heartbeat (a dead worker's jobs return after it).")
+@click.option("--max-attempts", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="Attempts of a failing job before it is marked failed.")
+@click.option("--retry-backoff", type=click.FloatRange(min=0.0), default=30.0, show_default=True,
+              help="Seconds before a failed job's second attempt; doubles after, jittered.")
+@max_rps_option
+@click.option("--log-format", type=click.Choice(("text", "json")), default="text", show_default=True,
+              help="Log lines on stderr: text, or one JSON object per line.")
 @token_option
 @timeout_option
+@deadline_option
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Policy config file (default: nearest .ckpt-guard.toml or pyproject.toml).")
-def webhook_cmd(host: str, port: int, secret: str | None, workers: int, token: str | None, timeout: float,
-                config_file: Path | None) -> int:
-    """Serve POST /webhook: scan every pushed revision and answer on the Hub."""
-    from guard.hub.webhook import serve
+def webhook_cmd(host: str, port: int, secret: str | None, workers: int, state: str | None, once: bool,
+                lease: float, max_attempts: int, retry_backoff: float, max_rps: float | None, log_format: str,
+                token: str | None, timeout: float, retry_deadline: float, config_file: Path | None) -> int:
+    """Serve POST /webhook: queue every pushed revision durably, scan it and answer on the Hub."""
+    from guard.hub import service
+    from guard.hub.queue import open_queue
+    from guard.hub.reviewer import ReviewSettings
 
     secret = secret or os.environ.get("CKPT_GUARD_WEBHOOK_SECRET")
-    if not secret:
+    if not secret and not once:
         raise UsageError("a webhook secret is required: --secret or CKPT_GUARD_WEBHOOK_SECRET")
     policy = resolve_policy(config_file=config_file, expect=None, keep_fp32=(), targets=(), select=(),
                             extend_select=(), ignore=(), fail_on=None)
-    serve(host=host, port=port, secret=secret, policy=policy, token=token, timeout=timeout, workers=workers)
+    settings = ReviewSettings(workers=workers, lease=lease, max_attempts=max_attempts, retry_backoff=retry_backoff)
+    client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
+    if not once:
+        service.require_server()
+    queue = open_queue(state)
+    if once:
+        outcomes = service.drain(policy=policy, client=client, queue=queue, settings=settings,
+                                 log_format=log_format)
+        return 2 if outcomes["failed"] else 0
+    service.serve(host=host, port=port, secret=secret or "", policy=policy, client=client, queue=queue,
+                  settings=settings, log_format=log_format)
+    return 0
+
+
+@click.command("jobs")
+@state_option
+@click.option("--show", "states", multiple=True, type=click.Choice(("queued", "running", "answered", "skipped",
+                                                                      "failed")),
+              help="States to list (repeatable; default: queued, running and failed).")
+@click.option("--requeue-failed", is_flag=True, help="Queue every failed job again, then list.")
+@click.option("--format", "-f", "fmt", type=click.Choice(("text", "json")), default="text", show_default=True)
+def jobs_cmd(state: str | None, states: tuple[str, ...], requeue_failed: bool, fmt: str) -> int:
+    """List the reviewer's queue: what waits, what runs, what failed and why."""
+    from guard.hub.queue import open_queue
+
+    queue = open_queue(state)
+    try:
+        if requeue_failed:
+            click.echo(f"ckpt-guard: {queue.requeue_failed()} failed job(s) queued again", err=True)
+        counts = queue.counts()
+        listed = queue.jobs(states or ("queued", "running", "failed"))
+    finally:
+        queue.close()
+    if fmt == "json":
+        click.echo(json.dumps({"queue": queue.where, "counts": counts, "jobs": [j.to_json() for j in listed]},
+                              indent=1))
+        return 0
+    click.echo(f"{queue.where}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    for item in listed:
+        when = datetime.fromtimestamp(item.updated_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+        line = f"{item.id:>6}  {item.state:<8} {item.attempts:>2}x  {when}  {item.job.repo_id} {item.job.ref} " \
+               f"{item.job.sha[:12]}"
+        click.echo(line + (f"  {item.error}" if item.error else ""))
     return 0
 
 
 @click.group()
 def hub() -> None:
-    """Scan Hub repositories remotely, gate uploads, review pushes."""
+    """Scan Hub repositories remotely, gate uploads, review pushes, list the review queue."""
 
 
 hub.add_command(scan_cmd)
 hub.add_command(upload_cmd)
 hub.add_command(webhook_cmd)
+hub.add_command(jobs_cmd)

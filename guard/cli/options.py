@@ -1,89 +1,50 @@
-"""What the commands share: the policy and output flags, and `emit`.  Imports no command."""
+"""What the commands share, as click options: built from the one flag table in ``guard.cli.flags``.
+
+Imports no command; ``emit`` and ``resolve_policy`` live in ``guard.cli.run`` (no click) and are
+re-exported here for the command modules.
+"""
 
 from __future__ import annotations
 
-import os
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
-from guard.atomic import write_text_atomic
-from guard.config import build_policy, find_config_file, load_config
-from guard.errors import GuardError, UsageError
-from guard.report import Report
-from guard.findings import FAIL_ON_CHOICES
-from guard.reporters import REPORTERS, render
+from guard.cli.flags import OUTPUT_FLAGS, POLICY_FLAGS, Flag
+from guard.cli.run import emit, resolve_policy
 
-FORMATS = tuple(REPORTERS)
+__all__ = ["emit", "output_options", "policy_options", "resolve_policy", "click_option"]
 
 
-def policy_options(func):  # type: ignore[no-untyped-def]
+def click_option(flag: Flag) -> Callable[[Any], Any]:
+    kwargs: dict[str, Any] = {"help": flag.help}
+    if flag.metavar:
+        kwargs["metavar"] = flag.metavar
+    if flag.kind == "multiple":
+        kwargs["multiple"] = True
+    elif flag.kind == "flag":
+        kwargs["is_flag"] = True
+    if flag.choices is not None:
+        kwargs["type"] = click.Choice(flag.choices)
+    if flag.path:
+        kwargs["type"] = click.Path(dir_okay=False, path_type=Path)
+    if flag.default is not None:
+        kwargs["default"], kwargs["show_default"] = flag.default, True
+    return click.option(*flag.names, flag.dest, **kwargs)
+
+
+def _apply(flags: tuple[Flag, ...], func: Any) -> Any:
+    for flag in reversed(flags):
+        func = click_option(flag)(func)
+    return func
+
+
+def policy_options(func: Any) -> Any:
     """The policy flags shared by `scan`, `hub scan` and `hub upload`."""
-    options = [
-        click.option("--expect", metavar="DTYPE|uniform|config",
-                     help="Expected floating dtype: fp32 (default), bf16, fp16, uniform, or config."),
-        click.option("--keep-fp32", "keep_fp32", multiple=True, metavar="PATTERN",
-                     help="Tensor-name glob that may stay fp32 under a lower --expect (repeatable; "
-                          "added to the default norm patterns)."),
-        click.option("--target", "targets", multiple=True, metavar="FRAMEWORK[:DTYPE]",
-                     help="Conversion target: torch, flax, jax, numpy, optionally with a cast dtype "
-                          "(torch:fp16). Repeatable; default torch and flax."),
-        click.option("--select", multiple=True, metavar="CODES", help="Rule code prefixes to enable."),
-        click.option("--extend-select", multiple=True, metavar="CODES", help="Add to the selection."),
-        click.option("--ignore", multiple=True, metavar="CODES", help="Rule code prefixes to disable."),
-        click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES),
-                     help="Lowest severity that fails the run (default: error)."),
-        click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
-                     help="Config file (default: nearest .ckpt-guard.toml or pyproject.toml)."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return _apply(POLICY_FLAGS, func)
 
 
-def resolve_policy(*, config_file: Path | None, expect: str | None, keep_fp32: tuple[str, ...],
-                   targets: tuple[str, ...], select: tuple[str, ...], extend_select: tuple[str, ...],
-                   ignore: tuple[str, ...], fail_on: str | None):  # type: ignore[no-untyped-def]
-    if config_file is not None and not config_file.is_file():
-        raise UsageError(f"{config_file}: config file not found")
-    path = config_file or find_config_file()
-    overrides = {
-        "expect": expect, "keep-fp32": keep_fp32, "targets": targets, "select": select,
-        "extend-select": extend_select, "ignore": ignore, "fail-on": fail_on,
-    }
-    return build_policy(load_config(path), source=str(path) if path else None, overrides=overrides)
-
-
-def output_options(func):  # type: ignore[no-untyped-def]
-    func = click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
-                        help="Write the report to FILE instead of stdout.")(func)
-    func = click.option("--format", "-f", "fmt", type=click.Choice(FORMATS), default="text",
-                        show_default=True, help="Output format.")(func)
-    return func
-
-
-def emit(report: Report, fmt: str, output: Path | None, *, summary: bool = True) -> None:
-    """Print or write the report; append the job summary under GitHub Actions."""
-    if output is not None:
-        write_text_atomic(output, render(report, fmt))
-    else:
-        color = fmt == "text" and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-        click.echo(render(report, fmt, color=color), nl=False)
-    if summary:
-        append_step_summary(report)
-
-
-def append_step_summary(report: Report) -> None:
-    path = os.environ.get("GITHUB_STEP_SUMMARY")
-    if os.environ.get("GITHUB_ACTIONS") != "true" or not path:
-        return
-    try:
-        text = render(report, "markdown")
-    except GuardError:
-        return
-    try:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(text)
-    except OSError as exc:
-        click.echo(f"ckpt-guard: warning: cannot write the job summary to {path} ({exc.strerror})", err=True)
+def output_options(func: Any) -> Any:
+    return _apply(OUTPUT_FLAGS, func)

@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from guard.cli.options import emit, output_options, policy_options, resolve_policy
+from guard.cli.flags import SCAN_FLAGS
+from guard.cli.options import click_option
+from guard.cli.run import run_scan
 
 
-@click.command(short_help="Scan checkpoints and model directories.")
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@policy_options
-@output_options
-@click.option("--values", is_flag=True, help="Also read tensor data (CG201-CG204); needs numpy.")
-@click.option("--no-summary", is_flag=True, help="Do not append to $GITHUB_STEP_SUMMARY.")
-def scan(paths: tuple[Path, ...], fmt: str, output: Path | None, values: bool, no_summary: bool,
-         **policy_flags: object) -> int:
+def _scan(paths: tuple[Path, ...], **flags: Any) -> int:
     """Scan checkpoint files and model directories (default: the current directory)."""
-    from guard.scan import scan_paths
+    return run_scan(paths, **flags)
 
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
-    report = scan_paths(paths or (Path("."),), policy, values=values)
-    emit(report, fmt, output, summary=not no_summary)
-    return report.exit_code
+
+_command: Any = click.argument("paths", nargs=-1, type=click.Path(path_type=Path))(_scan)
+for _flag in reversed(SCAN_FLAGS):
+    _command = click_option(_flag)(_command)
+scan = click.command("scan", short_help="Scan checkpoints and model directories.")(_command)

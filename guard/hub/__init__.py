@@ -2,7 +2,11 @@
 
 Feeds Hub files into the same readers, inventory and rules as a local scan
 (``scan``, ``remote``), and answers on the Hub (``comment``, ``upload``,
-``reviewer``, ``webhook``).  huggingface_hub and the ASGI server are imported
-inside the functions (the `hub` extra).  The command wiring lives in
-``guard.cli.hub``; nothing here imports the CLI.
+``answer``).  ``client`` is the one door to the Hub (rate limits and retries
+from ``retry``, errors from ``errors``).  The reviewer service is ``webhook``
+(the app), ``reviewer`` (workers), ``queue`` (durable jobs: SQLite or
+PostgreSQL), ``metrics``, ``logs`` and ``service`` (the process);
+``faults`` is the kill-test hook.  huggingface_hub, the ASGI server and psycopg
+are imported inside the functions (the `hub` and `postgres` extras).  The
+command wiring lives in ``guard.cli.hub``; nothing here imports the CLI.
 """

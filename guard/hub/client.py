@@ -1,29 +1,38 @@
-"""The one door to the Hub: huggingface_hub's own client, bounded retries, one-line errors.
+"""The one door to the Hub: huggingface_hub's own client, honoured rate limits, one-line errors.
 
 huggingface_hub is an extra and is imported here, inside functions.  0.3x talks
 through ``requests``, 1.x through ``httpx`` and 2.x through ``httpx2``: this
 module uses public ``HfApi`` methods plus ``get_session()`` for ranged GETs, which
 exists on all three, and names the transport errors of whichever is installed.
+
+Every call goes through ``HubClient.call``: one token of the shared rate
+limiter per attempt, then a retry on 429/503 after the server's ``Retry-After``
+(seconds or an HTTP date) or on other 5xx and transport errors after jittered
+exponential back-off, within a number of attempts and a total deadline
+(``guard.hub.retry``).  Writes pass ``retry=retry_refused``: they are repeated
+only after an answer that says the request was refused before it was handled.
 """
 
 from __future__ import annotations
 
-import contextlib
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from guard.errors import GuardError, MissingExtraError
+from guard.errors import MissingExtraError
+from guard.hub.errors import HubError, hub_errors, status_of, transport_errors
+from guard.hub.retry import Backoff, RateLimiter, retry_after_seconds
 
 T = TypeVar("T")
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-ATTEMPTS = 3
-BACKOFF = 0.5  # seconds before the 2nd attempt; doubles after (tests set 0)
-
-
-class HubError(GuardError):
-    """The Hub could not be reached, or refused what was asked (exit 2)."""
+__all__ = ["HubClient", "HubError", "hub_errors", "retry_read", "retry_refused"]
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+ATTEMPTS = 6
+BACKOFF = 0.5  # seconds before the 2nd attempt; doubles after, +-50 % jitter (tests set 0)
+BACKOFF_CAP = 30.0
+DEADLINE = 300.0  # seconds one call may spend, retries and Retry-After waits included
 
 
 def hub_module() -> Any:
@@ -34,32 +43,56 @@ def hub_module() -> Any:
     return huggingface_hub
 
 
-def transport_errors() -> tuple[type[BaseException], ...]:
-    """Connection and timeout errors of the HTTP library huggingface_hub runs on."""
-    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, name in (("requests", "RequestException"), ("httpx", "TransportError"),
-                         ("httpx2", "TransportError")):
-        with contextlib.suppress(ImportError, AttributeError):
-            errors.append(getattr(__import__(module), name))
-    return tuple(errors)
+def retry_after_of(exc: BaseException) -> float | None:
+    return retry_after_seconds(getattr(getattr(exc, "response", None), "headers", None))
 
 
-def status_of(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    return status if isinstance(status, int) else None
+def request_url_of(exc: BaseException) -> str:
+    request = getattr(getattr(exc, "response", None), "request", None)
+    return str(getattr(request, "url", "") or "")
+
+
+def retry_read(exc: BaseException) -> bool:
+    """Reads are idempotent: retry every rate limit, 5xx and transport error."""
+    status = status_of(exc)
+    return status in RETRY_STATUSES if status is not None else isinstance(exc, transport_errors())
+
+
+def request_method_of(exc: BaseException) -> str:
+    request = getattr(getattr(exc, "response", None), "request", None)
+    return str(getattr(request, "method", "") or "").upper()
+
+
+def retry_refused(exc: BaseException) -> bool:
+    """Writes: only a 429, or a 503 with Retry-After, says the request was turned away unhandled.
+
+    And only if the refused request is the write itself: a call that posts and
+    then reads back (``HfApi.create_discussion`` does) has written already when
+    its read is refused.  A 5xx without Retry-After or a lost connection may
+    come after the Hub acted, so a write is not repeated then either (the
+    reviewer's marker check covers those cases).
+    """
+    status = status_of(exc)
+    refused = status == 429 or (status == 503 and retry_after_of(exc) is not None)
+    return refused and request_method_of(exc) not in ("GET", "HEAD")
 
 
 @dataclass
 class HubClient:
-    """An ``HfApi`` bound to one endpoint and token, with the retry policy of this tool."""
+    """An ``HfApi`` bound to one endpoint and token, with the retry and rate policy of this tool."""
 
     token: str | bool | None = None
     timeout: float = 30.0
     attempts: int = field(default_factory=lambda: ATTEMPTS)
     backoff: float = field(default_factory=lambda: BACKOFF)
+    deadline: float = field(default_factory=lambda: DEADLINE)
+    limiter: RateLimiter | None = None
+    observe: Callable[[str], None] | None = None  # called with each answer's status ("2xx", "429", "error")
     endpoint: str = ""
     api: Any = field(init=False, repr=False)
+    statuses: Counter[str] = field(init=False, default_factory=Counter)  # every attempt's answer
+    retried: Counter[str] = field(init=False, default_factory=Counter)  # attempts repeated, by status
+    _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         hub = hub_module()
@@ -69,23 +102,46 @@ class HubClient:
         self.endpoint = (self.endpoint or constants.ENDPOINT).rstrip("/")
         self.api = hub.HfApi(endpoint=self.endpoint, token=self.token)
 
-    def call(self, fn: Callable[[], T]) -> T:
-        """Run one Hub call with bounded retries on 5xx/429 and transport errors."""
-        transport = transport_errors()
-        hub_http_error = _hub_http_error()
-        wait = self.backoff
-        for attempt in range(1, self.attempts + 1):
+    def call(self, fn: Callable[[], T], *, retry: Callable[[BaseException], bool] = retry_read) -> T:
+        """Run one Hub call; retry it while ``retry`` allows, within the attempts and the deadline."""
+        caught = (_hub_http_error(), *transport_errors())
+        policy = Backoff(self.attempts, self.backoff, BACKOFF_CAP, self.deadline)
+        started = time.monotonic()
+        timed, asked = 0, 0  # failed attempts we back off from ourselves / that said when to come back
+        while True:
+            if self.limiter is not None:
+                self.limiter.acquire()
             try:
-                return fn()
-            except hub_http_error as exc:
-                if status_of(exc) not in RETRY_STATUSES or attempt == self.attempts:
+                result = fn()
+            except caught as exc:
+                status = status_of(exc)
+                label = str(status) if status is not None else "error"
+                self._count(label)
+                if not retry(exc):
                     raise
-            except transport:
-                if attempt == self.attempts:
+                hint = retry_after_of(exc) if status in (429, 503) else None
+                if hint is None:
+                    timed += 1
+                    wait = policy.wait(timed)
+                    allowed = policy.allows(timed, wait, started=started)
+                else:
+                    asked += 1
+                    wait = policy.wait(asked, retry_after=hint)
+                    allowed = policy.allows(asked, wait, started=started, asked=True)
+                if not allowed:
                     raise
-            time.sleep(wait)
-            wait *= 2
-        raise AssertionError("unreachable")
+                with self._lock:
+                    self.retried[label] += 1
+                time.sleep(wait)
+                continue
+            self._count("2xx")
+            return result
+
+    def _count(self, label: str) -> None:
+        with self._lock:
+            self.statuses[label] += 1
+        if self.observe is not None:
+            self.observe(label)
 
     def get_range(self, url: str, start: int, end: int) -> bytes:
         """Bytes ``start..end-1`` of a resolve URL (a 206, or a 200 that is sliced)."""
@@ -95,6 +151,19 @@ class HubClient:
         if len(body) != end - start:
             raise HubError(f"{url}: the server sent {len(body)} bytes for a {end - start}-byte range")
         return body
+
+    def post_json(self, url: str, payload: Any) -> Any:
+        """One POST of a JSON body (one write, one request), retried only when refused unhandled."""
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+        headers = build_hf_headers(token=self.token)
+
+        def post() -> Any:
+            response = get_session().post(url, json=payload, headers=headers, timeout=self.timeout)
+            hf_raise_for_status(response)
+            return response.json()
+
+        return self.call(post, retry=retry_refused)
 
     def get_whole(self, url: str) -> bytes:
         return self._get(url, {})[1]
@@ -126,41 +195,3 @@ def _hub_http_error() -> type[BaseException]:
     from huggingface_hub.errors import HfHubHTTPError
 
     return HfHubHTTPError
-
-
-@contextlib.contextmanager
-def hub_errors(repo_id: str, *, revision: str | None = None, endpoint: str = "") -> Iterator[None]:
-    """Turn huggingface_hub and transport errors into one-line HubErrors (never a token)."""
-    from huggingface_hub import errors
-
-    where = f"{repo_id}@{revision}" if revision else repo_id
-    try:
-        yield
-    except errors.GatedRepoError:
-        raise HubError(f"{repo_id} is gated: accept its conditions on the Hub, then pass a token "
-                       "(--token, HF_TOKEN or `hf auth login`)") from None
-    except errors.RepositoryNotFoundError:
-        raise HubError(f"repository {repo_id} not found on {endpoint or 'the Hub'}; if it is private, "
-                       "pass a token that can read it (--token, HF_TOKEN or `hf auth login`)") from None
-    except errors.RevisionNotFoundError:
-        raise HubError(f"revision {revision!r} not found in {repo_id}") from None
-    except errors.DisabledRepoError:
-        raise HubError(f"repository {repo_id} is disabled on the Hub") from None
-    except errors.HfHubHTTPError as exc:
-        status = status_of(exc)
-        if status in (401, 403):
-            raise HubError(f"{where}: the Hub refused access (HTTP {status}); check the token's "
-                           "permissions (--token, HF_TOKEN or `hf auth login`)") from None
-        raise HubError(f"{where}: the Hub answered HTTP {status} (after retries)") from None
-    except errors.OfflineModeIsEnabled:
-        raise HubError(f"{where}: HF_HUB_OFFLINE is set; hub commands need the network") from None
-    except transport_errors() as exc:
-        raise HubError(f"{where}: cannot reach {endpoint or 'the Hub'} ({_brief(exc)}, after retries)") from None
-
-
-def _brief(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc).strip() else ""
-    kind = type(exc).__name__
-    if "timed out" in text.lower() or "timeout" in kind.lower():
-        return "timed out"
-    return kind

@@ -1,127 +1,255 @@
-"""The webhook's background worker: scan a pushed revision, answer once on the Hub.
+"""The webhook's workers: claim a queued push, scan it, answer once on the Hub.
 
-A push to ``refs/pr/N`` gets a comment on that pull request; a push to a branch
-gets one discussion per revision.  Both carry a hidden marker with the commit
-sha, and the Hub is asked before posting, so a redelivered event (the Hub
-retries, and its Activity tab replays) never produces a second answer, even
-after a restart of the service.
+What one review does is ``guard.hub.answer``: its marker on the Hub, asked for
+before posting, is the idempotency key.  Jobs live in a durable queue (``guard.hub.queue``); each worker holds its job
+under a lease that a heartbeat thread renews.  A worker that dies (SIGKILL,
+OOM, a lost host) stops renewing, the lease expires and another worker (this
+replica after a restart, or another one) takes the job again.  If the first
+one had already posted, the marker is found and the job ends ``skipped``:
+nothing is lost and nothing is answered twice.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-import re
+import os
+import secrets
+import socket
 import threading
-from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from guard.config import Policy
 from guard.errors import GuardError
-from guard.hub.client import HubClient, hub_errors
-from guard.hub.comment import discussion_title, hub_markdown, marker
-from guard.hub.scan import scan_hub
+from guard.hub import faults
+from guard.hub.answer import LeaseLost, answer_push
+from guard.hub.client import HubClient
+from guard.hub.metrics import Metrics
+from guard.hub.queue import PR_REF, Job, JobQueue, QueuedJob, QueueError
+from guard.hub.queue.base import PENDING, retry_delay
 
-log = logging.getLogger("ckpt-guard.webhook")
-PR_REF = re.compile(r"^refs/pr/(\d+)$")
-MAX_REMEMBERED = 10_000
+__all__ = ["PR_REF", "Job", "ReviewSettings", "Reviewer"]
+log = logging.getLogger("ckpt-guard.reviewer")
 
 
 @dataclass(frozen=True)
-class Job:
-    repo_id: str
-    ref: str  # refs/heads/main or refs/pr/N
-    sha: str
-
-    @property
-    def pr_num(self) -> int | None:
-        match = PR_REF.match(self.ref)
-        return int(match.group(1)) if match else None
+class ReviewSettings:
+    workers: int = 4  # 0: accept deliveries only (a separate `hub webhook --once` reviews them)
+    lease: float = 60.0  # seconds a claim lasts without a heartbeat
+    max_attempts: int = 5
+    retry_backoff: float = 30.0  # seconds before the 2nd attempt of a failed job; doubles after
+    poll: float = 1.0  # how often idle workers look for jobs due from elsewhere (retries, other replicas)
+    grace: float = 20.0  # on shutdown, seconds running reviews get to finish before they are handed back
 
 
 class Reviewer:
-    def __init__(self, client: HubClient, policy: Policy, *, workers: int = 4) -> None:
+    def __init__(self, client: HubClient, policy: Policy, queue: JobQueue, *,
+                 settings: ReviewSettings | None = None, metrics: Metrics | None = None) -> None:
         self.client = client
         self.policy = policy
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ckpt-guard-review")
-        self._seen: OrderedDict[Job, None] = OrderedDict()  # queued, running or answered
-        self._cond = threading.Condition()
-        self.pending = 0
-        self.answered = 0
-        self.skipped = 0  # already answered on the Hub
-        self.failed = 0
+        self.queue = queue
+        self.settings = settings or ReviewSettings()
+        self.metrics = metrics or Metrics()
+        client.observe = lambda status: self.metrics.inc("ckpt_guard_hub_requests_total", status)
+        # Who claims: this process, then one number per claim (two threads never share a claim).
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._claims = itertools.count(1)
+        self._held: dict[int, QueuedJob] = {}
+        self._lock = threading.Lock()  # guards _held
+        self._work = threading.Condition()  # idle workers wait here for submit()
+        self._submitted = 0  # bumped by submit(): a worker that missed the notify sees it changed
+        self._done = threading.Condition()  # wait_idle() waits here for finished jobs
+        self._stop = threading.Event()
+        self._beat_stop = threading.Event()
+        self._workers: list[threading.Thread] = []
+        self._beat: threading.Thread | None = None
 
-    def submit(self, job: Job) -> bool:
-        """Queue a scan unless the same revision is already queued or answered here."""
-        with self._cond:
-            if job in self._seen:
-                return False
-            self._seen[job] = None
-            while len(self._seen) > MAX_REMEMBERED:
-                self._seen.popitem(last=False)
-            self.pending += 1
-        self._pool.submit(self._run, job)
-        return True
-
-    def wait_idle(self, timeout: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self.pending == 0, timeout)
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the workers; they first take what is due: queued jobs and expired leases."""
+        self._start_heartbeat()
+        for i in range(self.settings.workers):
+            thread = threading.Thread(target=self._work_loop, name=f"ckpt-guard-review-{i}", daemon=True)
+            thread.start()
+            self._workers.append(thread)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Stop claiming, let running reviews finish within the grace, hand back the rest."""
+        self._stop.set()
+        with self._work:
+            self._work.notify_all()
+        deadline = time.monotonic() + self.settings.grace
+        for thread in self._workers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            unfinished = [(item.id, str(item.worker)) for item in self._held.values()]
+        try:
+            released = self.queue.release(unfinished)
+        except QueueError as exc:
+            log.error("could not hand back running jobs: %s", exc)
+        else:
+            if released:
+                log.warning("handed back %d unfinished job(s) for another worker", released)
+        self._beat_stop.set()
+        if self._beat is not None:
+            self._beat.join(5)
+
+    def drain(self) -> Counter[str]:
+        """Review every job due now with ``workers`` threads, then return (``hub webhook --once``)."""
+        outcomes: Counter[str] = Counter()
+        errors: list[QueueError] = []
+        lock = threading.Lock()
+
+        def loop() -> None:
+            try:
+                while (item := self._claim()) is not None:
+                    outcome = self._process(item)
+                    with lock:
+                        outcomes[outcome] += 1
+            except QueueError as exc:
+                errors.append(exc)
+
+        self._start_heartbeat()
+        threads = [threading.Thread(target=loop, name=f"ckpt-guard-drain-{i}")
+                   for i in range(max(1, self.settings.workers))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self._beat_stop.set()
+        if errors:
+            raise errors[0]
+        return outcomes
+
+    # ------------------------------------------------------------ intake and status
+    def submit(self, job: Job) -> bool:
+        return self.submit_all([job])[0]
+
+    def submit_all(self, jobs: list[Job]) -> list[bool]:
+        """Enqueue durably (the caller answers 202 after this returns); False for known jobs."""
+        added = self.queue.enqueue(jobs)
+        if any(added):
+            with self._work:  # one worker per new job: a claim storm would only queue on the database
+                self._submitted += 1
+                self._work.notify(sum(added))
+        return added
 
     def stats(self) -> dict[str, int]:
-        with self._cond:
-            return {"pending": self.pending, "answered": self.answered, "skipped": self.skipped,
-                    "failed": self.failed}
+        return self.queue.counts()
 
-    def _run(self, job: Job) -> None:
-        outcome = "failed"
+    def workers_alive(self) -> int:
+        return sum(thread.is_alive() for thread in self._workers)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until no job is queued or running (tests, and the end of a drain); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            counts = self.queue.counts()
+            if not any(counts[state] for state in PENDING):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with self._done:
+                self._done.wait(min(left, 0.05))
+
+    # ------------------------------------------------------------ the work
+    def _work_loop(self) -> None:
+        while not self._stop.is_set():
+            seen = self._submitted
+            try:
+                item = self._claim()
+            except QueueError as exc:
+                log.error("cannot claim a job: %s", exc)
+                item = None
+            if item is None:
+                with self._work:
+                    self._work.wait_for(lambda: self._submitted != seen or self._stop.is_set(),
+                                        self.settings.poll)
+                continue
+            self._process(item)
+
+    def _claim(self) -> QueuedJob | None:
+        token = f"{self.worker_id}/{next(self._claims)}"
+        item = self.queue.claim(token, lease=self.settings.lease, max_attempts=self.settings.max_attempts)
+        if item is not None:
+            with self._lock:
+                self._held[item.id] = item
+        return item
+
+    def _process(self, item: QueuedJob) -> str:
+        job, started = item.job, time.monotonic()
+        fields: dict[str, Any] = {"job": item.id, "repo": job.repo_id, "ref": job.ref, "sha": job.sha,
+                                  "attempt": item.attempts}
         try:
-            outcome = "answered" if self.review(job) else "skipped"
+            outcome = "answered" if self.review(job, before_post=lambda: self._still_held(item)) else "skipped"
+        except LeaseLost:
+            outcome = "lost"
+            log.warning("lease of job %d lost: another worker answers it", item.id, extra=fields)
         except GuardError as exc:
-            log.error("review of %s@%s failed: %s", job.repo_id, job.sha[:12], exc)
-        except Exception:  # noqa: BLE001 - a bug in one review must not stop the service
-            log.exception("review of %s@%s crashed", job.repo_id, job.sha[:12])
-        with self._cond:
-            setattr(self, outcome, getattr(self, outcome) + 1)
-            if outcome == "failed":
-                self._seen.pop(job, None)  # let a redelivery try again
-            self.pending -= 1
-            self._cond.notify_all()
+            outcome = self._attempt_failed(item, str(exc), retryable=getattr(exc, "retryable", True), fields=fields)
+        except Exception as exc:  # noqa: BLE001 - a bug in one review must not stop the service; logged in full
+            log.exception("review of job %d crashed", item.id, extra=fields)
+            outcome = self._attempt_failed(item, f"internal error: {type(exc).__name__}: {exc}"[:500],
+                                           retryable=True, fields=fields)
+        else:
+            faults.reached("after-answer")
+            seconds = time.monotonic() - started
+            try:
+                self.queue.finish(item.id, str(item.worker), outcome)
+            except QueueError as exc:  # the lease runs out; a re-run finds the marker and skips
+                log.error("job %d %s but not marked done: %s", item.id, outcome, exc, extra=fields)
+            self.metrics.observe_scan(seconds)
+            log.info("job %d %s", item.id, outcome, extra={
+                **fields, "outcome": outcome, "scan_seconds": round(seconds, 4),
+                "latency_seconds": round(time.time() - item.enqueued_at, 4)})
+        finally:
+            with self._lock:
+                self._held.pop(item.id, None)
+            with self._done:
+                self._done.notify_all()
+        self.metrics.inc("ckpt_guard_jobs_finished_total", outcome)
+        return outcome
 
-    def review(self, job: Job) -> bool:
+    def _attempt_failed(self, item: QueuedJob, error: str, *, retryable: bool, fields: dict[str, Any]) -> str:
+        try:
+            if retryable and item.attempts < self.settings.max_attempts:
+                delay = retry_delay(item.attempts, self.settings.retry_backoff)
+                self.queue.retry(item.id, str(item.worker), error=error, delay=delay)
+                log.warning("job %d failed (%s); retry in %.1f s", item.id, error, delay,
+                            extra={**fields, "error": error, "retry_in": round(delay, 3)})
+                return "retried"
+            self.queue.fail(item.id, str(item.worker), error=error)
+        except QueueError as exc:
+            log.error("job %d failed (%s) and the queue could not record it: %s", item.id, error, exc, extra=fields)
+        log.error("job %d failed for good after %d attempt(s): %s", item.id, item.attempts, error,
+                  extra={**fields, "error": error})
+        return "failed"
+
+    def _still_held(self, item: QueuedJob) -> bool:
+        return item.id in self.queue.extend([(item.id, str(item.worker))], lease=self.settings.lease)
+
+    def _start_heartbeat(self) -> None:
+        self._beat_stop.clear()
+        self._beat = threading.Thread(target=self._heartbeat_loop, name="ckpt-guard-heartbeat", daemon=True)
+        self._beat.start()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._beat_stop.wait(self.settings.lease / 3):
+            with self._lock:
+                claims = [(item.id, str(item.worker)) for item in self._held.values()]
+            try:
+                kept = self.queue.extend(claims, lease=self.settings.lease)
+            except QueueError as exc:
+                log.error("cannot renew leases: %s", exc)
+                continue
+            for lost in {job_id for job_id, _ in claims} - kept:
+                log.warning("lease of job %d expired before its review ended", lost)
+
+    def review(self, job: Job, *, before_post: Callable[[], bool] | None = None) -> bool:
         """Scan and post; False when the Hub already has our answer for this revision."""
-        if self._already_answered(job):
-            return False
-        result = scan_hub([job.repo_id], self.policy, self.client, revision=job.sha, repo_workers=1)
-        if result.errors:
-            raise result.errors[0]
-        report = result.report
-        verdict = "failed" if report.failed else "passed"
-        where = f"pull request #{job.pr_num}" if job.pr_num else f"`{job.ref.removeprefix('refs/heads/')}`"
-        intro = f"ckpt-guard scanned commit `{job.sha[:12]}` on {where}: the dtype policy **{verdict}**."
-        body = hub_markdown(report, intro=intro, sha=job.sha)
-        api = self.client.api
-        with hub_errors(job.repo_id, endpoint=self.client.endpoint):
-            if job.pr_num is not None:
-                api.comment_discussion(job.repo_id, job.pr_num, body)
-            else:
-                api.create_discussion(job.repo_id, title=discussion_title(job.sha, job.ref), description=body)
-        log.info("answered %s@%s (%s)", job.repo_id, job.sha[:12], verdict)
-        return True
-
-    def _already_answered(self, job: Job) -> bool:
-        api = self.client.api
-        with hub_errors(job.repo_id, endpoint=self.client.endpoint):
-            if job.pr_num is not None:
-                details = self.client.call(lambda: api.get_discussion_details(job.repo_id, job.pr_num))
-                return any(marker(job.sha) in _content(e) for e in details.events)
-            title = discussion_title(job.sha, job.ref)
-            return self.client.call(lambda: any(
-                d.title == title for d in api.get_repo_discussions(job.repo_id, discussion_type="discussion")))
-
-
-def _content(event: Any) -> str:
-    return str(getattr(event, "content", "") or "")
+        return answer_push(self.client, self.policy, job, before_post=before_post)

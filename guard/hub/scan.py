@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from guard.catalogue import make_finding
@@ -20,8 +20,11 @@ from guard.config import Policy
 from guard.errors import GuardError
 from guard.hub.client import HubClient, hub_errors
 from guard.hub.remote import HubFile, RemoteBudgetExceeded
-from guard.inventory import CONFIG_NAME, MAX_JSON_BYTES, ModelInventory, build_inventory, is_index_file, is_weight_file
-from guard.readers import scan_file
+from guard.inventory import (
+    CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
+    scan_weight,
+)
+from guard.inventory.pipelines import Pipeline, listed_pipelines
 from guard.report import Report
 from guard.scan import scan_inventories
 from guard.tensors import FileScan
@@ -47,6 +50,7 @@ class RepoScan:
     revision: str | None  # as asked
     sha: str | None = None  # the commit that was read
     inventories: list[ModelInventory] = field(default_factory=list)
+    pipelines: list[Pipeline] = field(default_factory=list)
     files: list[RemoteFileStat] = field(default_factory=list)
     error: GuardError | None = None
 
@@ -84,12 +88,14 @@ def scan_hub(repo_ids: Sequence[str], policy: Policy, client: HubClient, *, revi
         futures = [repo_pool.submit(scan_repo, client, repo_id, revision=revision, pool=file_pool)
                    for repo_id in repo_ids]
         repos = [f.result() for f in futures]
-    report = scan_inventories((inv for r in repos for inv in r.inventories), policy)
+    report = scan_inventories((inv for r in repos for inv in r.inventories), policy,
+                              pipelines=[p for r in repos for p in r.pipelines])
     report.extra["hub"] = {
         "endpoint": client.endpoint,
         "repos": [r.to_json() for r in repos],
         "requests": sum(f.requests for r in repos for f in r.files),
         "bytes": sum(f.bytes for r in repos for f in r.files),
+        "retried": dict(client.retried),  # Hub answers that were asked again, by status (429, 503...)
     }
     return HubScanResult(report, repos)
 
@@ -101,7 +107,12 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
             info = client.call(lambda: client.api.model_info(
                 repo_id, revision=revision, files_metadata=True, timeout=client.timeout))
         result.sha = info.sha or revision or "main"
-        groups = _group_by_directory(info.siblings or [])
+        siblings = info.siblings or []
+        groups = _group_by_directory(siblings)
+        indexes = {s.rfilename: pool.submit(_fetch_json, client, repo_id, result.sha, s.rfilename, _size(s))
+                   for s in siblings if posixpath.basename(s.rfilename) == PIPELINE_INDEX}
+        orbax = [(root, pool.submit(_scan_orbax, client, repo_id, result.sha, root, files))
+                 for root, files in orbax_checkpoints(siblings).items()]  # readers-b
         pending = [
             (directory, [pool.submit(_scan_weight, client, repo_id, result.sha, name, size)
                          for name, size in weights],
@@ -114,9 +125,15 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
             json_files = {_display(repo_id, n): _result(f, result) for n, f in json_futures.items()}
             path = _display(repo_id, directory) if directory else repo_id
             result.inventories.append(build_inventory(path, scans, json_files=json_files))
+        for root, future in orbax:  # readers-b: one Orbax checkpoint, one model
+            scan = _result(future, result)
+            result.inventories.append(build_inventory(scan.path, [scan], json_files={}))
+        fetched = {name: _result(f, result) for name, f in indexes.items()}
+        result.pipelines = listed_pipelines((s.rfilename for s in siblings), fetched, prefix=repo_id)
     except GuardError as exc:
         result.error = exc
         result.inventories.clear()
+        result.pipelines.clear()
     return result
 
 
@@ -132,7 +149,7 @@ def _group_by_directory(siblings: Sequence[Any]) -> dict[str, tuple[list[tuple[s
     for sibling in sorted(siblings, key=lambda s: s.rfilename):
         name: str = sibling.rfilename
         base = posixpath.basename(name)
-        size = sibling.size if isinstance(getattr(sibling, "size", None), int) else None
+        size = _size(sibling)
         if is_weight_file(base):
             groups.setdefault(posixpath.dirname(name), ([], []))[0].append((name, size))
         elif base == CONFIG_NAME or is_index_file(base):
@@ -140,6 +157,55 @@ def _group_by_directory(siblings: Sequence[Any]) -> dict[str, tuple[list[tuple[s
     # A directory with only a config.json is not a model (same rule as the local scan).
     return {d: groups[d] for d in sorted(groups)
             if groups[d][0] or any(is_index_file(posixpath.basename(n)) for n, _ in groups[d][1])}
+
+
+def _size(sibling: Any) -> int | None:
+    return sibling.size if isinstance(getattr(sibling, "size", None), int) else None
+
+
+# ---------------------------------------------------------------- Orbax hook (readers-b)
+# An Orbax checkpoint is a directory: its listed files are grouped into one checkpoint and read
+# through ranged reads of each (the reader opens only the small metadata and B-tree files).
+
+
+def orbax_checkpoints(siblings: Sequence[Any]) -> dict[str, dict[str, int]]:
+    """Checkpoint root ("" for the repo root) -> {path relative to it: size} of its files."""
+    from guard.readers.orbax import CHECKPOINT_METADATA, METADATA
+
+    names = {s.rfilename: s.size if isinstance(getattr(s, "size", None), int) else 0 for s in siblings}
+    items = {posixpath.dirname(n) for n in names if posixpath.basename(n) == METADATA}
+    steps = {posixpath.dirname(n) for n in names if posixpath.basename(n) == CHECKPOINT_METADATA}
+    steps = {s for s in steps if any(i and posixpath.dirname(i) == s for i in items)}  # manager steps
+    roots = steps | {i for i in items if not (i and posixpath.dirname(i) in steps)}
+    roots = {r for r in roots if not any(o != r and (not o or r.startswith(o + "/")) for o in roots)}
+    out: dict[str, dict[str, int]] = {}
+    for root in sorted(roots):
+        prefix = f"{root}/" if root else ""
+        out[root] = {n[len(prefix):]: size for n, size in names.items() if n.startswith(prefix)}
+    return out
+
+
+def _scan_orbax(client: HubClient, repo_id: str, sha: str, root: str,
+                files: dict[str, int]) -> tuple[FileScan, RemoteFileStat]:
+    from guard.readers.orbax import read_orbax_checkpoint
+
+    display = _display(repo_id, root) if root else repo_id
+    opened: list[HubFile] = []
+
+    def open_file(relative: str) -> HubFile:
+        name = f"{root}/{relative}" if root else relative
+        opened.append(HubFile(client, repo_id=repo_id, revision=sha, filename=name, size=files[relative],
+                              name=_display(repo_id, name)))
+        return opened[-1]
+
+    try:
+        scan = read_orbax_checkpoint(display, files, open_file)
+    except RemoteBudgetExceeded as exc:
+        scan = FileScan(path=display, format=None, size=sum(files.values()), findings=(make_finding(
+            "CG401", display, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
+    stat = RemoteFileStat(root or ".", sum(files.values()), sum(f.requests for f in opened),
+                          sum(f.bytes_read for f in opened))
+    return scan._replace(bytes_read=stat.bytes), stat
 
 
 def _display(repo_id: str, name: str) -> str:
@@ -155,11 +221,11 @@ def _scan_weight(client: HubClient, repo_id: str, sha: str, filename: str,
     source = HubFile(client, repo_id=repo_id, revision=sha, filename=filename, size=size,
                      name=_display(repo_id, filename))
     try:
-        scan = scan_file(source)
+        scan = scan_weight(source)
     except RemoteBudgetExceeded as exc:
         scan = FileScan(path=source.name, format=None, size=size, findings=(make_finding(
             "CG401", source.name, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
-    scan = replace(scan, bytes_read=source.bytes_read)
+    scan = scan._replace(bytes_read=source.bytes_read)
     return scan, RemoteFileStat(filename, size, source.requests + extra, source.bytes_read)
 
 

@@ -4,6 +4,15 @@ With ``create_pr`` the upload always goes to a pull request whose description
 carries the report, and the exit code still says whether the policy passed.
 One ``create_commit`` per upload (not ``upload_folder``): a single predictable
 commit on huggingface_hub 0.3x, 1.x and 2.x, and a PR created by that commit.
+
+``create_repo`` and ``create_branch`` (``exist_ok``) are retried like reads.
+``create_commit`` is retried only where the Hub cannot have made the commit:
+a 429 on any of its requests (the rate limiter answers before the handler
+runs), a 503 that carries ``Retry-After`` (a deliberate refusal), or any
+retryable answer to the requests *before* the commit request (preupload,
+YAML validation).  A 5xx without Retry-After or a lost connection on the
+commit request itself may come after the commit was made, so it is not
+repeated: the error says to look at the repository before running again.
 """
 
 from __future__ import annotations
@@ -14,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guard.config import Policy
-from guard.hub.client import HubClient, hub_errors
+from guard.hub.client import HubClient, hub_errors, request_url_of, retry_read, retry_refused
 from guard.hub.comment import hub_markdown
 from guard.report import Report
 from guard.scan import scan_paths
 
 DEFAULT_MESSAGE = "Upload with ckpt-guard"
+# Requests create_commit makes before the commit request; none of them makes a commit.
+BEFORE_COMMIT = ("/preupload/", "/api/validate-yaml", "/info/lfs/")
 
 
 @dataclass
@@ -44,13 +55,16 @@ def local_files(directory: Path) -> list[tuple[str, Path]]:
 
 def gated_upload(directory: Path, repo_id: str, policy: Policy, *, token: str | None = None,
                  timeout: float = 30.0, revision: str | None = None, create_pr: bool = False,
-                 private: bool = False, commit_message: str | None = None) -> UploadOutcome:
+                 private: bool = False, commit_message: str | None = None,
+                 retry_deadline: float | None = None) -> UploadOutcome:
     report = scan_paths([directory], policy)
     if report.failed and not create_pr:
         return UploadOutcome(report, False, (
             f"ckpt-guard: nothing uploaded to {repo_id}: the scan has findings at or above "
             f"fail-on={report.fail_on} (fix them, or use --create-pr to propose the upload with the report)"))
     client = HubClient(token=token, timeout=timeout)
+    if retry_deadline is not None:
+        client.deadline = retry_deadline
     _quiet_hub_progress_when_not_a_terminal()
     from huggingface_hub import CommitOperationAdd
 
@@ -73,13 +87,22 @@ def gated_upload(directory: Path, repo_id: str, policy: Policy, *, token: str | 
         client.call(lambda: api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True))
         if revision and revision != "main" and not revision.startswith("refs/"):
             client.call(lambda: api.create_branch(repo_id, branch=revision, exist_ok=True))
-        # Not retried: a commit that reached the Hub must not be made twice.
-        info = api.create_commit(repo_id, operations, commit_message=title, commit_description=description,
-                                 revision=revision, create_pr=create_pr)
+        # Retried only where no commit can have been made (see the module docstring).
+        info = client.call(lambda: api.create_commit(
+            repo_id, operations, commit_message=title, commit_description=description, revision=revision,
+            create_pr=create_pr), retry=retry_commit)
     pr_url = getattr(info, "pr_url", None)
     where = f"pull request {pr_url}" if pr_url else f"{repo_id}@{revision or 'main'}"
     return UploadOutcome(report, True, f"ckpt-guard: uploaded {len(files)} file(s) to {where} "
                                        f"(policy {verdict})", commit_url=str(info.commit_url), pr_url=pr_url)
+
+
+def retry_commit(exc: BaseException) -> bool:
+    """Whether a failed ``create_commit`` may be run again without risking a second commit."""
+    url = request_url_of(exc)
+    if "/commit/" in url:  # the commit request itself: only if it was refused unhandled
+        return retry_refused(exc)
+    return retry_read(exc) and any(step in url for step in BEFORE_COMMIT)
 
 
 def _quiet_hub_progress_when_not_a_terminal() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 from guard import dtypes
@@ -34,14 +35,35 @@ def parse_header(raw: bytes) -> dict[str, object]:
     except UnicodeDecodeError as exc:
         raise MalformedCheckpoint(f"header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
-        # parse_constant/parse_int: the Rust reader (serde_json) refuses NaN and reads -0 as a float
-        header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
-                            parse_int=_json_int)
+        if _needs_exact_parse(raw):
+            # parse_constant/parse_int: the Rust reader (serde_json) refuses NaN and reads -0 as a float;
+            # a \\u escape may decode to a lone surrogate, which no UTF-8 output could hold
+            header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                                parse_int=_json_int)
+        else:  # the common header: no escapes, no signs, no constants; only duplicates to refuse
+            header = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise MalformedCheckpoint(f"header is not valid JSON ({exc.msg} at char {exc.pos})") from None
     if not isinstance(header, dict):
         raise MalformedCheckpoint("header is not a JSON object")
     return header
+
+
+def _needs_exact_parse(raw: bytes) -> bool:
+    """Whether the header holds what the fast parse cannot judge (a superset: names may trip it too)."""
+    return b"\\u" in raw or b"NaN" in raw or b"Infinity" in raw or _SIGNED.search(raw) is not None
+
+
+_SIGNED = re.compile(rb"-\s*[0-9]")  # a number with a sign (serde reads -0 as a float)
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise MalformedCheckpoint(f"duplicate key {duplicate!r} in header")
+    return out
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -112,17 +134,16 @@ def _metadata(value: object) -> dict[str, str]:
 
 
 def _entry(name: str, entry: object) -> tuple[str, tuple[int, ...], int, int]:
-    if not isinstance(entry, dict):
+    if type(entry) is not dict:
         raise MalformedCheckpoint(f"tensor {shown(name)}: entry is not an object")
     dtype = entry.get("dtype")
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
-    if not isinstance(dtype, str):
+    if type(dtype) is not str:
         raise MalformedCheckpoint(f"tensor {shown(name)}: missing or non-string dtype")
-    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+    if type(shape) is not list or not _all_uints(shape):
         raise MalformedCheckpoint(f"tensor {shown(name)}: shape must be a list of non-negative integers")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets)
-            or offsets[0] > offsets[1]):
+    if type(offsets) is not list or len(offsets) != 2 or not _all_uints(offsets) or offsets[0] > offsets[1]:
         raise MalformedCheckpoint(f"tensor {shown(name)}: data_offsets must be [begin, end] with begin <= end")
     return dtype, tuple(shape), offsets[0], offsets[1]
 
@@ -144,8 +165,15 @@ def _span_size(name: str, dtype: str, shape: tuple[int, ...]) -> int | None:
     return total // 8
 
 
-def _is_uint(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+def _all_uints(values: list[object]) -> bool:
+    """Every value a JSON integer in [0, 2^64) (``type is int``: never a bool or a float)."""
+    for value in values:
+        if type(value) is not int or not 0 <= value < _U64:  # type: ignore[operator]
+            return False
+    return True
+
+
+_U64 = 2**64
 
 
 def _check_layout(spans: list[tuple[int, int, str]], buffer_len: int) -> None:

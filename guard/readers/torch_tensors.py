@@ -138,6 +138,7 @@ def build_tensor_infos(
         infos[name] = TensorInfo(
             name, code, shape, file, start, end, None if contiguous else stride,
             ref.storage.key if ref.storage is not None else None,
+            ref.storage.view_offset + ref.offset * itemsize if ref.storage is not None else None,
         )
     unknown: dict[str, list[str]] = {}
     for info in infos.values():
@@ -171,8 +172,14 @@ def torch_file_scan(source: ByteSource, fmt: str, walker: PickleWalker, root: ob
                                            locate=locate)
     return FileScan(
         path=source.name, format=fmt, size=source.size, tensors=tensors,
-        findings=(*unsafe_findings(walker, source.name), *findings), metadata={}, bytes_read=bytes_read,
+        findings=(*unsafe_findings(walker, source.name), *findings), metadata=pickle_metadata(walker),
+        bytes_read=bytes_read,
     )
+
+
+def pickle_metadata(walker: PickleWalker) -> dict[str, str]:
+    """The refused globals by name, so the inventory can judge them by the file's role."""
+    return {"pickle_globals": " ".join(sorted(walker.unsafe))} if walker.unsafe else {}
 
 
 def unsafe_findings(walker: PickleWalker, path: str) -> tuple[Finding, ...]:
@@ -189,7 +196,8 @@ def unsafe_and_unreadable(
     """A file with unsafe globals that is also malformed: keep both verdicts."""
     broken = make_finding("CG001", source.name, f"unreadable checkpoint: {exc}")
     return FileScan(path=source.name, format=fmt, size=source.size,
-                    findings=(*unsafe_findings(walker, source.name), broken), bytes_read=bytes_read)
+                    findings=(*unsafe_findings(walker, source.name), broken), bytes_read=bytes_read,
+                    metadata=pickle_metadata(walker))
 
 
 class CountingSource:

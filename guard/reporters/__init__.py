@@ -1,5 +1,7 @@
 """Output formats.  Each is a view of the same Report; JSON is lossless.
 
+May import the report, findings and dtypes; never the inventory, rules or CLI.
+
 A reporter's module is imported when its format is asked for: a text scan never
 loads the SARIF or markdown code.
 """

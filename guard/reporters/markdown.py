@@ -71,33 +71,38 @@ def render_markdown(report: Report) -> str:
 
 
 def _models_section(report: Report) -> list[str]:
+    """One row per weight set: a reader sees each model's copies and variants and their dtypes."""
     if not report.models:
         return ["No checkpoint files found.", ""]
     rows = []
     for model in report.models:
-        total = model.parameters or 1
         name = md_escape(workspace_relative(model.path))
-        extra = ", ".join(x for x in (
+        extra = [x for x in (
             f"config: {md_escape(model.config_dtype, limit=40)}" if model.config_dtype else "",
             f"quantized: {md_escape(model.quantization, limit=40)}" if model.quantization else "",
-        ) if x)
-        if not model.dtypes:
-            rows.append(f"| {name} | {len(model.files)} | – | 0 | 0 | – | – | {extra} |")
-        for code, stats in model.dtypes.items():
-            rows.append(
-                f"| {name} | {len(model.files)} | {md_escape(display_name(code), limit=40)} | {stats.tensors:,} "
-                f"| {human_count(stats.parameters)} | {stats.parameters / total:.1%} "
-                f"| {human_bytes(stats.bytes)} | {extra} |"
-            )
+        ) if x]
+        sets = model.all_sets
+        for ws in sets:
+            notes = ", ".join((["primary"] if ws.primary and len(sets) > 1 else [])
+                              + ([f"claims {md_escape(display_name(ws.claimed_dtype), limit=20)}"]
+                                 if ws.claimed_dtype else []) + (extra if ws.primary else []))
+            total = ws.elements or 1
+            mix = " · ".join(f"{md_escape(display_name(code), limit=20)} {stats.parameters / total:.1%}"
+                             for code, stats in ws.dtypes.items()) or "–"
+            rows.append(f"| {name} | {md_escape(ws.name, limit=120)} | {md_escape(ws.role, limit=20)} "
+                        f"| {md_escape(ws.format or '–', limit=20)} | {len(ws.files)} | {mix} "
+                        f"| {human_count(ws.parameters)} | {human_bytes(ws.bytes)} | {notes} |")
     kept, left = _bounded(rows, MODEL_BUDGET)
-    lines = ["### Models", "", "| model | files | dtype | tensors | parameters | share | bytes | notes |",
-             "|---|---:|---|---:|---:|---:|---:|---|", *kept, ""]
+    lines = ["### Models", "",
+             "| model | weight set | role | format | files | dtypes (share of parameters) | parameters | bytes | notes |",
+             "|---|---|---|---|---:|---|---:|---:|---|", *kept, ""]
     if left:
         lines += [f"_{left:,} more row(s) not shown to stay under GitHub's 1 MiB summary limit._", ""]
     return lines
 
 
 def _pie_section(report: Report) -> list[str]:
+    """Parameters by dtype, one copy per model: the primary set's counts, never a sum over copies."""
     totals: dict[str, int] = {}
     for model in report.models:
         for code, stats in model.dtypes.items():

@@ -69,6 +69,8 @@ def result(finding: Finding, rule_index: dict[str, int], occurrence: int) -> dic
     }
     if finding.code in rule_index:
         out["ruleIndex"] = rule_index[finding.code]
+    if finding.set:
+        out["properties"] = {"weightSet": bounded(finding.set, 1024)}
     return out
 
 

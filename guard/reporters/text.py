@@ -6,10 +6,12 @@ from typing import Any
 
 from guard.dtypes import display_name
 from guard.findings import Severity
-from guard.report import Report
+from guard.report import ModelSummary, Report
 from guard.reporters.inert import inert_text
 
 _COLORS = {Severity.error: "31", Severity.warning: "33", Severity.note: "36"}
+SET_WIDTH = 48
+MAX_DTYPE_COLUMNS = 8
 
 
 def _paint(text: str, code: str, color: bool) -> str:
@@ -37,25 +39,7 @@ def render_text(report: Report, *, color: bool = False) -> str:
     if isinstance(report.extra.get("parity"), dict):
         lines.append(parity_summary(report.extra["parity"]))
     for model in report.models:
-        head = f"{inert_text(model.path)}  ({len(model.files)} file(s)"
-        if model.config_dtype:
-            head += f", config dtype {inert_text(model.config_dtype)}"
-        if model.quantization:
-            head += f", quantized: {inert_text(model.quantization)}"
-        lines.append(_paint(head + ")", "1", color))
-        if not model.dtypes:
-            lines.append("  no tensors read (see the findings below)")
-            lines.append("")
-            continue
-        total = model.parameters or 1
-        lines.append(f"  {'dtype':<12}{'tensors':>9}{'parameters':>14}{'share':>8}{'bytes':>12}")
-        for code, stats in model.dtypes.items():
-            lines.append(
-                f"  {inert_text(display_name(code), limit=12):<12}{stats.tensors:>9}"
-                f"{human_count(stats.parameters):>14}{stats.parameters / total:>8.1%}"
-                f"{human_bytes(stats.bytes):>12}"
-            )
-        lines.append("")
+        lines.extend(_model_lines(model, color))
     for finding in report.sorted_findings():
         where = inert_text(finding.path)
         if finding.line:
@@ -66,17 +50,54 @@ def render_text(report: Report, *, color: bool = False) -> str:
         lines.append("")
     counts = report.counts()
     files = sum(len(m.files) for m in report.models)
-    unreadable = sum(1 for m in report.models for f in m.files if f.format is None)
+    skipped = sum(1 for m in report.models for f in m.files if f.unsupported)
+    unreadable = sum(1 for m in report.models for f in m.files if f.format is None) - skipped
     verdict = "FAILED" if report.failed else "passed"
     verdict = _paint(verdict, "31" if report.failed else "32", color)
+    not_scanned = f", {skipped} not scanned: unsupported format" if skipped else ""
     lines.append(
         f"ckpt-guard: {verdict}: {len(report.models)} model(s), {files} file(s) scanned"
-        f" ({unreadable} unreadable); {counts['error']} error(s), {counts['warning']} warning(s), "
+        f" ({unreadable} unreadable{not_scanned}); {counts['error']} error(s), {counts['warning']} warning(s), "
         f"{counts['note']} note(s) (fail-on: {report.fail_on})"
     )
     if not report.models:
         lines.append("ckpt-guard: no checkpoint files found")
     return "\n".join(lines) + "\n"
+
+
+def _model_lines(model: ModelSummary, color: bool) -> list[str]:
+    """A header, then one row per weight set and one column per dtype (its share of the set)."""
+    head = f"{inert_text(model.path)}  ({len(model.files)} file(s)"
+    if len(model.sets) > 1:
+        head += f", {len(model.sets)} weight sets"
+    if model.config_dtype:
+        head += f", config dtype {inert_text(model.config_dtype)}"
+    if model.quantization:
+        head += f", quantized: {inert_text(model.quantization)}"
+    lines = [_paint(head + ")", "1", color)]
+    sets = model.all_sets
+    if not any(ws.dtypes for ws in sets):
+        return [*lines, "  no tensors read (see the findings below)", ""]
+    codes: list[str] = []
+    for ws in sorted(sets, key=lambda ws: not ws.primary):
+        codes += [code for code in ws.dtypes if code not in codes]
+    codes = codes[:MAX_DTYPE_COLUMNS]
+    width = max(3, min(max(len(inert_text(ws.name, limit=SET_WIDTH)) for ws in sets), SET_WIDTH)) + 2
+    lines.append(f"  {'set':<{width}}{'role':<16}{'format':<13}"
+                 + "".join(f"{inert_text(display_name(c), limit=8):>9}" for c in codes)
+                 + f"{'parameters':>12}{'bytes':>11}")
+    for ws in sets:
+        mark = "*" if ws.primary else " "
+        total = ws.elements or 1
+        cells = "".join(f"{ws.dtypes[c].parameters / total:>9.1%}" if c in ws.dtypes else f"{'-':>9}"
+                        for c in codes)
+        name = inert_text(ws.name, limit=SET_WIDTH)
+        lines.append(f"{mark} {name:<{width}}{inert_text(ws.role, limit=15):<16}{inert_text(ws.format, limit=12):<13}"
+                     f"{cells}{human_count(ws.parameters):>12}{human_bytes(ws.bytes):>11}")
+    if len(sets) > 1:
+        lines.append("  (* primary set: the model's parameter and byte counts are its)")
+    lines.append("")
+    return lines
 
 
 def parity_summary(figures: dict[str, Any]) -> str:

@@ -1,4 +1,13 @@
-"""Header-level checks, keyed by the codes they produce (see guard.catalogue)."""
+"""Header-level checks, keyed by the codes they produce (see guard.catalogue).
+
+Rules read the inventory and return findings; they never print, raise for a
+problem in a checkpoint, or touch bytes.  May import the inventory, config,
+catalogue and findings; never the readers' I/O, the report or the CLI.
+
+Checks take the whole inventory and go set by set: CG101-CG106 and CG108 are
+judged within one weight set, CG107 across the copies of one model, CG103 on
+the primary set, CG109 within a model and across a pipeline's components.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +16,9 @@ from collections.abc import Callable, Iterable
 from guard.config import Policy
 from guard.findings import Finding
 from guard.inventory import ModelInventory
+from guard.rules.copies import check_copies_agree
+from guard.rules.config_dtype import check_config_dtype
 from guard.rules.dtype_policy import (
-    check_config_dtype,
     check_float64,
     check_low_precision_norms,
     check_mixed_float_dtypes,
@@ -16,10 +26,12 @@ from guard.rules.dtype_policy import (
 )
 from guard.rules.shards import check_shard_index
 from guard.rules.targets import check_target_support
+from guard.rules.training import file_findings
+from guard.rules.variants import check_variant_dtype, check_variant_shards
 
 Check = Callable[[ModelInventory, Policy], Iterable[Finding]]
 
-# Reader-level codes (CG001-CG003, CG005) come from the readers themselves.
+# Reader-level codes (CG001-CG003, CG005, CG006) come from the readers and the inventory.
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG004", check_shard_index),
     ("CG101", check_unexpected_dtype),
@@ -28,11 +40,19 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG104", check_low_precision_norms),
     ("CG105", check_float64),
     ("CG106", check_target_support),
+    ("CG107", check_copies_agree),
+    ("CG108", check_variant_dtype),
+    ("CG109", check_variant_shards),
 )
 
 
 def check_model(inventory: ModelInventory, policy: Policy) -> list[Finding]:
-    findings = list(inventory.file_findings())
+    findings: list[Finding] = []
+    for ws in inventory.sets:
+        for scan in ws.files:
+            findings.extend(f._replace(set=ws.name) for f in file_findings(ws, scan))
+    owner = {index.path: ws.name for ws in inventory.sets for index in ws.indexes}
+    findings.extend(f._replace(set=owner.get(f.path)) for f in inventory.findings)
     for code, check in CHECKS:
         if policy.is_enabled(code):
             findings.extend(check(inventory, policy))

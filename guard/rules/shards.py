@@ -1,4 +1,10 @@
-"""CG004: shard indexes against their shards."""
+"""CG004: shard indexes against their shards, one weight set at a time.
+
+Every index form counts (``model.safetensors.index.json``, the variant forms
+``.index.fp16.json`` and diffusers' deprecated ``.fp16.index.json``).  An index
+that maps tensors into another set's shards says so; shards that stand without
+any index are CG004 for the default copy and CG109 for a variant.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +14,39 @@ from collections.abc import Iterator
 from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.findings import Finding, shown
-from guard.inventory import ModelInventory, line_in_json
+from guard.inventory import ModelInventory, WeightSet, line_in_json
 
 _SAMPLE = 3
 
 
 def check_shard_index(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
-    by_name = {posixpath.basename(scan.path): scan for scan in inv.files}
-    for index in inv.indexes:
+    owner = {posixpath.basename(scan.path): ws for ws in inv.sets for scan in ws.files}
+    for ws in inv.sets:
+        for finding in _check_set(ws, owner):
+            yield finding._replace(set=ws.name)
+
+
+def _check_set(ws: WeightSet, owner: dict[str, WeightSet]) -> Iterator[Finding]:
+    by_name = {posixpath.basename(scan.path): scan for scan in ws.files}
+    numbered = any("-of-" in posixpath.basename(scan.path) for scan in ws.files)
+    if numbered and not ws.indexes and ws.variant is None and ws.layout in ("hf", "original"):
+        yield make_finding("CG004", ws.files[0].path,
+                           f"{len(ws.files)} shard file(s) of {ws.name} and no index naming them: "
+                           "from_pretrained cannot load them")
+    for index in ws.indexes:
         if not index.weight_map:
             continue
-        weights_name = posixpath.basename(index.path)[: -len(".index.json")]
-        family = _family(weights_name)
         shards = sorted(set(index.weight_map.values()))
         for shard in shards:
-            if shard not in by_name:
-                line = line_in_json(index.text, next(k for k, v in index.weight_map.items() if v == shard))
+            if shard in by_name:
+                continue
+            line = line_in_json(index.text, next(k for k, v in index.weight_map.items() if v == shard))
+            other = owner.get(shard)
+            if other is not None:
+                yield make_finding("CG004", index.path,
+                                   f"the index maps tensors to {shard!r}, a shard of another weight set "
+                                   f"({other.name}), not of {ws.name}", line=line)
+            else:
                 yield make_finding("CG004", index.path, f"shard {shard!r} listed in the index is missing",
                                    line=line)
         for shard in shards:
@@ -31,7 +54,7 @@ def check_shard_index(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
             if scan is None or scan.format is None:
                 continue  # missing (above) or unreadable (CG001 already)
             listed = {k for k, v in index.weight_map.items() if v == shard}
-            present = {_index_key(t.name, weights_name) for t in scan.tensors}
+            present = {t.name for t in scan.tensors}
             missing = sorted(listed - present)
             extra = sorted(present - listed)
             if missing:
@@ -46,20 +69,9 @@ def check_shard_index(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
                     f"{_sample(extra)}",
                     tensor=extra[0])
         for name, scan in sorted(by_name.items()):
-            if name not in shards and _family(name) == family and name != weights_name:
+            if name not in shards:
                 yield make_finding("CG004", scan.path,
                                    f"shard file is not referenced by {posixpath.basename(index.path)}")
-
-
-def _family(filename: str) -> str:
-    """'model-00001-of-00002.safetensors' and 'model.safetensors' -> 'model|.safetensors'."""
-    stem, dot, ext = filename.rpartition(".")
-    base = stem.split("-0", 1)[0]
-    return f"{base}|.{ext}" if dot else filename
-
-
-def _index_key(name: str, weights_name: str) -> str:
-    return name
 
 
 def _sample(names: list[str]) -> str:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import fnmatch
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory
+from guard.tensors import TensorInfo
 
 _NEEDS_ML_DTYPES = {"BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0",
                     "F6_E2M3", "F6_E3M2", "F4"}
@@ -39,10 +40,17 @@ _FLAX_DROPPED_BUFFERS = ("*_ids", "*num_batches_tracked")
 
 
 def check_target_support(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
+    for ws in inv.sets:
+        if ws.judged:
+            yield from (f._replace(set=ws.name) for f in _check_set(ws.tensors, policy))
+
+
+def _check_set(tensors: Iterable[TensorInfo], policy: Policy) -> Iterator[Finding]:
+    tensors = list(tensors)
     for target in policy.targets:
         table = UNSUPPORTED.get(target.framework, {})
         groups: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for tensor in inv.tensors:
+        for tensor in tensors:
             if tensor.dtype in table and not (
                 target.framework in ("flax", "jax")
                 and tensor.dtype in ("I64", "U64")

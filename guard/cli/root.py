@@ -1,0 +1,70 @@
+"""The click root group: every command, loaded on first use, listed by `--help`."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from guard import __version__
+from guard.errors import GuardError
+
+# name -> (module, attribute, short help); the short help is here so `--help` loads no command.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "scan": ("guard.cli.scan", "scan", "Scan checkpoints and model directories."),
+    "rules": ("guard.cli.rules", "rules", "List the rules, or explain one."),
+    "report": ("guard.cli.report", "report_cmd", "Render a saved JSON result in another format."),
+    "convert": ("guard.cli.convert", "convert", "Convert between PyTorch and Flax, bit-exactly."),
+    "parity": ("guard.cli.parity", "parity", "Compare PyTorch and Flax outputs of one model."),
+    "hub": ("guard.cli.hub", "hub", "Scan Hub repositories remotely, gate uploads, review pushes."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use."""
+
+    def __init__(self, *args: object, commands: dict[str, tuple[str, str, str]], **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.lazy = commands
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.lazy)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.lazy:
+            return None
+        module, attribute, _ = self.lazy[cmd_name]
+        command: click.Command = getattr(importlib.import_module(module), attribute)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_) for name, (_, _, help_) in self.lazy.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, commands=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="ckpt-guard")
+def cli() -> None:
+    """Check model checkpoints for dtype problems before they land."""
+
+
+def run(args: list[str]) -> int:
+    try:
+        result = cli.main(args=args, prog_name="ckpt-guard", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("ckpt-guard: interrupted", err=True)
+        return 130
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except GuardError as exc:
+        click.echo(f"ckpt-guard: error: {exc}", err=True)
+        return 2
+    except KeyboardInterrupt:
+        click.echo("ckpt-guard: interrupted", err=True)
+        return 130
+    return result if isinstance(result, int) else 0

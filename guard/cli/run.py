@@ -1,0 +1,67 @@
+"""What commands do once their flags are parsed: resolve the policy, run a scan, emit the report.
+
+No click here: the hook's fast path (``guard.cli.main``) calls ``run_scan`` directly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from guard.config import Policy, build_policy, find_config_file, load_config
+from guard.errors import GuardError, UsageError
+from guard.report import Report
+from guard.reporters import render
+
+
+def resolve_policy(*, config_file: Path | None, expect: str | None, keep_fp32: tuple[str, ...],
+                   targets: tuple[str, ...], select: tuple[str, ...], extend_select: tuple[str, ...],
+                   ignore: tuple[str, ...], fail_on: str | None) -> Policy:
+    if config_file is not None and not config_file.is_file():
+        raise UsageError(f"{config_file}: config file not found")
+    path = config_file or find_config_file()
+    overrides = {
+        "expect": expect, "keep-fp32": keep_fp32, "targets": targets, "select": select,
+        "extend-select": extend_select, "ignore": ignore, "fail-on": fail_on,
+    }
+    return build_policy(load_config(path), source=str(path) if path else None, overrides=overrides)
+
+
+def run_scan(paths: tuple[Path, ...], fmt: str, output: Path | None, values: bool, no_summary: bool,
+             **policy_flags: object) -> int:
+    from guard.scan import scan_paths
+
+    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
+    report = scan_paths(paths or (Path("."),), policy, values=values)
+    emit(report, fmt, output, summary=not no_summary)
+    return report.exit_code
+
+
+def emit(report: Report, fmt: str, output: Path | None, *, summary: bool = True) -> None:
+    """Print or write the report; append the job summary under GitHub Actions."""
+    if output is not None:
+        from guard.atomic import write_text_atomic  # tempfile: only when writing a file
+
+        write_text_atomic(output, render(report, fmt))
+    else:
+        color = fmt == "text" and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+        sys.stdout.write(render(report, fmt, color=color))
+        sys.stdout.flush()
+    if summary:
+        append_step_summary(report)
+
+
+def append_step_summary(report: Report) -> None:
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if os.environ.get("GITHUB_ACTIONS") != "true" or not path:
+        return
+    try:
+        text = render(report, "markdown")
+    except GuardError:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        print(f"ckpt-guard: warning: cannot write the job summary to {path} ({exc.strerror})", file=sys.stderr)

@@ -1,0 +1,176 @@
+"""The embedded queue: one SQLite file in WAL mode, shared by the processes of one host.
+
+Every change is one ``BEGIN IMMEDIATE`` transaction, so two processes never
+claim the same job; ``synchronous=FULL`` makes an enqueue durable (fsynced)
+before the webhook answers 202.  Times are this host's clock (one host by
+construction: SQLite over a network file system is not supported).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from guard.hub.queue.base import SCHEMA_VERSION, STATES, Job, QueuedJob, QueueError
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS jobs (
+        id INTEGER PRIMARY KEY,
+        repo TEXT NOT NULL, ref TEXT NOT NULL, sha TEXT NOT NULL,
+        state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        enqueued_at REAL NOT NULL, updated_at REAL NOT NULL, next_at REAL NOT NULL,
+        lease_until REAL, worker TEXT, error TEXT,
+        UNIQUE (repo, ref, sha))""",
+    "CREATE INDEX IF NOT EXISTS jobs_due ON jobs (state, next_at)",
+)
+COLUMNS = "id, repo, ref, sha, state, attempts, enqueued_at, updated_at, worker, error"
+BUSY_TIMEOUT_MS = 30_000
+
+
+class SqliteQueue:
+    def __init__(self, path: Path) -> None:
+        self.where = str(path)
+        self._lock = threading.Lock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                       timeout=BUSY_TIMEOUT_MS / 1000)
+            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = FULL")
+            with self._tx() as db:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise QueueError(f"{path}: written by a newer ckpt-guard (queue schema {version})")
+                for statement in SCHEMA:  # not executescript: it would commit the open transaction
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except (OSError, sqlite3.Error) as exc:
+            raise QueueError(f"{path}: cannot open the job queue ({exc})") from None
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise QueueError(f"{self.where}: job queue error ({exc})") from None
+
+    def enqueue(self, jobs: Sequence[Job]) -> list[bool]:
+        now = time.time()
+        out = []
+        with self._tx() as db:
+            for job in jobs:
+                inserted = db.execute(
+                    "INSERT OR IGNORE INTO jobs (repo, ref, sha, state, enqueued_at, updated_at, next_at) "
+                    "VALUES (?, ?, ?, 'queued', ?, ?, ?)", (job.repo_id, job.ref, job.sha, now, now, now)).rowcount
+                if not inserted:  # known: only a failed job comes back
+                    inserted = db.execute(
+                        "UPDATE jobs SET state = 'queued', attempts = 0, next_at = ?, updated_at = ?, "
+                        "error = NULL, worker = NULL WHERE repo = ? AND ref = ? AND sha = ? AND state = 'failed'",
+                        (now, now, job.repo_id, job.ref, job.sha)).rowcount
+                out.append(bool(inserted))
+        return out
+
+    def claim(self, worker: str, *, lease: float, max_attempts: int) -> QueuedJob | None:
+        now = time.time()
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET state = 'failed', updated_at = ?, lease_until = NULL, "
+                       "error = 'its worker stopped ' || attempts || ' times before finishing (lease expired)' "
+                       "WHERE state = 'running' AND lease_until < ? AND attempts >= ?", (now, now, max_attempts))
+            row = db.execute("SELECT id FROM jobs WHERE (state = 'queued' AND next_at <= ?) "
+                             "OR (state = 'running' AND lease_until < ?) ORDER BY next_at, id LIMIT 1",
+                             (now, now)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE jobs SET state = 'running', worker = ?, lease_until = ?, attempts = attempts + 1, "
+                       "updated_at = ? WHERE id = ?", (worker, now + lease, now, row[0]))
+            return _job(db.execute(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (row[0],)).fetchone())
+
+    def extend(self, claims: Sequence[tuple[int, str]], *, lease: float) -> set[int]:
+        held = set()
+        if not claims:
+            return held
+        now = time.time()
+        with self._tx() as db:
+            for job_id, worker in claims:
+                if db.execute("UPDATE jobs SET lease_until = ? WHERE id = ? AND worker = ? AND state = 'running'",
+                              (now + lease, job_id, worker)).rowcount:
+                    held.add(job_id)
+        return held
+
+    def finish(self, job_id: int, worker: str, state: str) -> bool:
+        if state not in ("answered", "skipped"):
+            raise ValueError(state)
+        return self._update(job_id, worker, "state = ?, lease_until = NULL, error = NULL", (state,))
+
+    def retry(self, job_id: int, worker: str, *, error: str, delay: float) -> bool:
+        return self._update(job_id, worker, "state = 'queued', lease_until = NULL, next_at = ?, error = ?",
+                            (time.time() + delay, error))
+
+    def fail(self, job_id: int, worker: str, *, error: str) -> bool:
+        return self._update(job_id, worker, "state = 'failed', lease_until = NULL, error = ?", (error,))
+
+    def _update(self, job_id: int, worker: str, assignments: str, values: tuple[object, ...]) -> bool:
+        with self._tx() as db:
+            return bool(db.execute(f"UPDATE jobs SET {assignments}, updated_at = ? "
+                                   "WHERE id = ? AND worker = ? AND state = 'running'",
+                                   (*values, time.time(), job_id, worker)).rowcount)
+
+    def release(self, claims: Sequence[tuple[int, str]]) -> int:
+        now = time.time()
+        released = 0
+        with self._tx() as db:
+            for job_id, worker in claims:
+                released += db.execute(
+                    "UPDATE jobs SET state = 'queued', lease_until = NULL, worker = NULL, next_at = ?, updated_at = ?, "
+                    "attempts = MAX(attempts - 1, 0) WHERE id = ? AND worker = ? AND state = 'running'",
+                    (now, now, job_id, worker)).rowcount
+        return released
+
+    def requeue_failed(self) -> int:
+        now = time.time()
+        with self._tx() as db:
+            return db.execute("UPDATE jobs SET state = 'queued', attempts = 0, next_at = ?, updated_at = ? "
+                              "WHERE state = 'failed'", (now, now)).rowcount
+
+    def prune(self, older_than: float) -> int:
+        with self._tx() as db:
+            return db.execute("DELETE FROM jobs WHERE state IN ('answered', 'skipped', 'failed') "
+                              "AND updated_at < ?", (time.time() - older_than,)).rowcount
+
+    def counts(self) -> dict[str, int]:
+        with self._tx() as db:
+            found = dict(db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+        return {state: int(found.get(state, 0)) for state in STATES}
+
+    def jobs(self, states: Sequence[str] = STATES, *, limit: int = 1000) -> list[QueuedJob]:
+        marks = ", ".join("?" for _ in states)
+        with self._tx() as db:
+            rows = db.execute(f"SELECT {COLUMNS} FROM jobs WHERE state IN ({marks}) ORDER BY id LIMIT ?",
+                              (*states, limit)).fetchall()
+        return [_job(row) for row in rows]
+
+    def ping(self) -> None:
+        with self._tx() as db:
+            db.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _job(row: tuple) -> QueuedJob:  # type: ignore[type-arg]
+    job_id, repo, ref, sha, state, attempts, enqueued, updated, worker, error = row
+    return QueuedJob(int(job_id), Job(repo, ref, sha), state, int(attempts), float(enqueued), float(updated),
+                     worker, error)

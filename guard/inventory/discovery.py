@@ -1,0 +1,192 @@
+"""Local discovery: paths -> model directories -> inventories, reading headers only."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+from pathlib import Path
+
+from guard.errors import UsageError
+from guard.inventory.model import (
+    CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
+)
+from guard.catalogue import make_finding
+from guard.inventory.conventions import UNSUPPORTED_SUFFIXES
+from guard.readers import READ_FAILURES, scan_file, sniff_format, unreadable
+from guard.sources import ByteSource, BytesSource, LocalFile
+from guard.tensors import FileScan
+
+SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".tox", ".cache"}
+# Files without a weight suffix are sniffed by magic bytes when at least this large (a weight file
+# renamed, or a format whose name says nothing); small text files never cost a read.
+SNIFF_MIN_BYTES = 64 * 1024
+_TEXT_SUFFIXES = frozenset({
+    "json", "txt", "md", "py", "yaml", "yml", "toml", "cfg", "ini", "model", "vocab", "tiktoken", "png",
+    "jpg", "jpeg", "gif", "webp", "svg", "wav", "mp3", "flac", "csv", "tsv", "parquet", "arrow", "jsonl",
+    "gitattributes", "gitignore", "html", "ipynb", "sh", "lock", "zip", "tar", "gz", "xz", "bz2", "zst",
+})
+_WEIGHT_MAGIC = (b"GGUF", b"\x89HDF\r\n\x1a\n", b"\x93NUMPY", bytes.fromhex("80028a0a6cfc9c46f9206aa850192e"))
+
+
+class LocalModel(NamedTuple):
+    directory: Path
+    weight_files: tuple[Path, ...]
+    json_files: tuple[Path, ...]
+    orbax: tuple[Path, ...] = ()  # readers-b: Orbax checkpoint directories (guard.inventory.orbax_dirs)
+
+
+def display_path(path: Path) -> str:
+    """Relative to the working directory when inside it, POSIX separators.
+
+    The directory is resolved, the name is not: a file that is a symlink (every file of a
+    Hugging Face cache snapshot points into ``blobs/``) keeps the name its conventions read.
+    """
+    if path.name in ("", ".", ".."):
+        return _display_dir(os.fspath(path), os.getcwd())
+    parent = _display_dir(os.fspath(path.parent), os.getcwd())
+    return path.name if parent == "." else f"{parent.rstrip('/')}/{path.name}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _display_dir(directory: str, cwd: str) -> str:
+    path = Path(directory)
+    try:
+        rel = path.resolve().relative_to(Path(cwd).resolve())
+        return rel.as_posix() or "."
+    except ValueError:
+        return path.as_posix()
+
+
+def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]:
+    """Every model directory under the given files and directories.
+
+    A file stands for the model of its directory (pre-commit passes subsets of
+    shards; the siblings are read from disk).  A path that does not exist is a
+    UsageError (exit 2).
+    """
+    directories: dict[Path, set[str]] = {}
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists() and not path.is_symlink():
+            raise UsageError(f"{os.fspath(raw)}: no such file or directory")
+        if path.is_dir():
+            for directory in _walk(path):
+                directories.setdefault(directory, set())
+        else:
+            directories.setdefault(path.parent, set()).add(path.name)
+    models = []
+    for directory, named in directories.items():
+        model = _local_model(directory, named)
+        if model.weight_files or model.orbax or any(is_index_file(p.name) for p in model.json_files):
+            models.append(model)
+    roots = [m.directory for m in models if m.orbax]  # readers-b: nothing inside an Orbax checkpoint
+    return [m for m in models if not any(r in m.directory.parents for r in roots)] if roots else models
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for current, dirnames, _files in os.walk(root, onerror=_raise_unreadable):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        yield Path(current)
+
+
+def _raise_unreadable(exc: OSError) -> None:
+    raise UsageError(f"{exc.filename}: cannot read directory ({exc.strerror})")
+
+
+def _local_model(directory: Path, named: set[str]) -> LocalModel:
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError as exc:
+        raise UsageError(f"{display_path(directory)}: cannot read directory ({exc.strerror})") from None
+    weights, jsons = [], []
+    for entry in entries:
+        if not entry.is_file():
+            continue
+        if entry.name == CONFIG_NAME or is_index_file(entry.name):
+            jsons.append(Path(entry.path))
+        elif is_weight_file(entry.name) or _sniffs_as_weights(entry) or (
+                entry.name in named and not entry.name.lower().endswith(".json")):
+            weights.append(Path(entry.path))
+    orbax = _orbax(directory, entries)  # readers-b: a named _METADATA is the checkpoint's, not weights
+    weights = [w for w in weights if is_weight_file(w.name)] if orbax else weights
+    return LocalModel(directory, tuple(weights), tuple(jsons), orbax)
+
+
+_ORBAX_MARKERS = frozenset({"_METADATA", "_CHECKPOINT_METADATA"})  # readers-b
+
+
+def _orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path, ...]:
+    """The directory itself if it is an Orbax checkpoint (guard.inventory.orbax_dirs), else ()."""
+    if not any(e.name in _ORBAX_MARKERS for e in entries):
+        return ()
+    from guard.inventory.orbax_dirs import local_orbax
+
+    return local_orbax(directory, entries)
+
+
+def _sniffs_as_weights(entry: os.DirEntry[str]) -> bool:
+    suffix = entry.name.rpartition(".")[2].lower() if "." in entry.name else ""
+    if suffix in _TEXT_SUFFIXES or entry.name == PIPELINE_INDEX:
+        return False
+    try:
+        if entry.stat().st_size < SNIFF_MIN_BYTES:
+            return False
+        with open(entry.path, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        return False
+    if head.startswith(_WEIGHT_MAGIC):
+        return True
+    length = int.from_bytes(head[:8], "little") if len(head) >= 10 else 0
+    return 2 <= length < 100 * 2**20 and head[8:10] == b'{"'  # a safetensors header
+
+
+def load_local_model(model: LocalModel) -> ModelInventory:
+    scans = [scan_local_file(p) for p in model.weight_files]
+    if model.orbax:  # readers-b
+        from guard.inventory.orbax_dirs import scan_local_orbax
+
+        scans += [scan_local_orbax(d, name=display_path(d)) for d in model.orbax]
+    json_files = {display_path(p): read_small_file(p) for p in model.json_files}
+    return build_inventory(display_path(model.directory), scans, json_files=json_files)
+
+
+def scan_local_file(path: Path) -> FileScan:
+    name = display_path(path)
+    try:
+        source = LocalFile(path, name=name)
+    except OSError as exc:
+        return unreadable(BytesSource(b"", name=name), f"cannot open file ({exc.strerror})")
+    with source:
+        try:
+            return scan_weight(source)
+        except OSError as exc:
+            return unreadable(source, f"read failed ({exc.strerror})")
+
+
+def scan_weight(source: ByteSource) -> FileScan:
+    """Read a weight file's headers; a format no reader handles is CG006, named, not skipped."""
+    ext = source.name.rpartition(".")[2].lower() if "." in source.name else ""
+    kind = UNSUPPORTED_SUFFIXES.get(ext)
+    if kind is not None:
+        try:
+            known = sniff_format(source)
+        except READ_FAILURES:
+            known = None
+        if known is None or (known == "torch-zip" and ext in ("npz", "keras")):  # zips, but not torch's
+            finding = make_finding("CG006", source.name, f"{kind} weights: no reader in this version of "
+                                   "ckpt-guard handles this format, so the file was not scanned")
+            return FileScan(path=source.name, format=None, size=source.size, findings=(finding,),
+                            metadata={"unsupported": kind}, bytes_read=getattr(source, "bytes_read", 0))
+    return scan_file(source)
+
+
+def read_small_file(path: Path) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_JSON_BYTES + 1)
+    except OSError:
+        return None
+    return data if len(data) <= MAX_JSON_BYTES else b"\xff"  # oversized -> reported as invalid JSON

@@ -1,0 +1,164 @@
+"""ModelInventory: one model directory's weight sets, shard indexes and config.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import NamedTuple
+
+from guard import dtypes
+from guard.catalogue import make_finding
+from guard.findings import Finding
+from guard.inventory.conventions import EXTENSION_FORMATS, UNSUPPORTED_SUFFIXES
+from guard.inventory.names import classify
+from guard.inventory.sets import WeightSet, group_sets, mark_primary
+from guard.inventory.stats import ConfigDtype, DtypeStats, ShardIndex
+from guard.tensors import FileScan, TensorInfo
+
+CONFIG_NAME = "config.json"
+PIPELINE_INDEX = "model_index.json"  # diffusers: the pipeline root names its components
+MAX_JSON_BYTES = 64 * 1024 * 1024  # index/config files are small; refuse to slurp a huge one
+
+
+def is_weight_file(name: str) -> bool:
+    """Weights by suffix: every format a reader handles, and those CG006 reports."""
+    ext = name.rpartition(".")[2].lower() if "." in name else ""
+    return ext in EXTENSION_FORMATS or ext in UNSUPPORTED_SUFFIXES
+
+
+def is_index_file(name: str) -> bool:
+    return classify(name).kind == "index"
+
+
+class ModelInventory(NamedTuple):
+    path: str  # the model directory, as displayed
+    files: tuple[FileScan, ...] = ()
+    indexes: tuple[ShardIndex, ...] = ()
+    config_path: str | None = None
+    config: dict[str, object] | None = None
+    config_text: str = ""
+    findings: tuple[Finding, ...] = ()  # inventory-level (bad JSON, ...)
+    sets: tuple[WeightSet, ...] = ()
+
+    @property
+    def primary(self) -> WeightSet | None:
+        return next((s for s in self.sets if s.primary), None)
+
+    @property
+    def tensors(self) -> Iterator[TensorInfo]:
+        """Every tensor of every file (value scans read all copies); rules go set by set."""
+        for scan in self.files:
+            yield from scan.tensors
+
+    def dtype_summary(self) -> dict[str, DtypeStats]:
+        """The primary set's: the model-level counts are one copy's, never a sum over copies."""
+        primary = self.primary
+        return primary.dtype_summary() if primary is not None else {}
+
+    def config_dtypes(self) -> list[ConfigDtype]:
+        if not isinstance(self.config, dict):
+            return []
+        found: list[ConfigDtype] = []
+        _collect_config_dtypes(self.config, "", found, depth=0)
+        return [
+            ConfigDtype(item.key, item.value, _line_of(self.config_text, item.key.rsplit(".", 1)[-1],
+                                                      item.value))
+            for item in found
+        ]
+
+    def quantization(self, ws: WeightSet | None = None) -> str | None:
+        """A short description if the set (default: the primary) is quantized: reported as such, not as errors."""
+        if isinstance(self.config, dict) and isinstance(self.config.get("quantization_config"), dict):
+            if ws is None or ws.primary or ws.format in ("safetensors", "torch"):
+                method = self.config["quantization_config"].get("quant_method", "quantized")
+                return str(method)
+        ws = ws if ws is not None else self.primary
+        low = ws.quantized_codes() if ws is not None else []
+        return "+".join(dtypes.display_name(c) for c in low) if low else None
+
+    @property
+    def is_diffusers(self) -> bool:
+        return _is_diffusers(self.config)
+
+
+def _is_diffusers(config: object) -> bool:
+    return isinstance(config, dict) and ("_diffusers_version" in config or "_class_name" in config)
+
+
+def _collect_config_dtypes(obj: dict[str, object], prefix: str, out: list[ConfigDtype], *, depth: int) -> None:
+    if depth > 8:
+        return
+    for key, value in obj.items():
+        if key in ("torch_dtype", "dtype") and isinstance(value, str):
+            out.append(ConfigDtype(prefix + key, value, None))
+        elif isinstance(value, dict) and key != "quantization_config":
+            _collect_config_dtypes(value, f"{prefix}{key}.", out, depth=depth + 1)
+
+
+def _line_of(text: str, key: str, value: str | None = None) -> int | None:
+    """1-based line of ``"key"`` (optionally followed by the value) in a JSON text."""
+    pattern = re.escape(json.dumps(key)) + r"\s*:"
+    if value is not None:
+        pattern += r"\s*" + re.escape(json.dumps(value))
+    match = re.search(pattern, text)
+    if match is None:
+        return None
+    return text.count("\n", 0, match.start()) + 1
+
+
+def line_in_json(text: str, key: str) -> int | None:
+    return _line_of(text, key)
+
+
+def build_inventory(
+    path: str,
+    weight_scans: Iterable[FileScan],
+    *,
+    json_files: Mapping[str, bytes | None],
+) -> ModelInventory:
+    """Assemble an inventory from already-read weight files and small JSON files.
+
+    ``json_files`` maps display paths of index files and config.json to their
+    bytes (None where the file could not be read).  Local and Hub scans share
+    this, so the same files give the same sets and findings either way.
+    """
+    files = tuple(sorted(weight_scans, key=lambda s: s.path))
+    findings: list[Finding] = []
+    indexes: list[ShardIndex] = []
+    config_path: str | None = None
+    config: dict[str, object] | None = None
+    config_text = ""
+    for name, data in sorted(json_files.items()):
+        base = os.path.basename(name)
+        parsed, text = _parse_json(name, data, findings)
+        if base == CONFIG_NAME:
+            config_path, config_text = name, text
+            if parsed is not None and not isinstance(parsed, dict):
+                findings.append(make_finding("CG001", name, "config.json is not a JSON object"))
+            elif parsed is not None:
+                config = parsed  # type: ignore[assignment]
+        elif is_index_file(base):
+            weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
+            valid = isinstance(weight_map, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())
+            if parsed is not None and not valid:  # unparsable JSON: CG001 above; the index still stands
+                findings.append(make_finding(
+                    "CG004", name, "shard index has no valid \"weight_map\" (tensor name -> shard file)"))
+            indexes.append(ShardIndex(name, weight_map if valid else {}, text))  # type: ignore[arg-type]
+    sets = mark_primary(group_sets(files, indexes), diffusers=_is_diffusers(config))
+    return ModelInventory(path, files, tuple(indexes), config_path, config, config_text, tuple(findings), sets)
+
+
+def _parse_json(name: str, data: bytes | None, findings: list[Finding]) -> tuple[object | None, str]:
+    if data is None:
+        findings.append(make_finding("CG001", name, "file could not be read"))
+        return None, ""
+    try:
+        text = data.decode("utf-8")
+        return json.loads(text), text
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        findings.append(make_finding("CG001", name, f"not valid JSON: {reason}"))
+        return None, ""

@@ -1,0 +1,150 @@
+"""Weight sets: the files of one model directory that together make one loadable copy.
+
+A set is a format copy (safetensors, PyTorch, Flax, ...), a variant of one
+(``model.fp16.safetensors``), an original-layout copy (``consolidated.*``), an
+adapter, or one file of training state.  Shards and their index are one set.
+Grouping reads names only (``guard.inventory.conventions``); the headers were
+read already.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+from guard import dtypes
+from guard.inventory.conventions import DTYPE_VARIANTS, FORMAT_ORDER, LAYOUT_ORDER, LIGHTNING_STATE_KEYS
+from guard.inventory.names import FileRole, claimed_dtype, classify
+from guard.inventory.stats import DtypeStats, ShardIndex, dtype_summary
+from guard.tensors import FileScan, TensorInfo
+
+# What a reader's file format means for the set's format family (names that say nothing).
+_READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "flax-msgpack": "flax"}
+_DIFFUSERS_STEMS = ("diffusion_pytorch_model", "diffusion_flax_model")
+
+
+class WeightSet(NamedTuple):
+    name: str  # unique within the model: a file name, an index name, or a shard pattern
+    role: str  # "weights" | "adapter" | "training-state"
+    layout: str  # "hf" | "original" | "peft" | "trainer" | "fsdp" | "lightning" | "file"
+    stem: str
+    format: str  # "safetensors" | "torch" | "flax" | "gguf" | ... ; "" when neither name nor reader says
+    variant: str | None
+    sharded: bool
+    files: tuple[FileScan, ...]
+    indexes: tuple[ShardIndex, ...]
+    claimed_dtype: str | None  # the dtype its name claims (a dtype variant, `*_fp16.onnx`, ...)
+    primary: bool
+    memo: dict[object, object]  # work the rules share (policed tensors, dtype summaries): per set, not per rule
+
+    @property
+    def variant_dtype(self) -> str | None:
+        return DTYPE_VARIANTS.get(self.variant.lower()) if self.variant else None
+
+    @property
+    def judged(self) -> bool:
+        """Dtype rules (CG101-CG109) apply; training state is read for integrity and safety only."""
+        return self.role != "training-state"
+
+    @property
+    def tensors(self) -> Iterator[TensorInfo]:
+        """The set's weights (a Lightning checkpoint's optimizer and loop state left out)."""
+        for scan in self.files:
+            for tensor in scan.tensors:
+                if self.layout == "lightning" and tensor.name.split(".", 1)[0] in LIGHTNING_STATE_KEYS:
+                    continue
+                yield tensor
+
+    @property
+    def counted_tensors(self) -> Iterator[TensorInfo]:
+        """Tied aliases counted once: a .bin keeps both names of a tied weight on one storage."""
+        seen: set[tuple[object, ...]] = set()
+        for tensor in self.tensors:
+            if tensor.storage is not None and tensor.storage_offset is not None:
+                key = (tensor.file, tensor.storage, tensor.storage_offset, tensor.dtype, tensor.shape, tensor.stride)
+                if key in seen:
+                    continue
+                seen.add(key)
+            yield tensor
+
+    def dtype_summary(self) -> dict[str, DtypeStats]:
+        summary = self.memo.get("dtype_summary")
+        if summary is None:
+            summary = self.memo["dtype_summary"] = dtype_summary(self.counted_tensors)
+        return summary  # type: ignore[return-value]
+
+    @property
+    def parameters(self) -> int:
+        return sum(t.numel for t in self.counted_tensors)
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.nbytes or 0 for t in self.counted_tensors)
+
+    def quantized_codes(self) -> list[str]:
+        return sorted({t.dtype for t in self.tensors} & dtypes.QUANTIZED_CODES)
+
+
+def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list[WeightSet]:
+    """Every file and index of one directory, in the set it belongs to (sorted by name)."""
+    found: dict[tuple[object, ...], tuple[FileRole, str, list[FileScan], list[ShardIndex]]] = {}
+    for scan in files:
+        role = classify(scan.path, weights=True)
+        family = role.format or _READER_FAMILIES.get(scan.format or "", scan.format or "")
+        key = (*role.set_key[:3], family, role.variant, role.set_key[5])
+        found.setdefault(key, (role, family, [], []))[2].append(scan)
+    for index in indexes:
+        role = classify(index.path)
+        key = (role.role, role.layout, role.stem, role.format, role.variant, True)
+        found.setdefault(key, (role, role.format, [], []))[3].append(index)
+    sets = [_new_set(role, family, sorted(scans, key=lambda s: s.path), tuple(idx))
+            for role, family, scans, idx in found.values()]
+    return sorted(sets, key=lambda s: s.name)
+
+
+def _new_set(role: FileRole, family: str, files: list[FileScan], indexes: tuple[ShardIndex, ...]) -> WeightSet:
+    sharded = role.kind != "file"
+    if sharded:
+        name = posixpath.basename(indexes[0].path) if indexes else _shard_pattern(files[0].path)
+    else:
+        name = posixpath.basename(files[0].path)
+    return WeightSet(name, role.role, role.layout, role.stem, family, role.variant, sharded, tuple(files), indexes,
+                     claimed_dtype(role), False, {})
+
+
+def _shard_pattern(path: str) -> str:
+    role = classify(path)
+    if role.kind == "part":  # consolidated.00.pth, consolidated.01.pth, ...
+        return f"{role.stem}.*.{role.name.rpartition('.')[2]}"
+    if role.shard is None:
+        return posixpath.basename(path)
+    number = f"{role.shard[0]:05d}-of-"
+    return role.name.replace(number, "*-of-", 1)
+
+
+def mark_primary(sets: Sequence[WeightSet], *, diffusers: bool) -> tuple[WeightSet, ...]:
+    """The sets, with the primary one marked (see ``choose_primary``)."""
+    best = choose_primary(sets, diffusers=diffusers)
+    return tuple(ws._replace(primary=True) if ws is best else ws for ws in sets)
+
+
+def choose_primary(sets: Sequence[WeightSet], *, diffusers: bool) -> WeightSet | None:
+    """The default variant, safetensors first, then PyTorch, then Flax, then the other formats.
+
+    Two sets that both claim the default (``model.safetensors`` beside
+    ``diffusion_pytorch_model.safetensors``) are settled by the directory's own
+    kind (diffusers' config names its class), then by name; the other is a copy.
+    """
+    candidates = [s for s in sets if s.role == "weights"] or [s for s in sets if s.role == "adapter"]
+    if not candidates:
+        return None
+
+    def rank(ws: WeightSet) -> tuple[object, ...]:
+        layout = LAYOUT_ORDER.index(ws.layout) if ws.layout in LAYOUT_ORDER else len(LAYOUT_ORDER)
+        fmt = FORMAT_ORDER.index(ws.format) if ws.format in FORMAT_ORDER else len(FORMAT_ORDER)
+        kind = (ws.stem in _DIFFUSERS_STEMS) != diffusers
+        readable = not any(scan.tensors for scan in ws.files)
+        return (ws.variant is not None, layout, fmt, kind, ws.sharded, readable, ws.name)
+
+    return min(candidates, key=rank)

@@ -1,0 +1,177 @@
+"""The package layout: no import cycles, a scan imports exactly what it uses, command groups load lazily."""
+
+from __future__ import annotations
+
+import ast
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GUARD = Path(__file__).resolve().parents[1] / "guard"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(GUARD.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the guard modules it imports, anywhere in its body (lazy imports count too)."""
+    modules = {_module_name(p): p for p in GUARD.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                           for alias in node.names]
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and target.startswith("guard"):
+                    graph[name].add(target)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    graph = import_graph()
+    # a package __init__ that re-exports its submodules is its own entry point, not a cycle with them
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not (name.startswith(t + ".") and t + ".__init__")}
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_options_module_imports_no_command() -> None:
+    graph = import_graph()
+    commands = {f"guard.cli.{name}" for name in ("scan", "rules", "report", "convert", "parity", "hub")}
+    for shared in ("guard.cli.options", "guard.cli.flags", "guard.cli.run"):
+        assert not graph[shared] & commands, shared
+    outside = {m for m in graph if not m.startswith("guard.cli") and m != "guard.__main__"}
+    assert not {m for m in outside if graph[m] & ({"guard.cli"} | commands)}
+
+
+# What `ckpt-guard scan model.safetensors` may import from guard: a stray import fails here.
+SCAN_MODULES = {
+    "guard", "guard.catalogue", "guard.cli", "guard.cli.flags", "guard.cli.run", "guard.config",
+    "guard.dtypes", "guard.errors", "guard.findings", "guard.inventory", "guard.inventory.conventions",
+    "guard.inventory.discovery", "guard.inventory.model", "guard.inventory.names", "guard.inventory.pipelines",
+    "guard.inventory.sets",
+    "guard.inventory.stats", "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.report",
+    "guard.reporters", "guard.reporters.inert", "guard.reporters.text", "guard.rules", "guard.rules.config_dtype",
+    "guard.rules.copies", "guard.rules.dtype_policy", "guard.rules.shards", "guard.rules.targets",
+    "guard.rules.training", "guard.rules.variants", "guard.scan", "guard.sources", "guard.tensors",
+}
+HEAVY = ("click", "dataclasses", "inspect", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",
+         "safetensors", "msgpack", "zipfile", "pickle", "pickletools", "tomllib", "tempfile")
+
+
+def test_a_safetensors_scan_imports_exactly_what_it_uses(tmp_path: Path) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    code = ("import sys, json\nfrom guard.cli import main\n"
+            f"rc = main(['scan', '--no-summary', {str(tmp_path / 'model.safetensors')!r}])\n"
+            "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] == 'guard'),"
+            " sorted(m for m in sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    rc, guard_modules, every_module = json.loads(out.stdout.splitlines()[-1])
+    assert rc == 0
+    assert set(guard_modules) == SCAN_MODULES
+    assert not [m for m in HEAVY if m in every_module]
+
+
+@pytest.mark.parametrize("group, module, args", [
+    ("convert", "torch", ["convert", "m", "--to", "flax", "--out", "o"]),
+    ("parity", "transformers", ["parity", "a", "b"]),
+    ("hub", "huggingface_hub", ["hub", "scan", "org/model"]),
+])
+def test_a_group_whose_extra_is_missing_is_listed_and_fails_with_the_hint(tmp_path: Path, group: str, module: str,
+                                                                          args: list[str]) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    code = (f"import sys; sys.modules[{module!r}] = None\nfrom guard.cli import main\n"
+            f"print('HELP', main(['--help']))\nraise SystemExit(main({args!r}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"  {group} " in result.stdout and "HELP 0" in result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "pip install 'ckpt-guard[" in lines[0], result.stderr
+
+
+PLAIN = [
+    ["scan", "m"], ["scan", "--format", "json", "--no-summary", "a", "b"], ["scan", "--format=sarif", "-o", "r.sarif"],
+    ["scan", "--expect", "bf16", "--keep-fp32", "*router*", "--keep-fp32", "*gate*", "x"],
+    ["scan", "--target", "torch:fp16", "--select", "CG1", "--extend-select", "CG2", "--ignore", "CG104", "--fail-on",
+     "warning", "--values", "x"], ["scan", "--", "--format"], ["scan"], ["scan", "-f", "github", "-"],
+]
+ODD = [
+    ["scan", "--help"], ["scan", "-h"], ["scan", "--format", "xml"], ["scan", "--bogus"], ["scan", "-fjson"],
+    ["scan", "--values=1"], ["scan", "--expect"], ["scan", "--expect", "--values"], ["scan", "--config", "."],
+    ["scan", "--no-sum"],
+]
+
+
+@pytest.mark.parametrize("args", PLAIN, ids=lambda a: " ".join(a))
+def test_plain_scan_spellings_parse_as_click_parses_them(args: list[str]) -> None:
+    from guard.cli.flags import SCAN_FLAGS, parse_plain
+    from guard.cli.scan import scan
+
+    parsed = parse_plain(args[1:], SCAN_FLAGS)
+    assert parsed is not None
+    ctx = scan.make_context("scan", list(args[1:]))
+    options, paths = parsed
+    click_params = dict(ctx.params)
+    assert tuple(str(p) for p in click_params.pop("paths")) == tuple(paths)
+    assert click_params == options
+
+
+@pytest.mark.parametrize("args", ODD, ids=lambda a: " ".join(a))
+def test_anything_else_is_left_to_click(args: list[str]) -> None:
+    from guard.cli.flags import SCAN_FLAGS, parse_plain
+
+    assert parse_plain(args[1:], SCAN_FLAGS) is None
+
+
+def test_the_flag_table_knows_every_output_format() -> None:
+    from guard.cli.flags import FORMATS
+    from guard.reporters import REPORTERS
+
+    assert FORMATS == tuple(REPORTERS)

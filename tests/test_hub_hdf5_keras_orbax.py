@@ -1,0 +1,94 @@
+"""`hub scan` of HDF5, Keras and Orbax files through the stand-in Hub (real huggingface_hub client).
+
+The remote findings and dtypes equal the local scan's; weight files are read with
+ranged requests only; an Orbax checkpoint over the Hub is grouped into one model
+and only its metadata and small OCDBT files are fetched.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("huggingface_hub")
+pytest.importorskip("h5py")
+pytest.importorskip("tensorstore")
+
+from hub_standin import StandinHub, standin_fixture  # noqa: E402
+
+from guard.cli import main  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from real_writers import built  # noqa: E402
+from test_hdf5_reader import write_tf_model_h5  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[StandinHub]:
+    yield from standin_fixture(monkeypatch, tmp_path)
+
+
+def run_json(args: list[str], out: Path) -> tuple[int, dict]:
+    rc = main([*args, "--format", "json", "-o", str(out)])
+    return rc, json.loads(out.read_text())
+
+
+def keys(report: dict, prefix: str) -> set[tuple[str, str, str | None]]:
+    return {(f["code"], f["path"][len(prefix):].lstrip("/"), f.get("tensor")) for f in report["findings"]}
+
+
+def test_remote_hdf5_keras_and_orbax_give_the_local_findings(
+        standin: StandinHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    keras_dir, _ = built("keras", tmp_path_factory)
+    orbax_dir, _ = built("orbax", tmp_path_factory)
+    model = tmp_path / "model"
+    (model / "bert").mkdir(parents=True)
+    write_tf_model_h5(model / "bert" / "tf_model.h5")
+    (model / "bert" / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    (model / "keras").mkdir()
+    shutil.copy(keras_dir / "fn_bfloat16.keras", model / "keras" / "model.keras")
+    shutil.copy(keras_dir / "fn_mixed_float16.weights.h5", model / "keras" / "model.weights.h5")
+    shutil.copytree(orbax_dir / "nnx_ocdbt", model / "orbax")
+    shutil.copytree(orbax_dir / "manager", model / "manager")
+    shutil.copytree(orbax_dir / "tree_zarr3", model / "zarr3")
+    shutil.copytree(orbax_dir / "tree_ocdbt", model / "tree")
+    standin.add_repo("org/formats", model)
+    monkeypatch.chdir(tmp_path)
+    rc_local, local = run_json(["scan", "model"], tmp_path / "local.json")
+    rc_remote, remote = run_json(["hub", "scan", "org/formats"], tmp_path / "remote.json")
+    assert rc_remote == rc_local == 1
+    assert keys(remote, "org/formats") == keys(local, "model")
+    by_path = {m["path"].removeprefix("org/formats").lstrip("/"): m["dtypes"] for m in remote["models"]}
+    assert by_path == {m["path"].removeprefix("model").lstrip("/"): m["dtypes"] for m in local["models"]}
+    assert set(by_path) == {"bert", "keras", "orbax", "manager/3", "zarr3", "tree"}
+    gets = standin.matching(method="GET", contains="/resolve/")
+    weights = [r for r in gets if r.path.endswith((".h5", ".keras"))]
+    assert weights and all(r.range is not None for r in weights)
+    # The Orbax checkpoints: nothing above the reader's small-file bound (the array chunks) is read.
+    big = {n for n, size in _sizes(model).items() if size > 64 * 1024 and posixpath.dirname(n).endswith("/d")}
+    assert big and not {r.path for r in gets} & {f"/org/formats/resolve/{n}" for n in big}
+
+
+def _sizes(root: Path) -> dict[str, int]:
+    return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+def test_remote_orbax_whose_btree_is_out_of_reach_is_cg401(standin: StandinHub, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    from guard.readers import orbax
+
+    orbax_dir, _ = built("orbax", tmp_path_factory)
+    standin.add_repo("org/ck", orbax_dir / "nnx_ocdbt")
+    monkeypatch.setattr(orbax, "SMALL_FILE", 16)
+    rc, report = run_json(["hub", "scan", "org/ck", "--fail-on", "never"], tmp_path / "r.json")
+    assert rc == 0 and [f["code"] for f in report["findings"]] == ["CG401"]
