@@ -271,7 +271,10 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
     text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
     section = "\n".join(lines)
     pattern = re.compile(r"^## Conversion\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _m: section + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
+    if pattern.search(text):
+        text = pattern.sub(lambda _m: section + "\n", text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
     path.write_text(text, encoding="utf-8")
 
 

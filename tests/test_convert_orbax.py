@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from flax.traverse_util import flatten_dict, unflatten_dict  # noqa: E402
 from test_convert import convert, flax_params, safetensors_bits, tiny_mistral  # noqa: E402
 
+from guard.cli import main  # noqa: E402
 from guard.convert.io_orbax import ZARR_DTYPES  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -50,6 +51,10 @@ def test_orbax_layout_restores_bit_exact_and_converts_back(tmp_path: Path) -> No
     assert {k: bits(v) for k, v in restored.items()} == {k: bits(v) for k, v in reference.items()}
     assert {v.dtype.name for v in restored.values()} == {"bfloat16"}
     assert (tmp_path / "orbax" / "config.json").is_file()
+    scan = tmp_path / "scan.json"
+    assert main(["scan", str(tmp_path / "orbax"), "--expect", "bf16", "-f", "json", "-o", str(scan)]) == 0
+    [model] = json.loads(scan.read_text())["models"]  # the scanner's own Orbax reader
+    assert [(f["format"], f["tensors"]) for f in model["files"]] == [("orbax", len(reference))]
     assert convert(tmp_path / "orbax", "--to", "torch", "--out", tmp_path / "back") == 0
     assert safetensors_bits(tmp_path / "back") == safetensors_bits(src)
     assert sorted(p.name for p in (tmp_path / "back").iterdir()) == [

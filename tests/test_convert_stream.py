@@ -93,7 +93,8 @@ def source_model(tmp_path: Path, arrays: dict[str, np.ndarray]):  # type: ignore
     return open_source(src, to="flax")
 
 
-def plan(model, perms: dict[str, tuple[int, ...] | None], casts: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def plan(model, perms: dict[str, tuple[int, ...] | None],  # type: ignore[no-untyped-def]
+         casts: dict[str, str] | None = None):
     from guard.convert.naming import Mapped
     from guard.convert.writer import OutputTensor
 
@@ -242,11 +243,13 @@ def test_reads_without_mmap_give_the_same_bytes(tmp_path: Path, monkeypatch: pyt
         out.mkdir()
         written = write_output(out, [outputs], layout="safetensors")
         assert verify_output(out, outputs, written, layout="safetensors")[0] == []
-    assert (tmp_path / "mapped" / "model.safetensors").read_bytes() == (tmp_path / "read" / "model.safetensors").read_bytes()
+    mapped, read = ((tmp_path / name / "model.safetensors").read_bytes() for name in ("mapped", "read"))
+    assert mapped == read
 
 
 @pytest.mark.parametrize("perms", [{}, PERMS], ids=["copied", "transposed"])
-def test_a_source_deleted_mid_conversion_is_one_guard_error(tmp_path: Path, perms: dict) -> None:  # type: ignore[type-arg]
+def test_a_source_deleted_mid_conversion_is_one_guard_error(tmp_path: Path,
+                                                            perms: dict) -> None:  # type: ignore[type-arg]
     from guard.convert.writer import write_output
     from guard.errors import GuardError
 

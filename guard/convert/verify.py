@@ -49,7 +49,7 @@ def verify_output(directory: Path, outputs: list[OutputTensor], written: Written
                   full: bool = False) -> tuple[list[Finding], int]:
     parsed, findings = _parse(directory, layout)
     for tensor in outputs:
-        info = parsed.pop(tensor.name, None)
+        info = parsed.pop(".".join(tensor.name.split("/")) if layout == "orbax" else tensor.name, None)
         if info is None or info.dtype != tensor.dtype or info.shape != tensor.shape:
             got = "missing" if info is None else f"{info.dtype} {list(info.shape)}"
             findings.append(_cg301(str(directory), f"{tensor.name}: wrote {tensor.dtype} {list(tensor.shape)}, "
@@ -76,13 +76,12 @@ def _cg301(path: str, message: str, tensor: str | None = None) -> Finding:
 def _parse(directory: Path, layout: str) -> tuple[dict[str, TensorInfo], list[Finding]]:
     findings: list[Finding] = []
     seen: dict[str, TensorInfo] = {}
-    if layout == "orbax":
-        from guard.convert.source_orbax import open_orbax
+    if layout == "orbax":  # the scanner's Orbax reader, and the chunk files it does not open
+        from guard.inventory.orbax_dirs import scan_local_orbax
 
-        model = open_orbax(directory)
-        findings.extend(_cg301(f.path, f"written checkpoint does not read back: {f.message}", f.tensor)
-                        for f in model.findings)
-        infos = [t.info for t in model.tensors]
+        scan = scan_local_orbax(directory, name=directory.name)
+        findings.extend(_cg301(f.path, f"written checkpoint does not read back: {f.message}") for f in scan.findings)
+        infos = [_orbax_info(directory, t) for t in scan.tensors]
     else:
         stem, ext = NAMES[layout]
         infos = []
@@ -97,6 +96,15 @@ def _parse(directory: Path, layout: str) -> tuple[dict[str, TensorInfo], list[Fi
             findings.append(_cg301(info.file, f"{info.name}: written twice", info.name))
         seen[info.name] = info
     return seen, findings
+
+
+def _orbax_info(directory: Path, info: TensorInfo) -> TensorInfo:
+    """Its bytes: the leaf's one chunk file, which the reader does not open (its size is checked here)."""
+    from guard.convert.io_orbax import chunk_name
+
+    chunk = directory / info.name / chunk_name(len(info.shape))
+    size = chunk.stat().st_size if chunk.is_file() and not chunk.is_symlink() else 0
+    return info._replace(file=str(chunk), data_start=0, data_end=size)
 
 
 def _sampled_mismatch(tensor: OutputTensor, places: list[tuple[Path, int, int]]) -> str:

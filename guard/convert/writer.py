@@ -97,11 +97,7 @@ def write_output(directory: Path, shards: list[list[OutputTensor]], *, layout: s
     """Write every file of ``layout`` into ``directory``; all of it fsynced when this returns."""
     if layout == "orbax":
         shards = [[t for shard in shards for t in shard]]  # one tree; --max-shard-size does not apply
-        for tensor in shards[0]:
-            try:
-                io_orbax.array_dir(tuple(tensor.name.split("/")))
-            except ValueError as exc:
-                raise UsageError(f"{tensor.mapped.source.info.file}: {tensor.mapped.source.name}: {exc}") from None
+        _check_orbax_names(shards[0])
     shards = ordered_for_writing(shards, layout=layout)
     stream = OutputStream(checksum=checksum)
     emitter = _Emitter(stream, ticks(iter([t for shard in shards for t in shard])))
@@ -117,6 +113,20 @@ def write_output(directory: Path, shards: list[list[OutputTensor]], *, layout: s
     emitter.written.crcs = stream.crcs
     fsync_paths([directory, *(p for p in directory.iterdir() if p.is_dir())])
     return emitter.written
+
+
+def _check_orbax_names(tensors: list[OutputTensor]) -> None:
+    """Every leaf gets a directory of its own inside the checkpoint (orbax joins keys with ".")."""
+    seen: dict[str, str] = {}
+    for tensor in tensors:
+        where = f"{tensor.mapped.source.info.file}: {tensor.mapped.source.name}"
+        try:
+            name = io_orbax.array_dir(tuple(tensor.name.split("/")))
+        except ValueError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        if name in seen:
+            raise UsageError(f"{where}: {tensor.name} and {seen[name]} would share the Orbax array {name}")
+        seen[name] = tensor.name
 
 
 def _write_files(directory: Path, shards: list[list[OutputTensor]], layout: str, stream: OutputStream,
