@@ -44,7 +44,6 @@ ZARR_DTYPES = {
     "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
     "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
 }
-ZARR_CODES = {v: k for k, v in ZARR_DTYPES.items()} | {"<b1": "BOOL", "bool": "BOOL"}
 MAX_METADATA_BYTES = 256 * 2**20
 _SAFE_PART = re.compile(r"^[^/\\\x00]+$")
 
@@ -98,29 +97,32 @@ class OrbaxLeaf:
 
 
 def read_tree(root: Path) -> tuple[list[Key], bool, bool]:
-    """The leaf keys of ``_METADATA``, and whether the arrays sit in OCDBT and in zarr3."""
+    """The array leaves of ``_METADATA``, as key tuples, and whether they sit in OCDBT and in zarr3.
+
+    Checked as the scanner's Orbax reader checks them (orbax 0.12's entry format, no leaf outside
+    the directory, no two leaves on one array), and each name refused by ``array_dir`` as well.
+    """
+    from guard.readers.orbax import ARRAY_TYPES, leaf_params
+
     path = root / METADATA
     if path.stat().st_size > MAX_METADATA_BYTES:
         raise MalformedCheckpoint(f"{METADATA} is over {MAX_METADATA_BYTES} bytes")
     try:
         meta = json.loads(path.read_bytes())
-        tree = meta["tree_metadata"]
-        keys = [tuple(_key_part(p) for p in entry["key_metadata"]) for entry in tree.values()]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise MalformedCheckpoint(f"{METADATA} is not an Orbax tree: {type(exc).__name__}: {exc}"[:300]) from None
+    except ValueError as exc:
+        raise MalformedCheckpoint(f"{METADATA} is not JSON: {exc}"[:300]) from None
+    tree = meta.get("tree_metadata") if isinstance(meta, dict) else None
+    if not isinstance(tree, dict):
+        raise MalformedCheckpoint(f"{METADATA} has no tree_metadata object")
+    leaf_params(tree)  # raises MalformedCheckpoint for anything orbax or the scanner would refuse
+    keys = [tuple(k["key"] for k in entry["key_metadata"]) for entry in tree.values()
+            if entry["value_metadata"]["value_type"] in ARRAY_TYPES]
     for key in keys:
         try:
             array_dir(key)
         except ValueError as exc:
             raise MalformedCheckpoint(str(exc)) from None
-    return keys, bool(meta.get("use_ocdbt", True)), bool(meta.get("use_zarr3", False))
-
-
-def _key_part(entry: Any) -> str:
-    key = entry["key"]
-    if not isinstance(key, (str, int)) or isinstance(key, bool):
-        raise TypeError(f"key {key!r} is neither a name nor an index")
-    return str(key)
+    return keys, meta.get("use_ocdbt", True) is True, meta.get("use_zarr3") is True
 
 
 def read_leaf(root: Path, key: Key, *, ocdbt: bool, zarr3: bool) -> OrbaxLeaf:
@@ -132,8 +134,9 @@ def read_leaf(root: Path, key: Key, *, ocdbt: bool, zarr3: bool) -> OrbaxLeaf:
         meta_path = root / name / ".zarray"
         if not meta_path.is_file():
             raise MalformedCheckpoint(f"{'/'.join(key)}: {name}/.zarray is missing")
-        meta = _small_json(meta_path)
-        plain = _plain_chunk(meta)
+        if meta_path.stat().st_size > 2**20:
+            raise MalformedCheckpoint(f"{name}/.zarray is over 1 MiB")
+        plain = _plain_chunk(meta_path.read_bytes(), name)
         if plain is not None:
             code, shape = plain
             chunk = root / name / chunk_name(len(shape))
@@ -147,31 +150,17 @@ def read_leaf(root: Path, key: Key, *, ocdbt: bool, zarr3: bool) -> OrbaxLeaf:
     return _tensorstore_leaf(root, key, name, ocdbt=ocdbt, zarr3=zarr3)
 
 
-def _small_json(path: Path) -> dict[str, Any]:
-    if path.stat().st_size > 2**20:
-        raise MalformedCheckpoint(f"{path.name} is over 1 MiB")
-    try:
-        meta = json.loads(path.read_bytes())
-    except ValueError as exc:
-        raise MalformedCheckpoint(f"{path.parent.name}/{path.name} is not JSON: {exc}"[:300]) from None
-    if not isinstance(meta, dict):
-        raise MalformedCheckpoint(f"{path.parent.name}/{path.name} is not a JSON object")
-    return meta
-
-
-def _plain_chunk(meta: dict[str, Any]) -> tuple[str, tuple[int, ...]] | None:
+def _plain_chunk(meta: bytes, name: str) -> tuple[str, tuple[int, ...]] | None:
     """(code, shape) when the array is one raw C-order chunk; None when tensorstore must decode it."""
-    shape, chunks = meta.get("shape"), meta.get("chunks")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape):
-        raise MalformedCheckpoint(f".zarray shape {shape!r} is not a list of sizes")
-    code = ZARR_CODES.get(meta.get("dtype")) if isinstance(meta.get("dtype"), str) else None
-    if code is None:
-        raise MalformedCheckpoint(f".zarray dtype {meta.get('dtype')!r} is not one convert can carry")
-    single = isinstance(chunks, list) and len(chunks) == len(shape) and all(
-        isinstance(c, int) and c >= d for c, d in zip(chunks, shape))
-    raw = meta.get("compressor") is None and not meta.get("filters") and meta.get("order", "C") == "C"
-    return (code, tuple(shape)) if (single and raw) or 0 in shape else None
+    from guard.readers.orbax import parse_zarr_metadata
+
+    code, shape = parse_zarr_metadata(meta, zarr3=False, param=name)  # the scanner's checks, and its dtype
+    if code not in ZARR_DTYPES:
+        raise MalformedCheckpoint(f"{name}: dtype {code} is not one convert can carry")
+    fields = json.loads(meta)
+    single = all(c >= d for c, d in zip(fields["chunks"], shape))
+    raw = fields["compressor"] is None and not fields["filters"] and fields["order"] == "C"
+    return (code, shape) if (single and raw) or 0 in shape else None
 
 
 def _tensorstore_leaf(root: Path, key: Key, name: str, *, ocdbt: bool, zarr3: bool) -> OrbaxLeaf:
