@@ -15,12 +15,13 @@ Then, alternating, whole processes on the same disk:
 Each child's wall time and peak RSS come from os.wait4 (its own rusage).  Targets: wall
 time <= 4x `cp`; peak RSS <= 2x the largest tensor + 300 MB, flat across sizes.
 
-`--template cached` (the default) runs ckpt-guard with the target tree transformers would
-build, computed once beforehand and handed to the child, so that the figures are the
-conversion's own (the transformers-free naming rules replace that step).  `--template live`
-runs the CLI exactly as installed.
+`--template cached` runs ckpt-guard with the target tree transformers would build, computed
+once beforehand and handed to the child, so that the figures are the conversion's own where
+convert still builds that tree with transformers (9 of its 17 s before).  `--template live`
+runs the CLI exactly as installed; `auto` (the default) is cached while guard.convert.templates
+exists and live once the transformers-free naming rules have replaced it.
 
-    python bench/convert.py [--rounds 3] [--layers 4,12] [--template cached|live] [--write-docs]
+    python bench/convert.py [--rounds 5] [--layers 4,12,24] [--template auto|cached|live] [--write-docs]
 """
 
 from __future__ import annotations
@@ -207,9 +208,9 @@ def bench_size(layers: int, rounds: int, template: str, *, theirs: bool) -> dict
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--layers", default="4,12,24", help="model sizes, in decoder layers")
-    parser.add_argument("--template", choices=["cached", "live"], default="cached")
+    parser.add_argument("--template", choices=["auto", "cached", "live"], default="auto")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' from_pt path")
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--generate", nargs=2, metavar=("DIR", "LAYERS"), help=argparse.SUPPRESS)
@@ -218,6 +219,10 @@ def main() -> int:
         CONFIG["num_hidden_layers"] = int(args.generate[1])
         make_model(Path(args.generate[0]))
         return 0
+    if args.template == "auto":
+        import importlib.util
+
+        args.template = "cached" if importlib.util.find_spec("guard.convert.templates") else "live"
     sizes = [int(x) for x in args.layers.split(",")]
     results = [bench_size(n, args.rounds, args.template, theirs=not args.no_transformers and n == 12)
                for n in sizes]

@@ -55,7 +55,10 @@ def test_orbax_layout_restores_bit_exact_and_converts_back(tmp_path: Path) -> No
     assert main(["scan", str(tmp_path / "orbax"), "--expect", "bf16", "-f", "json", "-o", str(scan)]) == 0
     [model] = json.loads(scan.read_text())["models"]  # the scanner's own Orbax reader
     assert [(f["format"], f["tensors"]) for f in model["files"]] == [("orbax", len(reference))]
-    assert convert(tmp_path / "orbax", "--to", "torch", "--out", tmp_path / "back") == 0
+    report = tmp_path / "back.json"
+    assert convert(tmp_path / "orbax", "--to", "torch", "--out", tmp_path / "back", "--verify", "full",
+                   "-f", "json", "-o", report) == 0
+    assert json.loads(report.read_text())["extra"]["conversion"]["verification"] == "full"
     assert safetensors_bits(tmp_path / "back") == safetensors_bits(src)
     assert sorted(p.name for p in (tmp_path / "back").iterdir()) == [
         "config.json", "generation_config.json", "model.safetensors"]  # no Orbax files carried over
