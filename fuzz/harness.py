@@ -33,6 +33,10 @@ FILE_NAMES = {
     "flax-msgpack": "flax_model.msgpack",
     "hdf5": "model.weights.h5",  # readers-b
     "keras": "model.keras",  # readers-b
+    "gguf": "model.gguf",
+    "onnx": "model.onnx",
+    "npy": "weights.npy",
+    "npz": "weights.npz",
 }
 
 

@@ -19,17 +19,20 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from fuzz_inputs import sample_checkpoints  # noqa: E402
 
 TARGETS = {"safetensors": "safetensors", "torch_zip": "torch-zip", "torch_legacy": "torch-legacy",
-           "flax_msgpack": "flax-msgpack"}
-TARGETS.update({"hdf5": "hdf5", "keras": "keras"})  # readers-b
+           "flax_msgpack": "flax-msgpack", "gguf": "gguf", "onnx": "onnx", "npy": "npy", "npz": "npz",
+           "hdf5": "hdf5", "keras": "keras"}
 SUFFIX = {"safetensors": ".safetensors", "torch_zip": ".bin", "torch_legacy": ".bin",
-          "flax_msgpack": ".msgpack", "torch_pickle": ".pkl", "hdf5": ".h5", "keras": ".keras",
-          "orbax_metadata": ".bin"}
+          "flax_msgpack": ".msgpack", "torch_pickle": ".pkl", "gguf": ".gguf", "onnx": ".onnx", "npy": ".npy",
+          "npz": ".npz", "hdf5": ".h5", "keras": ".keras", "orbax_metadata": ".bin"}
 
 
 def main() -> int:
     written = 0
     pickles: list[bytes] = []
+    only = set(sys.argv[1:])  # e.g. `make_corpus.py gguf onnx`: leave the other seeds as committed
     for target, reader in TARGETS.items():
+        if only and target not in only:
+            continue
         samples = sample_checkpoints(reader)
         folder = HERE / "corpus" / target
         folder.mkdir(parents=True, exist_ok=True)
@@ -42,6 +45,9 @@ def main() -> int:
                     pickles.append(archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl"))))
         if reader == "torch-legacy":
             pickles.extend(data[:data.index(b".", 1) + 1] for data in samples[:1])  # the magic pickle
+    if only and "torch_pickle" not in only:
+        print(f"wrote {written} seed files under {HERE / 'corpus'}")
+        return 0
     folder = HERE / "corpus" / "torch_pickle"
     folder.mkdir(parents=True, exist_ok=True)
     for i, data in enumerate(pickles):

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TARGETS = ("safetensors", "torch_zip", "torch_legacy", "flax_msgpack", "torch_pickle")
-TARGETS += ("hdf5", "keras", "orbax_metadata")  # readers-b
+TARGETS = ("safetensors", "torch_zip", "torch_legacy", "flax_msgpack", "torch_pickle", "gguf", "onnx", "npy",
+           "npz", "hdf5", "keras", "orbax_metadata")
 
 
 def run_target(target: str, seconds: int) -> tuple[int, int, int]:

@@ -6,12 +6,12 @@ README lists every code.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from guard.findings import Finding, Severity
+from guard.records import record
 
 
-class Rule(NamedTuple):
+@record
+class Rule:
     code: str
     name: str
     severity: Severity

@@ -8,12 +8,16 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from guard import dtypes
 from guard.catalogue import RULES_BY_CODE
 from guard.errors import ConfigError
 from guard.findings import FAIL_ON_CHOICES
+from guard.records import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a scan imports no typing
+    from typing import Any
 
 EXPECT_MODES = ("uniform", "config")
 DEFAULT_KEEP_FP32 = ("*norm*", "*ln_*")  # layer/RMS norms (LayerNorm, layer_norm, ln_f, ln_1, ...)
@@ -22,7 +26,8 @@ TARGET_FRAMEWORKS = ("torch", "flax", "jax", "numpy")
 CONFIG_FILES = (".ckpt-guard.toml", "pyproject.toml")
 
 
-class Target(NamedTuple):
+@record
+class Target:
     framework: str  # torch | flax | jax | numpy
     dtype: str | None = None  # a cast target such as F16 (torch:fp16)
 
@@ -30,7 +35,8 @@ class Target(NamedTuple):
         return self.framework + (f":{dtypes.display_name(self.dtype)}" if self.dtype else "")
 
 
-class Policy(NamedTuple):
+@record
+class Policy:
     expect: str = "F32"  # a dtype code, "uniform" or "config"
     keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32
     targets: tuple[Target, ...] = (Target("torch"), Target("flax"))

@@ -1,17 +1,23 @@
-"""The dtype vocabulary: safetensors' codes (all 22 variants of its Rust enum)."""
+"""The dtype vocabulary: safetensors' codes (all 22 variants of its Rust enum), then the
+codes other formats need that safetensors lacks (ggml block types, ONNX's 2/4-bit integers,
+strings, complex128).  ``DTYPES`` stays exactly safetensors' set: its reader refuses anything else.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from guard.records import record
 
 
-class DtypeInfo(NamedTuple):
+
+@record
+class DtypeInfo:
     code: str
-    bits: int
-    kind: str  # "float" | "int" | "uint" | "bool" | "complex"
+    bits: int  # per element; 0 for block-quantized types (see ``block``) and strings
+    kind: str  # "float" | "int" | "uint" | "bool" | "complex" | "quantized" | "string"
     torch: str | None  # torch attribute name, None where torch has no such dtype
     numpy: str | None  # numpy / ml_dtypes dtype name
     config: str | None = None  # the name config.json uses (torch_dtype), floats only
+    block: tuple[int, int] | None = None  # (elements per block, bytes per block): ggml types
 
 
 DTYPES: dict[str, DtypeInfo] = {
@@ -43,9 +49,40 @@ DTYPES: dict[str, DtypeInfo] = {
     "F4": DtypeInfo("F4", 4, "float", "float4_e2m1fn_x2", "float4_e2m1fn"),
 }
 
+# ggml's block-quantized types: (elements per block, bytes per block), from ggml's type
+# traits (the `gguf` package's GGML_QUANT_SIZES, 0.19).  The *_4_4/_4_8/_8_8 types are
+# Q4_0/IQ4_NL repacked in 4/8-row interleaves: llama.cpp removed them in late 2024, but
+# files with them are on the Hub and their size is still exact.
+GGML_BLOCKS: dict[str, tuple[int, int]] = {
+    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
+    "Q8_0": (32, 34), "Q8_1": (32, 40),
+    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
+    "Q6_K": (256, 210), "Q8_K": (256, 292),
+    "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74), "IQ3_XXS": (256, 98), "IQ1_S": (256, 50),
+    "IQ4_NL": (32, 18), "IQ3_S": (256, 110), "IQ2_S": (256, 82), "IQ4_XS": (256, 136),
+    "IQ1_M": (256, 56), "TQ1_0": (256, 54), "TQ2_0": (256, 66),
+    "MXFP4": (32, 17), "NVFP4": (64, 36), "Q1_0": (128, 18),
+    "Q4_0_4_4": (32, 18), "Q4_0_4_8": (32, 18), "Q4_0_8_8": (32, 18),
+    "IQ4_NL_4_4": (32, 18), "IQ4_NL_4_8": (32, 18), "IQ4_NL_8_8": (32, 18),
+}
+
+# Codes safetensors has no name for.  I4/U4/I2/U2 are ONNX's packed integers (two or four
+# per byte); ml_dtypes names them.  STRING has no fixed width.
+EXTRA_DTYPES: dict[str, DtypeInfo] = {
+    "C128": DtypeInfo("C128", 128, "complex", "complex128", "complex128"),
+    "I4": DtypeInfo("I4", 4, "int", None, "int4"),
+    "U4": DtypeInfo("U4", 4, "uint", None, "uint4"),
+    "I2": DtypeInfo("I2", 2, "int", None, "int2"),
+    "U2": DtypeInfo("U2", 2, "uint", None, "uint2"),
+    "STRING": DtypeInfo("STRING", 0, "string", None, None),
+    **{code: DtypeInfo(code, 0, "quantized", None, None, block=block) for code, block in GGML_BLOCKS.items()},
+}
+ALL_DTYPES: dict[str, DtypeInfo] = {**DTYPES, **EXTRA_DTYPES}
+
 # Low-precision codes used by quantized checkpoints (payloads and block scales).
 QUANTIZED_CODES = frozenset(
-    {"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"}
+    {"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",
+     "I4", "U4", "I2", "U2", *GGML_BLOCKS}
 )
 
 # Short names users type (--expect, --dtype, config.json values) -> code.
@@ -70,14 +107,22 @@ TORCH_NAMES.update({"float4_e2m1fn_x2": "F4", "half": "F16", "float": "F32", "do
 
 
 def is_float(code: str) -> bool:
-    info = DTYPES.get(code)
+    info = ALL_DTYPES.get(code)
     return info is not None and info.kind == "float"
 
 
+def is_known(code: str) -> bool:
+    return code in ALL_DTYPES
+
+
 def nbytes(code: str, numel: int) -> int | None:
-    info = DTYPES.get(code)
-    if info is None:
+    """Exact bytes of ``numel`` elements; block types count whole blocks.  None: no fixed width."""
+    info = ALL_DTYPES.get(code)
+    if info is None or (info.bits == 0 and info.block is None):
         return None
+    if info.block is not None:
+        elements, size = info.block
+        return -(-numel // elements) * size
     return (numel * info.bits + 7) // 8
 
 

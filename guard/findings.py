@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+
+from guard.records import record
 
 
 class Severity(str, enum.Enum):
@@ -36,7 +37,8 @@ def shown(name: str, limit: int = 120) -> str:
     return repr(name[:limit]) + f"…(+{len(name) - limit} chars)"
 
 
-class Finding(NamedTuple):
+@record
+class Finding:
     code: str
     severity: Severity
     path: str

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 from guard import __version__, dtypes
 from guard.findings import Finding, Severity, fail_threshold
 from guard.inventory import DtypeStats, ModelInventory, WeightSet
+from guard.records import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a scan imports no typing
+    from typing import Any
 
 REPORT_VERSION = 2  # 2: models carry their weight sets, findings the set they were judged in
 READABLE_VERSIONS = (1, 2)
@@ -16,7 +19,8 @@ class ReportFormatError(ValueError):
     pass
 
 
-class FileSummary(NamedTuple):
+@record
+class FileSummary:
     path: str
     format: str | None
     size: int
@@ -24,7 +28,8 @@ class FileSummary(NamedTuple):
     unsupported: str | None = None  # CG006: the format no reader handles; the file was not scanned
 
 
-class SetSummary(NamedTuple):
+@record
+class SetSummary:
     name: str
     role: str
     layout: str
@@ -50,7 +55,8 @@ class SetSummary(NamedTuple):
 
     @classmethod
     def from_set(cls, ws: WeightSet, *, quantized: bool) -> SetSummary:
-        return cls(ws.name, ws.role, ws.layout, ws.variant, ws.format, tuple(s.path for s in ws.files),
+        files = tuple(p for s in ws.files for p in (s.path, *(_beside(s.path, c) for c in s.companions)))
+        return cls(ws.name, ws.role, ws.layout, ws.variant, ws.format, files,
                    ws.dtype_summary(), ws.primary, ws.claimed_dtype, quantized)
 
     def to_json(self) -> dict[str, Any]:
@@ -70,6 +76,11 @@ class SetSummary(NamedTuple):
                    bool(obj.get("quantized")))
 
 
+def _beside(path: str, name: str) -> str:
+    folder = path.rpartition("/")[0]
+    return f"{folder}/{name}" if folder else name
+
+
 def count_parameters(stats: dict[str, DtypeStats], *, quantized: bool) -> int:
     """What the libraries call parameters: floating tensors' elements.  Integer and bool buffers
     (position_ids, num_batches_tracked) are not parameters; a quantized model's packed integer
@@ -85,7 +96,8 @@ def _dtypes_from_json(obj: dict[str, Any]) -> dict[str, DtypeStats]:
     return {str(code): DtypeStats(int(s["tensors"]), int(s["parameters"]), int(s["bytes"])) for code, s in obj.items()}
 
 
-class ModelSummary(NamedTuple):
+@record
+class ModelSummary:
     path: str
     files: tuple[FileSummary, ...]
     dtypes: dict[str, DtypeStats]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Protocol
 
 from guard.errors import MalformedCheckpoint
 
 
-class ByteSource(Protocol):
+class ByteSource:
+    """The interface every reader takes (a protocol by convention: nothing needs to inherit it)."""
+
     name: str  # display path, used in findings
     size: int
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from math import prod
 from types import MappingProxyType
-from typing import NamedTuple
 
 from guard import dtypes
 from guard.findings import Finding
+from guard.records import record
 
 
-class TensorInfo(NamedTuple):
+@record
+class TensorInfo:
     """One tensor, from headers only.
 
     ``data_start``/``data_end`` are absolute byte offsets of the tensor's bytes in
@@ -44,14 +45,15 @@ class TensorInfo(NamedTuple):
 
 
 # Formats a reader may report.
-FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer")
-FORMATS += ("hdf5", "keras", "orbax")  # readers-b
+FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer", "gguf", "onnx", "npy",
+           "npz", "hdf5", "keras", "orbax")
 
 
 NO_METADATA: Mapping[str, str] = MappingProxyType({})
 
 
-class FileScan(NamedTuple):
+@record
+class FileScan:
     """A reader's result for one file: tensors plus findings in the file itself."""
 
     path: str

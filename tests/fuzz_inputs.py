@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from fuzz_formats_a import FILE_NAMES_A, FORMATS_A, KNOWN_A, REFERENCES_A, SAMPLERS_A, hot_region_a
+
 from guard.readers import scan_file
 from guard.sources import BytesSource
 from guard.tensors import FileScan
@@ -152,6 +154,8 @@ def apply_all(data: bytes, mutations: Sequence[Mutation]) -> bytes:
 
 def hot_region(fmt: str, data: bytes) -> int:
     """How many leading bytes hold the structure (half the mutations aim there)."""
+    if fmt in FORMATS_A:
+        return hot_region_a(fmt, data) or len(data)
     if fmt == "safetensors" and len(data) >= 8:
         return min(len(data), 8 + int.from_bytes(data[:8], "little"))
     return len(data)
@@ -349,7 +353,11 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     # miniz matches names case-insensitively and ignores disk numbers, a bad zip64 record
     # and a wrong comment length; we refuse a zip whose records disagree.
     Known("stricter-zip", ("torch-zip",), False,
-          r"zip does not hold|multi-disk|zip64|End Of Central Directory|does not fit"),
+          r"zip does not hold|multi-disk|zip64|End Of Central Directory|does not fit|inconsistent sizes"
+          r"|overlaps"),
+    # torch does not verify CRCs when it reads (miniz's reader checks are compiled out); we check
+    # data.pkl's, so a flipped bit in a name or a shape is a corrupted file, not another model.
+    Known("crc-checked", ("torch-zip",), False, r"does not match its CRC-32"),
     # A storage bigger than its record, or a tensor whose storage is not in the legacy key
     # list: torch.load fills it with uninitialised memory; we refuse the file.
     Known("stricter-storage", _TORCH, False,
@@ -552,3 +560,11 @@ _SAMPLERS: dict[str, Callable[[], list[bytes]]] = {
     "hdf5": _hdf5_samples,  # readers-b
     "keras": _keras_samples,  # readers-b
 }
+
+
+# ------------------------------------------------------------------ GGUF, ONNX, NumPy (fuzz_formats_a)
+
+FILE_NAMES.update(FILE_NAMES_A)
+REFERENCES.update(REFERENCES_A)
+_SAMPLERS.update(SAMPLERS_A)
+KNOWN_DISAGREEMENTS += tuple(Known(*known) for known in KNOWN_A)

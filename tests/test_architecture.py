@@ -94,12 +94,13 @@ SCAN_MODULES = {
     "guard.dtypes", "guard.errors", "guard.findings", "guard.inventory", "guard.inventory.conventions",
     "guard.inventory.discovery", "guard.inventory.model", "guard.inventory.names", "guard.inventory.pipelines",
     "guard.inventory.sets",
-    "guard.inventory.stats", "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.report",
+    "guard.inventory.stats", "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.records",
+    "guard.report",
     "guard.reporters", "guard.reporters.inert", "guard.reporters.text", "guard.rules", "guard.rules.config_dtype",
-    "guard.rules.copies", "guard.rules.dtype_policy", "guard.rules.shards", "guard.rules.targets",
+    "guard.rules.copies", "guard.rules.dtype_policy", "guard.rules.formats", "guard.rules.shards", "guard.rules.targets",
     "guard.rules.training", "guard.rules.variants", "guard.scan", "guard.sources", "guard.tensors",
 }
-HEAVY = ("click", "dataclasses", "inspect", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",
+HEAVY = ("click", "dataclasses", "inspect", "typing", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",
          "safetensors", "msgpack", "zipfile", "pickle", "pickletools", "tomllib", "tempfile")
 
 

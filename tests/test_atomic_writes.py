@@ -193,8 +193,17 @@ def _wait_for(predicate, proc: subprocess.Popen[bytes], timeout: float = 60.0) -
 
 @pytest.fixture(scope="module")
 def big_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # ~42 MB: large enough that the shard write takes a measurable slice of a second
-    return _model(tmp_path_factory.mktemp("src") / "model", tensors=40, side=512)
+    # ~42 MB: large enough that the shard write takes a measurable slice of a second. Named as a
+    # LlamaModel's MLP layers with a config, as convert refuses tensors of no known architecture.
+    directory = tmp_path_factory.mktemp("src") / "model"
+    directory.mkdir(parents=True)
+    state = {f"layers.{i}.mlp.down_proj.weight": torch.randn(512, 512, generator=torch.Generator().manual_seed(i))
+             for i in range(40)}
+    safetensors_torch.save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaModel"], "hidden_size": 512, "intermediate_size": 512,
+        "num_hidden_layers": 40, "num_attention_heads": 8, "vocab_size": 32}))
+    return directory
 
 
 @pytest.mark.slow

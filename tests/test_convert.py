@@ -65,13 +65,13 @@ def tiny_bart(tmp: Path) -> Path:
     return out
 
 
-def safetensors_bits(directory: Path) -> dict[str, tuple[str, bytes]]:
+def safetensors_bits(directory: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     out = {}
     for path in sorted(directory.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as fh:
             for name in fh.keys():
                 t = fh.get_tensor(name)
-                out[name] = (str(t.dtype), t.contiguous().view(torch.uint8).numpy().tobytes())
+                out[name] = (str(t.dtype), tuple(t.shape), t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return out
 
 
@@ -121,7 +121,7 @@ def test_mistral_bf16_round_trip_is_bit_exact(tmp_path: Path) -> None:
     original = safetensors_bits(src)
     q = original["model.layers.0.self_attn.q_proj.weight"]
     kernel = params[("model", "layers", "0", "self_attn", "q_proj", "kernel")]
-    assert np.ascontiguousarray(kernel.T).view(np.uint8).tobytes() == q[1]  # Linear: transposed, same bits
+    assert np.ascontiguousarray(kernel.T).view(np.uint8).tobytes() == q[2]  # Linear: transposed, same bits
     assert json.loads((flax_dir / "config.json").read_text())["torch_dtype" if "torch_dtype" in json.loads(
         (src / "config.json").read_text()) else "dtype"] == "bfloat16"
     assert (flax_dir / "generation_config.json").is_file()
@@ -155,9 +155,10 @@ def test_round_trip_loads_in_transformers(tmp_path: Path, kind: str) -> None:
     report = tmp_path / "r.json"
     assert convert(tmp_path / "src", "--to", "flax", "--out", tmp_path / "f", "-f", "json", "-o", report) == 0
     conversion = json.loads(report.read_text())["extra"]["conversion"]
-    if "template_error" in conversion:  # FlaxT5 calls jnp.clip(a_max=), gone from this jax: no Flax model to load
-        assert kind == "t5" and conversion["mapping"] == "rules"
-        params = flax_params(tmp_path / "f")
+    assert conversion["mapping"] == "rules"
+    if kind == "t5":  # FlaxT5 calls jnp.clip(a_max=), gone from jax 0.10: its loader cannot run here
+        params = flax_params(tmp_path / "f")  # test_convert_families.py loads it with the old keyword restored
+        assert ("encoder", "final_layer_norm", "weight") in params  # FlaxT5LayerNorm's name, not `scale`
     else:
         params = assert_flax_loads(tmp_path / "f")
     assert convert(tmp_path / "f", "--to", "torch", "--out", tmp_path / "b") == 0

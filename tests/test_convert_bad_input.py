@@ -71,16 +71,100 @@ def test_config_not_json(tmp_path: Path) -> None:
     assert report["findings"][0]["path"].endswith("config.json")
 
 
-def test_unknown_model_type_uses_rules(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model_type", ["no-such-model", "../../etc/passwd\x1b[31m" + "x" * 5000, 42])
+def test_unknown_or_hostile_model_type_is_refused(tmp_path: Path, model_type: object) -> None:
+    """A guessed mapping never passes as success: an architecture convert does not know is refused."""
     src = tiny_mistral(tmp_path)
     config = json.loads((src / "config.json").read_text())
-    config.update(model_type="no-such-model", architectures=["NoSuchModelForCausalLM"])
+    config.update(model_type=model_type, architectures=["NoSuchModelForCausalLM"])
     (src / "config.json").write_text(json.dumps(config))
+    before = digest(src)
     code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
-    assert code == 0 and report["extra"]["conversion"]["mapping"] == "rules"
-    code, report = run_json(tmp_path, tmp_path / "f", "--to", "torch", "--out", tmp_path / "b")
-    assert code == 0
-    assert digest(tmp_path / "b")["model.safetensors"] == digest(src)["model.safetensors"]
+    assert code == 1 and codes(report) == ["CG304"]
+    [finding] = report["findings"]
+    assert finding["path"].endswith("config.json") and len(finding["message"]) < 1200
+    assert not (tmp_path / "f").exists() and leftovers(tmp_path) == [] and digest(src) == before
+
+
+def test_no_config_is_refused_across_frameworks(tmp_path: Path) -> None:
+    src = tiny_mistral(tmp_path)
+    (src / "config.json").unlink()
+    code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
+    assert code == 1 and codes(report) == ["CG304"] and "model_type" in report["findings"][0]["message"]
+    assert not (tmp_path / "f").exists()
+
+
+def test_tensor_names_of_no_known_architecture(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_mistral(tmp_path)
+    tensors = {k.replace("model.layers.", "backbone.blocks."): v for k, v in load_file(src / "model.safetensors").items()}
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
+    assert code == 1 and set(codes(report)) == {"CG304"}
+    named = {f["tensor"] for f in report["findings"]}
+    assert "backbone.blocks.0.self_attn.q_proj.weight" in named
+    assert "mistral models have no 'backbone'" in report["findings"][0]["message"]
+    assert not (tmp_path / "f").exists()
+
+
+def test_composite_config_without_its_sub_configs(tmp_path: Path) -> None:
+    import transformers
+
+    torch.manual_seed(0)
+    bert = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=32, max_position_embeddings=32)
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(bert, bert)
+    transformers.EncoderDecoderModel(config).save_pretrained(tmp_path / "src")
+    data = json.loads((tmp_path / "src" / "config.json").read_text())
+    del data["decoder"]
+    (tmp_path / "src" / "config.json").write_text(json.dumps(data))
+    code, report = run_json(tmp_path, tmp_path / "src", "--to", "flax", "--out", tmp_path / "f")
+    assert code == 1 and codes(report) == ["CG304"]
+    assert "encoder-decoder config has no 'decoder' sub-config" in report["findings"][0]["message"]
+    assert not (tmp_path / "f").exists()
+
+
+def test_a_layer_missing_from_the_checkpoint(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_mistral(tmp_path)
+    tensors = load_file(src / "model.safetensors")
+    del tensors["model.layers.0.mlp.down_proj.weight"]
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
+    assert code == 1 and [f["tensor"] for f in report["findings"]] == ["model.layers.0.mlp.down_proj.weight"]
+
+
+def test_shard_deleted_mid_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    src = tiny_mistral(tmp_path, max_shard_size="4KB")
+    shard = next(src.glob("model-00002-*.safetensors"))
+    real = writer.dtypes_code
+    calls = {"n": 0}
+
+    def vanish(array: np.ndarray) -> str:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            shard.unlink()  # after planning, before its tensors are read
+        return real(array)
+
+    monkeypatch.setattr(writer, "dtypes_code", vanish)
+    assert convert(src, "--to", "flax", "--out", tmp_path / "f") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and shard.name in err[0] and "nothing written" in err[0]
+    assert not (tmp_path / "f").exists() and leftovers(tmp_path) == []
+
+
+def test_refusal_says_what_to_do_not_an_empty_scan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tiny_mistral(tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "model_type": "no-such-model"}))
+    assert convert(src, "--to", "flax", "--out", tmp_path / "f") == 1
+    out = capsys.readouterr().out
+    assert "CG304 [error]" in out and "no checkpoint files found" not in out and "0 model(s)" not in out
+    assert out.strip().splitlines()[-2].startswith("ckpt-guard: convert refused: 1 error(s)")
+    assert out.strip().splitlines()[-1].startswith("ckpt-guard: what to do: ")
 
 
 def test_shape_mismatch_and_extra_tensor_are_cg304(tmp_path: Path) -> None:

@@ -95,7 +95,7 @@ def source_model(tmp_path: Path, arrays: dict[str, np.ndarray]):  # type: ignore
 
 def plan(model, perms: dict[str, tuple[int, ...] | None],  # type: ignore[no-untyped-def]
          casts: dict[str, str] | None = None):
-    from guard.convert.naming import Mapped
+    from guard.convert.mapped import Mapped
     from guard.convert.writer import OutputTensor
 
     out = []

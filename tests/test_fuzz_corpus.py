@@ -12,8 +12,8 @@ FUZZ = Path(__file__).resolve().parent.parent / "fuzz"
 # target folder -> file name the dispatcher sees (content sniffing decides; the name breaks ties)
 NAMES = {"safetensors": "model.safetensors", "torch_zip": "pytorch_model.bin",
          "torch_legacy": "pytorch_model.bin", "flax_msgpack": "flax_model.msgpack",
-         "torch_pickle": "data.pkl",
-         "hdf5": "model.weights.h5", "keras": "model.keras", "orbax_metadata": "_METADATA"}  # readers-b
+         "torch_pickle": "data.pkl", "gguf": "model.gguf", "onnx": "model.onnx", "npy": "weights.npy",
+         "npz": "weights.npz", "hdf5": "model.weights.h5", "keras": "model.keras", "orbax_metadata": "_METADATA"}
 FILES = sorted(p for kind in ("corpus", "regressions") for p in (FUZZ / kind).glob("*/*")
                if p.is_file() and not p.name.startswith("."))
 
@@ -52,3 +52,25 @@ def test_empty_slice_at_an_offset_is_readable(target: str) -> None:
     result = bounded_scan(data, "pytorch_model.bin")
     assert result.valid, result.reason
     assert result.inventory == {"sliced": ("F32", (1, 0))}
+
+
+@pytest.mark.parametrize("name", ["eocd-comment-length-past-the-end.bin", "zip64-record-without-signature.bin"])
+def test_zip_records_torch_tolerates_are_tolerated(name: str) -> None:
+    """miniz (torch.load) takes the last end record whatever its comment length says, and ignores
+    a zip64 record without its signature; found by the differential run (stricter-zip before)."""
+    data = (FUZZ / "regressions" / "torch_zip" / name).read_bytes()
+    result = bounded_scan(data, "pytorch_model.bin")
+    assert result.valid, result.reason
+    assert result.inventory == {"w": ("F32", (3,))}
+
+
+def test_gguf_string_value_skipped_by_its_length() -> None:
+    """A string value of a key the reader does not keep was skipped 8 bytes short (`pos += count()`
+    lost the length's own 8 bytes); found by the differential run against GGUFReader."""
+    gguf = pytest.importorskip("gguf")
+    path = FUZZ / "regressions" / "gguf" / "unkept-string-value.gguf"
+    result = bounded_scan(path.read_bytes(), "model.gguf")
+    reader = gguf.GGUFReader(path)
+    assert result.valid, result.reason
+    assert result.inventory == {t.name: (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape.tolist())))
+                                for t in reader.tensors}

@@ -180,8 +180,6 @@ def test_cli_expert_verdicts(written: tuple[Path, dict[str, Any]], tmp_path: Pat
         assert _report(tmp_path, str(model), "--expect", expect) == verdict, (policy, expect)
 
 
-@pytest.mark.xfail(reason="CG103 reads FileScan.metadata['declared_dtype'] once the lead's rule change lands",
-                   strict=False)
 def test_cli_policy_that_disagrees_with_the_weights_is_cg103(written: tuple[Path, dict[str, Any]],
                                                               tmp_path: Path) -> None:
     out, _ = written

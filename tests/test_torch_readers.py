@@ -209,7 +209,8 @@ def test_scan_reads_a_tiny_share_of_a_large_zip(tmp_path: Path) -> None:
                  "torch-zip")
     with LocalFile(path) as src:
         scan = scan_file(src)
-        assert src.bytes_read < 8 * 1024 and src.reads <= 6
+        # the directory, data.pkl, the five small records torch reads, one local header per storage
+        assert src.bytes_read < 8 * 1024 and src.reads <= 12
     assert scan.size > 200_000_000 and scan.bytes_read < 8 * 1024
     assert {t.name for t in scan.tensors} == {"big", "small"}
 

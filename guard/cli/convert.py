@@ -51,15 +51,28 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
               help="Read-back check: headers, placements and sampled elements against the source; full adds "
                    "a CRC32 of every byte.")
 @click.option("--parity", "run_parity", is_flag=True, help="Then compare PyTorch and Flax outputs (CG302/CG303).")
+@click.option("--strict", is_flag=True,
+              help="Refuse, instead of dropping with a warning, tensors the target class has no place for.")
+@click.option("--verbose", "-v", is_flag=True, help="Show the libraries' own warnings and log lines.")
 @click.option("--format", "-f", "fmt", type=click.Choice(tuple(REPORTERS)), default="text", show_default=True,
               help="Output format.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report to FILE instead of stdout.")
 def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], layout: str | None,
-            max_shard_size: str, allow_lossy: bool, verify: str, run_parity: bool, fmt: str,
-            output: Path | None) -> int:
+            max_shard_size: str, allow_lossy: bool, verify: str, run_parity: bool, strict: bool, verbose: bool,
+            fmt: str, output: Path | None) -> int:
     """Convert a model directory between PyTorch and Flax, bit-exactly unless --dtype says otherwise."""
     require_extras(CONVERT_MODULES, "convert")
+    from guard.quiet import quiet_libraries
+
+    with quiet_libraries(verbose=verbose):
+        return _convert(src, to, out, dtype, keep_fp32, max_shard_size, allow_lossy, run_parity, strict, fmt, output,
+                        layout=layout, verify=verify)
+
+
+def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], max_shard_size: str,
+             allow_lossy: bool, run_parity: bool, strict: bool, fmt: str, output: Path | None, *,
+             layout: str | None, verify: str) -> int:
     from guard.cli.options import emit
     from guard.convert.io_orbax import is_orbax_checkpoint
 
@@ -71,15 +84,19 @@ def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...
     from guard.report import Report
 
     request = ConvertRequest(src, out, to, CastPolicy(DTYPE_CHOICES[dtype], tuple(keep_fp32)),
-                             parse_size(max_shard_size), allow_lossy, layout=layout, verify=verify)
+                             parse_size(max_shard_size), allow_lossy, strict, layout=layout, verify=verify)
     findings, figures = convert_model(request)
+    if not figures.get("written"):
+        figures["next_step"] = next_step(findings)
     report = Report(findings=findings, policy={"fail_on": "error"}, extra={"conversion": figures})
     if figures.get("written"):
         report.models.extend(_summaries(out))
         if run_parity:
             _add_parity(report, request, figures)
-    if fmt == "text" and output is None:
+    if fmt == "text" and output is None and figures.get("written"):  # a refusal ends the report instead
         click.echo(conversion_line(figures))
+        for line in decision_lines(figures):
+            click.echo(line)
     emit(report, fmt, output)
     return report.exit_code
 
@@ -122,12 +139,41 @@ def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-de
                               "the output converted back with --dtype keep (the casts applied on both sides)"}
 
 
+NEXT_STEPS = {  # the first error's code -> what the user can do about it
+    "CG001": "repair or re-download the file named above; convert reads only intact files",
+    "CG003": "the pickle is refused unread; convert from model.safetensors instead (or re-save it as safetensors)",
+    "CG004": "the shard index and the shards disagree: restore the missing shard or fix the index",
+    "CG201": "choose a wider --dtype, hold the tensors in fp32 with --keep-fp32, or write anyway with --allow-lossy",
+    "CG301": "the written output did not read back: check the disk, then report it as a bug",
+    "CG304": "the tensors do not fit the architecture config.json names: check its model_type and architectures; "
+             "a tensor the target class has no place for is dropped with a warning unless --strict",
+}
+
+
+def next_step(findings: list) -> str:  # type: ignore[type-arg]
+    errors = [f.code for f in findings if f.severity.value == "error"]
+    return NEXT_STEPS.get(errors[0], "fix the findings above and run convert again") if errors else ""
+
+
+def decision_lines(figures: dict) -> list[str]:  # type: ignore[type-arg]
+    """"dropped 2 buffer(s) the FlaxBertModel class does not hold: embeddings.position_ids, ..."."""
+    from guard.reporters.inert import inert_text
+
+    lines = []
+    for d in figures.get("decisions", []):
+        verb = {"tied": "left out", "restored": "restored", "restored_table": "restored"}.get(d["kind"], "dropped")
+        shown = ", ".join(d["tensors"][:6]) + (f", ... ({len(d['tensors']) - 6} more)" if len(d["tensors"]) > 6 else "")
+        lines.append(inert_text(f"  {verb} {d['count']} {d['reason']}: {shown}", limit=600))
+    return lines
+
+
 def conversion_line(figures: dict) -> str:  # type: ignore[type-arg]
     if not figures.get("written"):
-        return f"ckpt-guard: convert: nothing written to {figures['output']}"
+        return f"ckpt-guard: convert: refused, nothing written to {figures['output']}"
     casts = ", ".join(f"{k} x{n}" for k, n in figures.get("casts", {}).items()) or "none (bit-exact)"
     return (f"ckpt-guard: converted {figures['source']} ({figures['from']}, {figures['tensors_in']} tensors, "
             f"{figures['shards_in']} file(s)) -> {figures['output']} ({figures['to']}, {figures['tensors_out']} "
-            f"tensors, {figures['shards_out']} shard(s)); mapping: {figures.get('mapping')}; casts: {casts}; "
+            f"tensors, {figures['shards_out']} shard(s)); mapping: {figures.get('mapping')} "
+            f"({figures.get('architecture') or 'same framework'}); casts: {casts}; "
             f"tied: {len(figures.get('tied', []))}, dropped: {len(figures.get('dropped', []))}; "
             f"verified {figures.get('verified', 0)} tensors in {figures.get('seconds', 0):.1f}s")

@@ -12,13 +12,15 @@ This module imports nothing but the standard library.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+
+from guard.records import record
 
 FAIL_ON = ("error", "warning", "note", "never")
 FORMATS = ("text", "json", "sarif", "github", "markdown")  # guard.reporters.REPORTERS, in order
 
 
-class Flag(NamedTuple):
+@record
+class Flag:
     names: tuple[str, ...]
     dest: str
     kind: str  # "value" | "multiple" | "flag"

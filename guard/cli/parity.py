@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 import click
 
 from guard.atomic import write_text_atomic
@@ -18,11 +19,19 @@ from guard.reporters import REPORTERS
               help="Output format.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report to FILE instead of stdout.")
-def parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None) -> int:
+@click.option("--verbose", "-v", is_flag=True, help="Show the libraries' own warnings and log lines.")
+def parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None, verbose: bool) -> int:
     """Compare PyTorch and Flax outputs of the same model (transformers' paired classes)."""
     for directory in (torch_dir, flax_dir):
         if not directory.is_dir():
             raise UsageError(f"{directory}: not a directory")
+    from guard.quiet import quiet_libraries
+
+    with quiet_libraries(verbose=verbose):
+        return _parity(torch_dir, flax_dir, seed, fmt, output)
+
+
+def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None) -> int:
     from guard.parity.run import run_parity  # torch, jax, flax, transformers: the `parity` extra
     from guard.inventory import discover_models, load_local_model
     from guard.report import ModelSummary, Report

@@ -1,187 +1,153 @@
-"""PT <-> Flax names and layouts, resolved against the target's template tree.
+"""Every source tensor's fate: a target name and layout, or a decision the report shows.
 
-The candidate list mirrors transformers' ``rename_key_and_reshape_tensor``: ``weight``
-may be a norm ``scale``, an ``embedding`` or a ``kernel``, and only the target tree
-says which.  Without a template (a model_type transformers does not know) the same
-rules pick by rank and name.  A source tensor that fits nowhere, a template entry
-nothing fills, and a shape that does not fit are all CG304.
+The architecture is the config's ``model_type``, looked up in ``guard.convert.families``
+(composites route each sub-model to its own row).  A tensor is mapped by the generic
+rules, or dropped as transformers' own loaders drop it: buffers, BatchNorm counters,
+frozen sinusoidal tables the Flax class computes, tied aliases bit-identical to the
+tensor they alias, and (a warning, refused under ``--strict``) tensors a PyTorch class
+holds that its Flax twin has no place for.  Nothing is dropped without a line saying so.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from guard.catalogue import make_finding
+from guard.convert.families import ALIASES, FAMILIES, FLAX_NAMES, Family
+from guard.convert.mapped import Mapped, Mapping, Refusal
+from guard.convert.rules import Key, Perm, flax_to_torch, torch_to_flax
 from guard.convert.source import SourceModel, SourceTensor
-from guard.convert.templates import Key, Template
-from guard.findings import Finding
+from guard.findings import Severity
 
-Perm = tuple[int, ...]
-KERNEL_PERMS: dict[int, Perm] = {2: (1, 0), 3: (2, 1, 0), 4: (2, 3, 1, 0), 5: (2, 3, 4, 1, 0)}
-EMBEDDING_HINTS = re.compile(r"embed|^wte$|^wpe$|^shared$|^relative_attention_bias$")
-DROP_ALWAYS = ("num_batches_tracked",)  # PyTorch BatchNorm bookkeeping; Flax has no counterpart
-
-
-def inverse(perm: Perm) -> Perm:
-    return tuple(sorted(range(len(perm)), key=perm.__getitem__))
-
-
-def permuted(shape: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
-    return shape if perm is None else tuple(shape[i] for i in perm)
+__all__ = ["Mapped", "Mapping", "Refusal", "map_tensors"]  # Mapped: the writer's input
 
 
 @dataclass(frozen=True)
-class Mapped:
-    source: SourceTensor
-    target: Key
-    perm: Perm | None  # axes of the source array, in target order
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return permuted(self.source.info.shape, self.perm)
+class Route:
+    family: Family
+    model_type: str
+    config: dict[str, Any]
+    head: Key  # the composite's part names before the sub-model's own key
+    rest: Key
 
 
-@dataclass
-class Mapping:
-    how: str
-    tensors: list[Mapped] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    unmatched: list[SourceTensor] = field(default_factory=list)  # resolved later: tied alias or CG304
-    dropped: list[str] = field(default_factory=list)
-    tied: list[str] = field(default_factory=list)  # target entries left for transformers to tie
+def family_of(config: dict[str, Any] | None, *, where: str) -> tuple[str, Family]:
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str) or not model_type:
+        raise Refusal(where, "config.json names no model_type: cannot tell which architecture to convert to")
+    found = FAMILIES.get(ALIASES.get(model_type, model_type))
+    if found is None:
+        known = ", ".join(sorted(FAMILIES))
+        raise Refusal(where, f"model_type {model_type[:80]!r} is not an architecture transformers has in both "
+                             f"PyTorch and Flax; convert knows: {known}")
+    return model_type, found
 
 
-Candidate = tuple[Key, "Perm | None", str]  # target key, permutation, collection ("params" | "batch_stats")
+def route(key: Key, config: dict[str, Any], *, where: str, name: str) -> Route:
+    model_type, family = family_of(config, where=where)
+    head: Key = ()
+    while family.parts and key and key[0] in family.parts:
+        sub = config.get(family.parts[key[0]])
+        if not isinstance(sub, dict):
+            raise Refusal(where, f"{model_type} config has no {family.parts[key[0]]!r} sub-config for {name}",
+                          tensor=name)
+        head, key, config = (*head, key[0]), key[1:], sub
+        model_type, family = family_of(config, where=where)
+    return Route(family, model_type, config, head, key)
 
 
-def pt_to_flax(key: Key, ndim: int, *, rules: bool) -> list[Candidate]:
-    base, last = key[:-1], key[-1]
-    out: list[Candidate] = []
-    if last == "running_mean":
-        return [(base + ("mean",), None, "batch_stats")]
-    if last == "running_var":
-        return [(base + ("var",), None, "batch_stats")]
-    if len(key) >= 3 and key[-3] == "parametrizations" and last in ("original0", "original1"):
-        return [(key[:-3] + (key[-2] + ("_g" if last == "original0" else "_v"),), None, "params")]
-    if last in ("weight", "gamma") and (not rules or ndim == 1):
-        out.append((base + ("scale",), None, "params"))
-    if last == "weight" and (not rules or (ndim == 2 and any(EMBEDDING_HINTS.search(p) for p in base))):
-        out.append((base + ("embedding",), None, "params"))
-    if last == "weight" and ndim in KERNEL_PERMS:
-        out.append((base + ("kernel",), KERNEL_PERMS[ndim], "params"))
-    if last in ("gamma", "beta"):
-        out.append((base + ("weight" if last == "gamma" else "bias",), None, "params"))
-    out.append((key, None, "params"))
-    return out
+def target_class(config: dict[str, Any], family: Family, keys: list[Key]) -> tuple[str, bool]:
+    """(the PyTorch class whose Flax twin is the target, strip the base prefix?)."""
+    archs = [a for a in config.get("architectures") or () if isinstance(a, str)]
+    chosen = next((a for a in archs if a in family.classes), family.classes[0])
+    prefixed = any(k and k[0] == family.prefix for k in keys)
+    # a head checkpoint under a base class: transformers loads the base model's part, drops the head
+    return chosen, chosen == family.classes[0] and prefixed
 
 
-def flax_to_pt(key: Key, ndim: int) -> list[Candidate]:
-    collection = "params"
-    if key and key[0] in ("params", "batch_stats"):
-        collection, key = key[0], key[1:]
-    base, last = key[:-1], key[-1]
-    if collection == "batch_stats" and last in ("mean", "var"):
-        return [(base + ("running_" + last,), None, collection)]
-    out: list[Candidate] = []
-    if last == "kernel" and ndim in KERNEL_PERMS:
-        out.append((base + ("weight",), inverse(KERNEL_PERMS[ndim]), collection))
-    if last in ("scale", "embedding"):
-        out.append((base + ("weight",), None, collection))
-    if last in ("weight_g", "weight_v"):
-        out.append((base + ("parametrizations", "weight", "original" + ("0" if last == "weight_g" else "1")),
-                    None, collection))
-    out.append((key, None, collection))
-    return out
-
-
-def map_tensors(source: SourceModel, template: Template | None, *, to: str) -> Mapping:
-    """Assign every source tensor a target key and layout; leftovers go to ``unmatched``."""
+def map_tensors(source: SourceModel, config: dict[str, Any] | None, *, to: str, where: str) -> Mapping:
+    """Assign every source tensor a target key and layout, or a decision; raises Refusal."""
     if source.framework == to:
         mapping = Mapping("identity")
         mapping.tensors = [Mapped(t, tuple(t.name.split(source.separator)), None) for t in source.tensors]
         return mapping
-    mapping = Mapping(f"template:{template.architecture}" if template else "rules")
+    _model_type, family = family_of(config, where=where)
+    assert config is not None  # family_of refuses anything else
+    keys = [tuple(t.name.split(source.separator)) for t in source.tensors]
+    cls, strip = target_class(config, family, keys)
+    strip = strip and to == "flax"
+    architecture = FLAX_NAMES.get(cls, "Flax" + cls) if to == "flax" else cls
+    mapping = Mapping("rules", architecture)
+    if to == "torch" and family.pt_only.get(cls):
+        mapping.findings.append(make_finding(
+            "CG304", where, f"{cls} holds tensors its Flax twin has none of ({', '.join(family.pt_only[cls])}): "
+                            "transformers will initialize them at random on load (this head does not use them)",
+            )._replace(severity=Severity.warning))
+    batch_norm = to == "flax" and any(k[-1] == "running_mean" for k in keys)
     covered: dict[Key, str] = {}
-    for tensor in source.tensors:
-        key = tuple(tensor.name.split(source.separator))
-        if key[-1] in DROP_ALWAYS:
-            mapping.dropped.append(tensor.name)
+    for tensor, key in zip(source.tensors, keys):
+        if strip:
+            if key[0] != family.prefix:
+                mapping.decide("head", tensor)
+                continue
+            key = key[1:]
+        target = _one(tensor, key, config, cls, mapping, to=to, where=where)
+        if target is None:
             continue
-        info = tensor.info
-        candidates = (flax_to_pt(key, len(info.shape)) if to == "torch"
-                      else pt_to_flax(key, len(info.shape), rules=template is None))
-        if template is None:
-            target, perm, collection = candidates[0]
-            if to == "torch" or collection == "params":
-                mapping.tensors.append(Mapped(tensor, target, perm))
-            else:
-                mapping.tensors.append(Mapped(tensor, (collection, *target), perm))
-            continue
-        found = _resolve(candidates, info.shape, template)
-        if isinstance(found, str):
-            if any(re.search(p, tensor.name) for p in template.ignored):
-                mapping.dropped.append(tensor.name)
-            elif found:
-                mapping.findings.append(make_finding("CG304", info.file, found, tensor=tensor.name))
-            else:
-                mapping.unmatched.append(tensor)
-            continue
-        target, perm = found
-        if target in covered:
+        new, perm = target
+        if batch_norm and new[0] != "batch_stats":
+            new = ("params", *new)
+        if new in covered:
             mapping.findings.append(make_finding(
-                "CG304", info.file, f"{tensor.name} and {covered[target]} both map to {'.'.join(target)}",
+                "CG304", tensor.info.file, f"{tensor.name} and {covered[new]} both map to {'/'.join(new)}",
                 tensor=tensor.name))
             continue
-        covered[target] = tensor.name
-        mapping.tensors.append(Mapped(tensor, target, perm))
-    if template is not None:
-        _missing(mapping, template, covered, sep="/" if to == "flax" else ".")
+        covered[new] = tensor.name
+        mapping.tensors.append(Mapped(tensor, new, perm))
+    if to == "flax" and cls == family.classes[0]:
+        held = {m.target[0] for m in mapping.tensors}
+        for root in family.base_requires:
+            if root not in held:
+                mapping.findings.append(make_finding(
+                    "CG304", where, f"{architecture} holds a {root!r} that no tensor of the checkpoint fills (a head "
+                                    f"checkpoint has none): transformers would initialize it at random; name the head "
+                                    f"class in config.json's architectures instead"))
     return mapping
 
 
-def _variants(key: Key, collection: str, template: Template) -> list[Key]:
-    keys = [key]
-    if template.prefix:
-        keys.append((template.prefix, *key))
-        if key and key[0] == template.prefix:
-            keys.append(key[1:])
-    if any(k[0] in ("params", "batch_stats") for k in template.shapes if k):
-        keys = [(collection, *k) for k in keys]
-    return keys
-
-
-def _resolve(candidates: list[Candidate], shape: tuple[int, ...],
-             template: Template) -> tuple[Key, Perm | None] | str:
-    """The first candidate in the template whose shape fits; else why not ("" when nothing is named)."""
-    misfit = ""
-    for target, perm, collection in candidates:
-        for key in _variants(target, collection, template):
-            want = template.shapes.get(key)
-            if want is None:
-                continue
-            if permuted(shape, perm) == want:
-                return key, perm
-            misfit = misfit or (f"shape {list(permuted(shape, perm))} does not fit {'/'.join(key)} "
-                                f"{list(want)} in {template.architecture}")
-    return misfit
-
-
-def _missing(mapping: Mapping, template: Template, covered: dict[Key, str], *, sep: str) -> None:
-    filled = {template.tied.get(k, k) for k in covered}
-    for key in sorted(set(template.shapes) - set(covered)):
-        if template.tied.get(key, key) in filled:
-            mapping.tied.append(sep.join(key))
-        elif key in template.buffers:
-            mapping.dropped.append(sep.join(key))  # a buffer the other framework never had: built by the model
-        else:
-            mapping.findings.append(make_finding(
-                "CG304", template.architecture,
-                f"{sep.join(key)} {list(template.shapes[key])} has no source tensor; "
-                f"transformers would leave it random", tensor=sep.join(key)))
-
-
-def describe_unmatched(tensor: SourceTensor, template: Template | None) -> Finding:
-    where = template.architecture if template else "the target"
-    return make_finding("CG304", tensor.info.file,
-                        f"{tensor.name} {list(tensor.info.shape)} has no place in {where}", tensor=tensor.name)
+def _one(tensor: SourceTensor, key: Key, config: dict[str, Any], cls: str, mapping: Mapping, *,
+         to: str, where: str) -> tuple[Key, Perm | None] | None:
+    lookup = key[1:] if to == "torch" and key[0] in ("params", "batch_stats") else key
+    r = route(lookup, config, where=where, name=tensor.name)
+    rest, name, ndim = r.rest, ".".join(r.rest), len(tensor.info.shape)
+    if not rest:  # a composite's part name alone ("encoder"): no module holds a tensor there
+        mapping.findings.append(make_finding("CG304", tensor.info.file, f"{tensor.name} has no place in "
+                                             f"{mapping.architecture}", tensor=tensor.name))
+        return None
+    if to == "flax":
+        if rest[-1] == "num_batches_tracked":
+            mapping.decide("counter", tensor)
+            return None
+        for kind, patterns in (("buffer", r.family.buffers), ("computed", r.family.computed),
+                               ("head", r.family.pt_only.get(cls, ()) if not r.head else ())):
+            if any(re.search(p + "$", name) for p in patterns):
+                mapping.decide(kind, tensor)
+                return None
+    root = rest[1] if len(rest) > 1 and rest[0] == r.family.prefix else rest[0] if rest else ""
+    if root not in r.family.roots:
+        mapping.findings.append(make_finding(
+            "CG304", tensor.info.file, f"{tensor.name} {list(tensor.info.shape)} has no place in "
+                                       f"{mapping.architecture}: {r.model_type} models have no {root[:80]!r}",
+            tensor=tensor.name))
+        return None
+    if to == "torch":
+        return flax_to_torch(key, ndim)
+    target = torch_to_flax(key, ndim, norm_weight=r.family.norm_weight)
+    tie = r.config.get("tie_word_embeddings", r.family.tie_default)
+    if any(re.search(p + "$", name) for p in r.family.always_tied) or (
+            tie and any(re.search(p + "$", name) for p in r.family.tied)):
+        mapping.aliases.append(Mapped(tensor, *target))
+        return None
+    return target

@@ -9,21 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from guard import dtypes
-from guard.convert.bitviews import bits
 from guard.convert.carry import carry_files, main_dtype, read_config
 from guard.convert.cast import CastPolicy
 from guard.convert.io_orbax import is_orbax_checkpoint
-from guard.convert.naming import Mapping, describe_unmatched, map_tensors
+from guard.convert.mapping import plan_mapping
+from guard.convert.publish import discard, make_temp_dir, publish
 from guard.convert.source import SourceModel, open_source
 from guard.convert.source_orbax import open_orbax
-from guard.convert.templates import Template, flax_template, load_config, torch_template
 from guard.convert.verify import verify_output
-from guard.convert.publish import discard, make_temp_dir, publish
 from guard.convert.writer import LAYOUTS, OutputTensor, plan_shards, write_output
 from guard.errors import UsageError
 from guard.findings import Finding, Severity
 from guard.progress import progress
-
 
 
 @dataclass(frozen=True)
@@ -34,8 +31,9 @@ class ConvertRequest:
     cast: CastPolicy
     max_shard_size: int
     allow_lossy: bool = False
+    strict: bool = False  # refuse instead of dropping tensors the target class has no place for
     layout: str | None = None  # None: the framework's default (safetensors, msgpack); "orbax" for flax
-    verify: str = "sampled"  # "sampled" | "full" (writer.py and verify.py say what each checks)
+    verify: str = "sampled"  # "sampled" | "full" (verify.py says what each checks)
 
     @property
     def output_layout(self) -> str:
@@ -77,15 +75,10 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
         if info is None or info.numpy is None or info.bits < 8:
             raise UsageError(f"{tensor.info.file}: {tensor.name} is {tensor.info.dtype}, which convert cannot "
                              "carry yet (sub-byte or unknown dtype)")
-    try:
-        template = _template(req, source, config)
-    except Exception as exc:  # noqa: BLE001  transformers/jax incompatibilities surface as anything; say so
-        template = None
-        figures["template_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-    mapping = map_tensors(source, template, to=req.to)
-    _resolve_unmatched(mapping, template)
-    findings += mapping.findings
-    figures.update(mapping=mapping.how, tied=mapping.tied, dropped=mapping.dropped)
+    mapping, mapping_findings, mapping_figures = plan_mapping(source, config, to=req.to, src=req.src,
+                                                              strict=req.strict)
+    findings += mapping_findings
+    figures.update(mapping_figures)
     if _blocking(findings):
         return findings, figures
     sep = "/" if req.to == "flax" else "."
@@ -118,29 +111,6 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
         raise
     figures.update(written=True, seconds=round(time.monotonic() - start, 3))
     return findings, figures
-
-
-def _template(req: ConvertRequest, source: SourceModel, config: dict[str, Any] | None) -> Template | None:
-    if source.framework == req.to or config is None:
-        return None
-    hf_config = load_config(req.src)
-    if hf_config is None:
-        return None
-    return flax_template(hf_config) if req.to == "flax" else torch_template(hf_config)
-
-
-def _resolve_unmatched(mapping: Mapping, template: Template | None) -> None:
-    """A leftover source tensor bit-identical to a mapped one is a tied alias (lm_head); else CG304."""
-    import numpy as np
-
-    for tensor in mapping.unmatched:
-        twins = [m.source for m in mapping.tensors
-                 if m.source.info.shape == tensor.info.shape and m.source.info.dtype == tensor.info.dtype]
-        data = tensor.load() if twins else None
-        if data is not None and any(np.array_equal(bits(data), bits(t.load())) for t in twins):
-            mapping.tied.append(tensor.name)
-        else:
-            mapping.findings.append(describe_unmatched(tensor, template))
 
 
 def _param_counts(outputs: list[OutputTensor]) -> dict[str, int]:

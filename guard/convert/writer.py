@@ -24,7 +24,7 @@ from guard.convert.bitviews import dtype_code, numpy_dtype
 from guard.convert.cast import CastCheck
 from guard.convert.io_flax import leaf_segments, msgpack_tree, walk_tree
 from guard.convert.io_torch import safetensors_header
-from guard.convert.naming import Mapped
+from guard.convert.mapped import Mapped
 from guard.convert.produce import BandPool, PieceCutter, SourceBuffer, body_pieces
 from guard.convert.publish import fsync_paths
 from guard.convert.sink import OutputStream

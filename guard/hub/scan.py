@@ -108,6 +108,7 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
                 repo_id, revision=revision, files_metadata=True, timeout=client.timeout))
         result.sha = info.sha or revision or "main"
         siblings = info.siblings or []
+        listed: dict[str, int | None] = {s.rfilename: _size(s) for s in siblings}
         groups = _group_by_directory(siblings)
         indexes = {s.rfilename: pool.submit(_fetch_json, client, repo_id, result.sha, s.rfilename, _size(s))
                    for s in siblings if posixpath.basename(s.rfilename) == PIPELINE_INDEX}
@@ -124,7 +125,9 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
             scans = [_result(f, result) for f in weight_futures]
             json_files = {_display(repo_id, n): _result(f, result) for n, f in json_futures.items()}
             path = _display(repo_id, directory) if directory else repo_id
-            result.inventories.append(build_inventory(path, scans, json_files=json_files))
+            result.inventories.append(build_inventory(
+                path, scans, json_files=json_files,
+                companion_size=lambda name, d=directory: _listed_size(listed, posixpath.join(d, name) if d else name)))
         for root, future in orbax:  # readers-b: one Orbax checkpoint, one model
             scan = _result(future, result)
             result.inventories.append(build_inventory(scan.path, [scan], json_files={}))
@@ -157,6 +160,14 @@ def _group_by_directory(siblings: Sequence[Any]) -> dict[str, tuple[list[tuple[s
     # A directory with only a config.json is not a model (same rule as the local scan).
     return {d: groups[d] for d in sorted(groups)
             if groups[d][0] or any(is_index_file(posixpath.basename(n)) for n, _ in groups[d][1])}
+
+
+def _listed_size(listed: dict[str, int | None], name: str) -> int | None:
+    """A file's size from the listing; None when it is not there (a listed file without a size: no limit)."""
+    if name not in listed:
+        return None
+    size = listed[name]
+    return size if size is not None else 2**63
 
 
 def _size(sibling: Any) -> int | None:

@@ -11,7 +11,8 @@ convention is one row here and one test.
 from __future__ import annotations
 
 import posixpath
-from typing import NamedTuple
+
+from guard.records import record
 
 # The stems of one model's format copies (transformers, diffusers), and their suffixes.
 _HF = frozenset({"model", "pytorch_model", "flax_model", "tf_model", "diffusion_pytorch_model",
@@ -19,7 +20,8 @@ _HF = frozenset({"model", "pytorch_model", "flax_model", "tf_model", "diffusion_
 HF_EXTENSIONS = frozenset({"safetensors", "bin", "msgpack", "h5"})
 
 
-class Convention(NamedTuple):
+@record
+class Convention:
     """A name template: dot-separated parts, each a literal or a placeholder.
 
     ``{stem}`` (one of ``stems``, or anything when None; ``numbered`` also allows ``_N``),
@@ -109,7 +111,7 @@ LAYOUT_ORDER = ("hf", "original", "fsdp", "peft", "lightning", "file", "trainer"
 # q4f16 is transformers.js's name for 4-bit weights with fp16 everywhere else.
 NAME_DTYPES: dict[str, str] = {
     "fp32": "F32", "f32": "F32", "float32": "F32",
-    "fp16": "F16", "f16": "F16", "float16": "F16", "q4f16": "F16", "half": "F16",
+    "fp16": "F16", "f16": "F16", "float16": "F16", "q4f16": "F16",
     "bf16": "BF16", "bfloat16": "BF16",
     "fp64": "F64", "f64": "F64", "float64": "F64",
 }

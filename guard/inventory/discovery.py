@@ -5,16 +5,16 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
 from pathlib import Path
 
+from guard.catalogue import make_finding
 from guard.errors import UsageError
+from guard.inventory.conventions import UNSUPPORTED_SUFFIXES
 from guard.inventory.model import (
     CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
 )
-from guard.catalogue import make_finding
-from guard.inventory.conventions import UNSUPPORTED_SUFFIXES
 from guard.readers import READ_FAILURES, scan_file, sniff_format, unreadable
+from guard.records import record
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
 
@@ -30,7 +30,8 @@ _TEXT_SUFFIXES = frozenset({
 _WEIGHT_MAGIC = (b"GGUF", b"\x89HDF\r\n\x1a\n", b"\x93NUMPY", bytes.fromhex("80028a0a6cfc9c46f9206aa850192e"))
 
 
-class LocalModel(NamedTuple):
+@record
+class LocalModel:
     directory: Path
     weight_files: tuple[Path, ...]
     json_files: tuple[Path, ...]
@@ -150,7 +151,15 @@ def load_local_model(model: LocalModel) -> ModelInventory:
 
         scans += [scan_local_orbax(d, name=display_path(d)) for d in model.orbax]
     json_files = {display_path(p): read_small_file(p) for p in model.json_files}
-    return build_inventory(display_path(model.directory), scans, json_files=json_files)
+    return build_inventory(display_path(model.directory), scans, json_files=json_files,
+                           companion_size=lambda name: _size(model.directory / name))
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size if path.is_file() else None
+    except OSError:
+        return None
 
 
 def scan_local_file(path: Path) -> FileScan:

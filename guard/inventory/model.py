@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -15,6 +15,7 @@ from guard.inventory.conventions import EXTENSION_FORMATS, UNSUPPORTED_SUFFIXES
 from guard.inventory.names import classify
 from guard.inventory.sets import WeightSet, group_sets, mark_primary
 from guard.inventory.stats import ConfigDtype, DtypeStats, ShardIndex
+from guard.records import record
 from guard.tensors import FileScan, TensorInfo
 
 CONFIG_NAME = "config.json"
@@ -32,7 +33,8 @@ def is_index_file(name: str) -> bool:
     return classify(name).kind == "index"
 
 
-class ModelInventory(NamedTuple):
+@record
+class ModelInventory:
     path: str  # the model directory, as displayed
     files: tuple[FileScan, ...] = ()
     indexes: tuple[ShardIndex, ...] = ()
@@ -117,15 +119,23 @@ def build_inventory(
     weight_scans: Iterable[FileScan],
     *,
     json_files: Mapping[str, bytes | None],
+    companion_size: Callable[[str], int | None] | None = None,
 ) -> ModelInventory:
     """Assemble an inventory from already-read weight files and small JSON files.
 
     ``json_files`` maps display paths of index files and config.json to their
-    bytes (None where the file could not be read).  Local and Hub scans share
-    this, so the same files give the same sets and findings either way.
+    bytes (None where the file could not be read).  ``companion_size`` gives the
+    size of a file beside them by its relative name (None: missing), for the files
+    a weight file needs (ONNX external data).  Local and Hub scans share this, so
+    the same files give the same sets and findings either way.
     """
     files = tuple(sorted(weight_scans, key=lambda s: s.path))
     findings: list[Finding] = []
+    needed = {name for scan in files for name in scan.companions}
+    if needed:  # a data file belongs to the file that needs it, not to a set of its own
+        files = tuple(s for s in files if posixpath.basename(s.path) not in needed)
+        sizes = {name: companion_size(name) if companion_size else None for name in needed}
+        findings.extend(companion_findings(files, sizes))
     indexes: list[ShardIndex] = []
     config_path: str | None = None
     config: dict[str, object] | None = None
@@ -149,6 +159,15 @@ def build_inventory(
             indexes.append(ShardIndex(name, weight_map if valid else {}, text))  # type: ignore[arg-type]
     sets = mark_primary(group_sets(files, indexes), diffusers=_is_diffusers(config))
     return ModelInventory(path, files, tuple(indexes), config_path, config, config_text, tuple(findings), sets)
+
+
+def companion_findings(files: Iterable[FileScan], sizes: Mapping[str, int | None]) -> Iterator[Finding]:
+    """A companion that is missing or too short for what its file places in it (CG004)."""
+    for scan in files:
+        if scan.companions and scan.format == "onnx":
+            from guard.readers.onnx_tensors import external_data_findings  # only where ONNX files are
+
+            yield from external_data_findings(scan, sizes)
 
 
 def _parse_json(name: str, data: bytes | None, findings: list[Finding]) -> tuple[object | None, str]:

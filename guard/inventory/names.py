@@ -8,18 +8,19 @@ no convention claims is a loose file of its own set.
 from __future__ import annotations
 
 import posixpath
-from typing import NamedTuple
 
 from guard.inventory.conventions import (
     HF_EXTENSIONS, CONVENTIONS, DTYPE_VARIANTS, EXTENSION_FORMATS, Convention, name_claimed_dtype,
 )
+from guard.records import record
 
 _PARSED = tuple((tuple(c.template.split(".")), c) for c in CONVENTIONS)
 _SHARD_SUFFIX = len("-00001-of-00002")
 _VARIANT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
-class FileRole(NamedTuple):
+@record
+class FileRole:
     name: str  # the file's base name
     role: str
     kind: str

@@ -10,15 +10,16 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
 from pathlib import Path
 
 from guard.inventory.model import MAX_JSON_BYTES, PIPELINE_INDEX
+from guard.records import record
 
 MAX_COMPONENTS = 256
 
 
-class Pipeline(NamedTuple):
+@record
+class Pipeline:
     path: str  # the root, as displayed
     components: dict[str, tuple[str, ...]]  # component folder -> the file names in it
 

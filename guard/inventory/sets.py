@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
 
 from guard import dtypes
 from guard.inventory.conventions import DTYPE_VARIANTS, FORMAT_ORDER, LAYOUT_ORDER, LIGHTNING_STATE_KEYS
 from guard.inventory.names import FileRole, claimed_dtype, classify
 from guard.inventory.stats import DtypeStats, ShardIndex, dtype_summary
+from guard.records import record
 from guard.tensors import FileScan, TensorInfo
 
 # What a reader's file format means for the set's format family (names that say nothing).
@@ -24,7 +24,8 @@ _READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "flax-msgpack
 _DIFFUSERS_STEMS = ("diffusion_pytorch_model", "diffusion_flax_model")
 
 
-class WeightSet(NamedTuple):
+@record
+class WeightSet:
     name: str  # unique within the model: a file name, an index name, or a shard pattern
     role: str  # "weights" | "adapter" | "training-state"
     layout: str  # "hf" | "original" | "peft" | "trainer" | "fsdp" | "lightning" | "file"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
 
+from guard.records import record
 from guard.tensors import TensorInfo
 
 
-class DtypeStats(NamedTuple):
+@record
+class DtypeStats:
     tensors: int = 0
     parameters: int = 0
     bytes: int = 0
@@ -17,13 +18,15 @@ class DtypeStats(NamedTuple):
         return {"tensors": self.tensors, "parameters": self.parameters, "bytes": self.bytes}
 
 
-class ConfigDtype(NamedTuple):
+@record
+class ConfigDtype:
     key: str  # "torch_dtype", "text_config.dtype", ...
     value: str
     line: int | None
 
 
-class ShardIndex(NamedTuple):
+@record
+class ShardIndex:
     path: str
     weight_map: Mapping[str, str]  # tensor -> shard file name; empty when the index is unusable
     text: str = ""

@@ -11,20 +11,19 @@ Tolerances and their sources: ``guard.parity.metrics`` and docs/parity.md.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from guard.catalogue import make_finding
-from guard.errors import MissingExtraError
-from guard.findings import Finding
+from guard.errors import MissingExtraError, UsageError
+from guard.findings import Finding, Severity
 from guard.inventory import discover_models, display_path, load_local_model
+from guard.parity.inputs import make_inputs
 from guard.parity.runs import Failed as _Failed
 from guard.parity.runs import Unavailable as _Unavailable
 
-BATCH, SEQ_LEN, IMAGE_BATCH = 2, 16, 2
 LOW_PRECISION = ("BF16", "F16")
 # transformers' auto mappings that name Flax classes; the PyTorch twin has the same name minus "Flax".
 FLAX_MAPPINGS = (
@@ -90,8 +89,41 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[
             findings.append(make_finding("CG302", where, (
                 f"{label} ({ref} vs {other}): {metric} = {value:.3g} on {output!r} {relation} {threshold:.3g} "
                 f"({tol.dtype} bound: {tol.source}); {len(failures)} failing output(s)")))
-    figures["passed"] = not findings
+    findings = flax_precision_facts(findings, figures["comparisons"], model_type=config["model_type"])
+    figures["passed"] = not any(f.severity is Severity.error for f in findings)
     return findings, figures
+
+
+FLAX_ONLY_DRIFT = ("stored dtype", "flax vs fp32 reference")
+
+
+def flax_precision_facts(findings: list[Finding], comparisons: list[dict[str, Any]], *,
+                         model_type: str) -> list[Finding]:
+    """Failures that are facts about the frameworks, not the conversion, become warnings that say so:
+    - the fp32 run agrees and PyTorch's own low-precision run stays within bounds, but Flax's drifts
+      (ResNet's avg_pool sums in bf16);
+    - a bf16/fp16 Marian or Pegasus: PyTorch holds its sinusoidal position table as stored, rounded,
+      and Flax computes it in fp32, so only the fp32 run differs and every stored-dtype run agrees."""
+    from guard.convert.families import FAMILIES
+
+    passed = {c["name"]: c["passed"] for c in comparisons}
+    low = len(passed) > 1
+    flax_drift = passed.get("fp32") and passed.get("torch vs fp32 reference", False)
+    table = (low and not passed.get("fp32") and all(v for k, v in passed.items() if k != "fp32")
+             and bool(getattr(FAMILIES.get(model_type), "computed", ())))
+    facts = []
+    for finding in findings:
+        if flax_drift and finding.message.startswith(FLAX_ONLY_DRIFT):
+            finding = finding._replace(severity=Severity.warning, message=(
+                f"{finding.message}; the fp32 run agrees and PyTorch's own low-precision run stays within "
+                "bounds, so this is Flax's low-precision arithmetic drifting, not the conversion"))
+        elif table and finding.message.startswith("fp32 "):
+            finding = finding._replace(severity=Severity.warning, message=(
+                f"{finding.message}; {model_type} keeps its sinusoidal position table in the stored dtype in "
+                "PyTorch while Flax computes it in fp32, and every stored-dtype comparison passes: a "
+                "difference of the frameworks, not of the conversion"))
+        facts.append(finding)
+    return facts
 
 
 def _plan(stored: dict[str, str]) -> list[tuple[str, str, str, tuple[str, ...]]]:
@@ -132,9 +164,12 @@ def find_pair(config: dict[str, Any]) -> tuple[str, str]:
     if model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
         raise _Unavailable(f"transformers does not know model_type {model_type!r}")
     flax_names = {getattr(modeling_flax_auto, m).get(model_type) for m in FLAX_MAPPINGS} - {None}
+    from guard.convert.families import FLAX_NAMES
+
     for arch in config.get("architectures") or ():
-        if isinstance(arch, str) and f"Flax{arch}" in flax_names:
-            return arch, f"Flax{arch}"
+        twin = FLAX_NAMES.get(arch, f"Flax{arch}") if isinstance(arch, str) else None
+        if twin in flax_names:
+            return arch, twin
     base_flax = modeling_flax_auto.FLAX_MODEL_MAPPING_NAMES.get(model_type)
     base_pt = modeling_auto.MODEL_MAPPING_NAMES.get(model_type)
     if isinstance(base_pt, tuple | list):
@@ -142,46 +177,6 @@ def find_pair(config: dict[str, Any]) -> tuple[str, str]:
     if base_flax is None or base_pt is None:
         raise _Unavailable(f"transformers has no paired PyTorch/Flax classes for model_type {model_type!r}")
     return base_pt, base_flax
-
-
-def make_inputs(config: Any, flax_cls: Any, *, seed: int) -> dict[str, Any]:
-    """Seeded inputs for whatever the Flax model's __call__ takes."""
-    import numpy as np
-
-    accepted = set(inspect.signature(flax_cls.__call__).parameters)
-    rng = np.random.default_rng(seed)
-    text = getattr(config, "text_config", None) or config
-    vision = getattr(config, "vision_config", None) or config
-    inputs: dict[str, Any] = {}
-    for name in ("input_ids", "decoder_input_ids"):
-        if name in accepted:
-            inputs[name] = _token_ids(rng, text, name)
-    if "input_ids" in inputs and "attention_mask" in accepted:
-        inputs["attention_mask"] = np.ones_like(inputs["input_ids"])
-    if "pixel_values" in accepted:
-        size = getattr(vision, "image_size", 224)
-        size = size if isinstance(size, int) else int(size[0])
-        channels = getattr(vision, "num_channels", 3)
-        inputs["pixel_values"] = rng.standard_normal((IMAGE_BATCH, channels, size, size)).astype(np.float32)
-    if not inputs:
-        wanted = [p for p in accepted if p not in ("self", "params", "dropout_rng", "train")]
-        raise _Unavailable(f"{flax_cls.__name__} takes inputs this tool does not build ({', '.join(wanted)})")
-    return inputs
-
-
-def _token_ids(rng: Any, config: Any, name: str) -> Any:
-    import numpy as np
-
-    vocab = getattr(config, "vocab_size", None)
-    if not isinstance(vocab, int) or vocab < 2:
-        raise _Unavailable(f"config has no usable vocab_size for {name}")
-    limit = getattr(config, "max_position_embeddings", None)
-    length = min(SEQ_LEN, limit - 2) if isinstance(limit, int) and limit > 4 else SEQ_LEN
-    # Special tokens change positions (RoBERTa counts from the pad id) or masks: avoid them.
-    specials = {getattr(config, k, None) for k in ("pad_token_id", "bos_token_id", "eos_token_id",
-                                                   "decoder_start_token_id")}
-    allowed = np.setdiff1d(np.arange(vocab), [s for s in specials if isinstance(s, int)])
-    return rng.choice(allowed if allowed.size else np.arange(vocab), size=(BATCH, length)).astype(np.int32)
 
 
 def stored_dtype(directory: Path) -> str:
@@ -236,15 +231,13 @@ def _numerics() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
+    """No progress bars; transformers' log lines are the CLI's to show (-v) or hide (guard.quiet)."""
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
-        hf_logging.set_verbosity(level)
         hf_logging.enable_progress_bar()
 
 
@@ -254,3 +247,15 @@ def _require_extras() -> None:
             __import__(module)
         except ImportError:
             raise MissingExtraError(module, "parity") from None
+    require_flax_transformers()
+
+
+def require_flax_transformers() -> None:
+    """transformers 5 removed the Flax classes parity runs; say so in one line."""
+    import transformers
+
+    major = str(getattr(transformers, "__version__", "0")).split(".")[0]
+    if not major.isdigit() or int(major) >= 5:
+        raise UsageError(f"parity needs transformers 4.x, the last line with Flax classes (found "
+                         f"{getattr(transformers, '__version__', '?')}); install it with: pip install "
+                         "'transformers>=4.40,<5' (convert itself does not need transformers)")

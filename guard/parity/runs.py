@@ -16,6 +16,7 @@ from guard.findings import Finding
 from guard.inventory import display_path
 
 LOAD_FAILURES = (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError)
+RUN_FAILURES = (*LOAD_FAILURES, IndexError)
 SKIPPED_OUTPUTS = ("past_key_values", "attentions", "cross_attentions")
 
 
@@ -57,9 +58,8 @@ def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> 
     try:
         with torch.no_grad():
             out = model(**kwargs)
-    except LOAD_FAILURES as exc:
-        raise Failed(make_finding("CG302", where, f"{cls.__name__} ({dtype}) forward pass failed: "
-                                                  f"{_first_line(exc)}"))
+    except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
+        raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
     return {name: value.detach().float().numpy() for name, value in _flatten(out)}
 
 
@@ -73,7 +73,7 @@ def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> d
     compute = {"F32": jnp.float32, "BF16": jnp.bfloat16, "F16": jnp.float16}[dtype]
     where = display_path(directory)
     try:
-        model, params = cls.from_pretrained(directory, _do_init=False, dtype=compute, local_files_only=True)
+        model, params = _load_flax(cls, directory, compute)
     except TypeError as exc:  # raised by tracing the module's code (jax.eval_shape): API drift
         raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}")
     except LOAD_FAILURES as exc:
@@ -81,21 +81,57 @@ def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> d
     missing = sorted("/".join(k) for k in model.required_params - set(flatten_dict(params)))
     if missing:
         raise Failed(make_finding("CG304", where, f"{cls.__name__}: {len(missing)} missing keys (e.g. {missing[0]})"))
+    if getattr(model, "_guard_randomized", None):
+        raise Failed(make_finding("CG304", where, f"{cls.__name__}: {model._guard_randomized}"))
     if dtype == "F32":
         params = jax.tree_util.tree_map(
             lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
     accepted = inspect.signature(cls.__call__).parameters
     kwargs = {name: jnp.asarray(value) for name, value in inputs.items() if name in accepted}
+    if "input_values" in inputs and "input_values" not in accepted and "inputs" in accepted:
+        kwargs["inputs"] = jnp.asarray(inputs["input_values"])  # FlaxSpeechEncoderDecoderModel's name for it
     flags = {"output_hidden_states": True, "return_dict": True, "train": False}
     kwargs.update({k: v for k, v in flags.items() if _takes(accepted, k)})
     try:
         out = model(**kwargs, params=params)
     except TypeError as exc:  # an API drift between transformers' Flax code and the installed jax
         raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}")
-    except LOAD_FAILURES as exc:
-        raise Failed(make_finding("CG302", where, f"{cls.__name__} ({dtype}) forward pass failed: "
-                                                  f"{_first_line(exc)}"))
+    except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
+        raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
     return {name: np.asarray(value).astype(np.float32) for name, value in _flatten(out)}
+
+
+def _load_flax(cls: Any, directory: Path, compute: Any) -> tuple[Any, Any]:
+    """``_do_init=False`` (a missing parameter stays missing); composites refuse it, so they load
+    initialised and transformers' "newly initialized" line is caught instead of printed."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    try:
+        return cls.from_pretrained(directory, _do_init=False, dtype=compute, local_files_only=True)
+    except ValueError as exc:
+        if "_do_init" not in str(exc):
+            raise
+    lines: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler, level = Catch(logging.WARNING), hf_logging.get_verbosity()
+    hf_logging.disable_default_handler()
+    hf_logging.get_logger("transformers").addHandler(handler)
+    hf_logging.set_verbosity_warning()
+    try:
+        model = cls.from_pretrained(directory, dtype=compute, local_files_only=True)
+    finally:
+        hf_logging.get_logger("transformers").removeHandler(handler)
+        hf_logging.set_verbosity(level)
+        hf_logging.enable_default_handler()
+    random = [line.splitlines()[0][:300] for line in lines if "newly initialized" in line]
+    model._guard_randomized = random[0] if random else None
+    return model, model.params
 
 
 def _takes(parameters: Any, name: str) -> bool:

@@ -9,10 +9,9 @@ scan's path (an optional parser is imported by its reader, when its format is se
 
 from __future__ import annotations
 
+import importlib
 import struct
 from collections.abc import Callable
-
-import importlib
 
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
@@ -33,6 +32,10 @@ READERS: dict[str, str] = {
     # HDF5 / Keras / Orbax (readers-b); h5py and tensorstore load only inside these readers
     "hdf5": "guard.readers.hdf5:read_hdf5",
     "keras": "guard.readers.keras:read_keras",
+    "gguf": "guard.readers.gguf:read_gguf",
+    "onnx": "guard.readers.onnx:read_onnx",
+    "npy": "guard.readers.numpy_files:read_npy",
+    "npz": "guard.readers.numpy_files:read_npz",
 }
 
 
@@ -40,6 +43,7 @@ def reader_for(fmt: str) -> Reader:
     module, _, function = READERS[fmt].partition(":")
     reader: Reader = getattr(importlib.import_module(module), function)
     return reader
+
 
 # Failures a reader may hit on hostile bytes; every one becomes CG001, never a traceback.
 READ_FAILURES: tuple[type[BaseException], ...] = (
@@ -56,9 +60,11 @@ READ_FAILURES: tuple[type[BaseException], ...] = (
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _LEGACY_MAGIC = bytes.fromhex("80028a0a6cfc9c46f9206aa850192e")
+_GGUF_MAGIC = b"GGUF"
+_NPY_MAGIC = b"\x93NUMPY"
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack")
-WEIGHT_SUFFIXES += (".h5", ".hdf5", ".keras")  # readers-b: HDF5 and Keras
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".gguf", ".onnx", ".npy",
+                   ".npz", ".h5", ".hdf5", ".keras")
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _HDF5_SUFFIXES = (".h5", ".hdf5")
 
@@ -75,10 +81,18 @@ def sniff_format(source: ByteSource) -> str | None:
         return "keras"
     if head.startswith(_HDF5_MAGIC) or name.endswith(_HDF5_SUFFIXES):
         return "hdf5"
+    if head.startswith(_GGUF_MAGIC):
+        return "gguf"
+    if head.startswith(_NPY_MAGIC):
+        return "npy"
+    if name.endswith(".npz") and (head.startswith(_ZIP_MAGIC) or head.startswith(b"PK\x05\x06")):
+        return "npz"  # a zip of .npy members, not a torch checkpoint
     if head.startswith(_ZIP_MAGIC) or (source.size == 22 and head.startswith(b"PK\x05\x06")):
         return "torch-zip"
     if head.startswith(_LEGACY_MAGIC) or head[257:262] == b"ustar":
         return "torch-legacy"  # the legacy reader explains the old tar variant itself
+    if name.endswith(".onnx"):
+        return "onnx"  # protobuf has no magic bytes
     if name.endswith(".msgpack"):
         return "flax-msgpack"
     if name.endswith(".safetensors"):
@@ -93,7 +107,8 @@ def scan_file(source: ByteSource) -> FileScan:
     try:
         fmt = sniff_format(source)
         if fmt is None:
-            raise MalformedCheckpoint("not a safetensors, torch, flax msgpack or LFS pointer file")
+            raise MalformedCheckpoint("not a weight file of a format read here (safetensors, torch, Flax msgpack, "
+                                      "GGUF, ONNX, NumPy, HDF5/Keras, Orbax) nor an LFS pointer")
         return reader_for(fmt)(source)
     except READ_FAILURES as exc:
         return unreadable(source, exc)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from guard.dtypes import display_name
 from guard.findings import Severity
@@ -49,6 +48,14 @@ def render_text(report: Report, *, color: bool = False) -> str:
     if report.findings:
         lines.append("")
     counts = report.counts()
+    conversion = report.extra.get("conversion")
+    if isinstance(conversion, dict) and not conversion.get("written"):  # a refusal is not an empty scan
+        lines.append(_paint("ckpt-guard: convert refused", "31", color) +
+                     f": {counts['error']} error(s), {counts['warning']} warning(s); nothing written to "
+                     f"{inert_text(str(conversion.get('output')))}")
+        if conversion.get("next_step"):
+            lines.append(f"ckpt-guard: what to do: {inert_text(str(conversion['next_step']), limit=600)}")
+        return "\n".join(lines) + "\n"
     files = sum(len(m.files) for m in report.models)
     skipped = sum(1 for m in report.models for f in m.files if f.unsupported)
     unreadable = sum(1 for m in report.models for f in m.files if f.format is None) - skipped
@@ -100,7 +107,7 @@ def _model_lines(model: ModelSummary, color: bool) -> list[str]:
     return lines
 
 
-def parity_summary(figures: dict[str, Any]) -> str:
+def parity_summary(figures: dict[str, object]) -> str:
     """One line per comparison: its bound, the worst output and top-1 (the JSON has every figure)."""
     lines = [f"parity {inert_text(str(figures.get('torch_dir')))} vs {inert_text(str(figures.get('flax_dir')))}"
              f" ({inert_text(str(figures.get('torch_class', '-')))} / "

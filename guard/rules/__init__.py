@@ -24,6 +24,7 @@ from guard.rules.dtype_policy import (
     check_mixed_float_dtypes,
     check_unexpected_dtype,
 )
+from guard.rules.formats import check_declared_dtypes
 from guard.rules.shards import check_shard_index
 from guard.rules.targets import check_target_support
 from guard.rules.training import file_findings
@@ -37,6 +38,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG101", check_unexpected_dtype),
     ("CG102", check_mixed_float_dtypes),
     ("CG103", check_config_dtype),
+    ("CG103", check_declared_dtypes),
     ("CG104", check_low_precision_norms),
     ("CG105", check_float64),
     ("CG106", check_target_support),
@@ -52,6 +54,7 @@ def check_model(inventory: ModelInventory, policy: Policy) -> list[Finding]:
         for scan in ws.files:
             findings.extend(f._replace(set=ws.name) for f in file_findings(ws, scan))
     owner = {index.path: ws.name for ws in inventory.sets for index in ws.indexes}
+    owner.update((scan.path, ws.name) for ws in inventory.sets for scan in ws.files)
     findings.extend(f._replace(set=owner.get(f.path)) for f in inventory.findings)
     for code, check in CHECKS:
         if policy.is_enabled(code):

@@ -23,8 +23,9 @@ def judged_sets(inv: ModelInventory) -> Iterator[WeightSet]:
 def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) -> tuple[TensorInfo, ...]:
     """Floating tensors of one set the dtype policy applies to (computed once per set and policy).
 
-    Quantized payloads (F8/F6/F4) and their scales are quantization by design,
-    not a mix; tensors matching keep-fp32 that *are* fp32 are allowed to be.
+    Quantized payloads (F8/F6/F4, ggml block types) and their scales are quantization
+    by design, not a mix; tensors matching keep-fp32 that *are* fp32 are allowed to be;
+    so are a GGUF file's 1-D F32 tensors.
     """
     key = ("policed", policy)
     cached = ws.memo.get(key)
@@ -35,8 +36,12 @@ def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) ->
 
 def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> Iterator[TensorInfo]:
     quantized = inv.quantization(ws) is not None
+    # GGUF file types are "mostly X, except 1-d tensors", which stay F32 by design
+    gguf_files = {scan.path for scan in ws.files if scan.format == "gguf"}
     for tensor in ws.tensors:
         if not dtypes.is_float(tensor.dtype):
+            continue
+        if tensor.file in gguf_files and tensor.dtype == "F32" and len(tensor.shape) <= 1:
             continue
         if tensor.dtype in dtypes.QUANTIZED_CODES:
             continue

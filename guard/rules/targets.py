@@ -11,7 +11,7 @@ from guard.config import Policy
 from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory
-from guard.tensors import TensorInfo
+from guard.tensors import FileScan, TensorInfo
 
 _NEEDS_ML_DTYPES = {"BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0",
                     "F6_E2M3", "F6_E3M2", "F4"}
@@ -33,15 +33,42 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
 }
 UNSUPPORTED["flax"] = UNSUPPORTED["jax"]
+# docs/formats.md has the sources.  Float8 and int4 initializers are left alone: quantized ONNX
+# models feed them to DequantizeLinear, which the CPU provider implements for those types.
+UNSUPPORTED["onnxruntime"] = {
+    "BF16": "has no kernel in ONNX Runtime's CPU provider for most operators (MatMul, Add, Mul, ...: "
+            "NOT_IMPLEMENTED); export fp16 or fp32 for CPU",
+}
+
+# The runtime a format's files are made for: their tensors meet its limits whatever --target says.
+FORMAT_TARGETS: dict[str, str] = {"onnx": "onnxruntime"}
 
 # Integer buffers Flax models do not carry (transformers rebuilds them), so their
 # width never reaches JAX: position/token-type id tables, batch-norm counters.
 _FLAX_DROPPED_BUFFERS = ("*_ids", "*num_batches_tracked")
 
 
+def format_target_findings(scan: FileScan) -> list[Finding]:
+    """CG106 for a file's tensors that its format's own runtime cannot run (an .onnx under ONNX Runtime)."""
+    runtime = FORMAT_TARGETS.get(scan.format or "")
+    if runtime is None:
+        return []
+    table = UNSUPPORTED[runtime]
+    groups: dict[str, list[str]] = defaultdict(list)
+    for tensor in scan.tensors:
+        if tensor.dtype in table:
+            groups[tensor.dtype].append(tensor.name)
+    return [make_finding("CG106", scan.path, f"{runtime} (the runtime of {scan.format} files): "
+                         f"{len(names)} {dn(code)} tensor(s) {table[code]}; e.g. {shown(names[0])}",
+                         tensor=names[0])
+            for code, names in sorted(groups.items())]
+
+
 def check_target_support(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
     for ws in inv.sets:
         if ws.judged:
+            for scan in ws.files:
+                yield from (f._replace(set=ws.name) for f in format_target_findings(scan))
             yield from (f._replace(set=ws.name) for f in _check_set(ws.tensors, policy))
 
 

@@ -1,0 +1,68 @@
+"""A forward-reading window over a ByteSource, for headers that must be walked to be sized.
+
+GGUF and protobuf headers have no length up front: the reader learns where the
+header ends by walking it.  ``Window`` serves small reads from one buffered span
+and, on a miss, fetches the next span in one read.  A miss that continues where
+the buffer ends (or less than a block past it) grows the next fetch sixteenfold
+(64 KiB, 1 MiB, 16 MiB), so a
+header of up to about 1 MiB costs at most two reads of the source, local or
+ranged HTTP, and a long one a few more; a miss elsewhere (after a skipped
+payload) starts again at 64 KiB.  Nothing past the asked range is fetched beyond
+the current block, and the buffer never holds more than one block plus one read.
+"""
+
+from __future__ import annotations
+
+from guard.errors import MalformedCheckpoint
+from guard.sources import ByteSource
+
+FIRST_BLOCK = 64 * 1024
+GROWTH = 16
+MAX_BLOCK = 16 * 1024 * 1024
+
+
+class Window:
+    def __init__(self, source: ByteSource, *, first_block: int = FIRST_BLOCK) -> None:
+        self.source = source
+        self.size = source.size
+        self.first_block = first_block
+        self.start = 0
+        self.data = b""
+        self._block = 0  # the size of the last fetch
+        self.bytes_read = 0
+        self.reads = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
+
+    def need(self, pos: int, n: int, what: str = "header") -> int:
+        """Make ``[pos, pos + n)`` buffered; return its index into ``self.data``."""
+        if pos < 0 or n < 0 or pos + n > self.size:
+            raise MalformedCheckpoint(
+                f"{what} at offset {pos:,} needs {n:,} bytes, past the end of the file ({self.size:,} bytes)")
+        if self.start <= pos and pos + n <= self.end:
+            return pos - self.start
+        if self.data and self.start <= pos <= self.end + self._block:
+            # continues the buffer (or skips less than a block past it): keep its tail, grow
+            block = min(MAX_BLOCK, self._block * GROWTH)
+            keep = self.data[pos - self.start :]
+            fetch_at = self.end
+        else:
+            block = self.first_block
+            keep = b""
+            fetch_at = pos
+        fetch_end = min(self.size, max(pos + n, fetch_at + block))
+        fetched = self.source.read_at(fetch_at, fetch_end - fetch_at)
+        self.reads += 1
+        self.bytes_read += len(fetched)
+        self._block = max(block, len(fetched))
+        data = keep + fetched
+        if fetch_at < pos:  # a short skip: drop the bytes between the old end and pos
+            data = data[pos - fetch_at :]
+        self.start, self.data = pos, data
+        return 0
+
+    def read(self, pos: int, n: int, what: str = "header") -> bytes:
+        at = self.need(pos, n, what)
+        return self.data[at : at + n]

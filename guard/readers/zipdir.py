@@ -1,0 +1,179 @@
+"""The zip container, read through a ByteSource: the end record, the central directory, local headers.
+
+Shared by the torch zip and the NumPy ``.npz`` readers.  ``zipfile.ZipFile`` is
+not used: through a remote source it would read more than the few ranges a scan
+needs.  Every entry is checked against the archive's layout (inside the file data,
+no two entries sharing bytes: the overlapping-entry "zip bomb"), duplicate names
+are refused, and zip64 records are followed.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from guard.errors import MalformedCheckpoint
+from guard.sources import ByteSource
+
+_EOCD = struct.Struct("<4sHHHHIIH")  # End Of Central Directory, 22 bytes + comment
+_ZIP64_LOCATOR = struct.Struct("<4sIQI")  # 20 bytes, just before the EOCD
+_ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")  # 56 bytes
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # 46 bytes + name + extra + comment
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")  # 30 bytes + name + extra
+_FIRST_TAIL = 1024  # torch writes no zip comment: the EOCD is the last 22 bytes
+_MAX_TAIL = 65535 + _EOCD.size
+MAX_DIRECTORY = 64 * 1024 * 1024  # ~70 bytes per entry: about a million storages
+
+
+@dataclass(frozen=True, slots=True)
+class ZipEntry:
+    name: str
+    method: int
+    flags: int
+    compressed_size: int
+    size: int
+    header_offset: int
+    crc: int = 0
+    raw_name: bytes = b""
+    version_needed: int = 20  # "version needed to extract", times ten (2.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ZipArchive:
+    entries: dict[str, ZipEntry]
+    directory_offset: int  # where the file data ends
+    count: int = 0  # entries the end record declares
+    count_on_disk: int = 0  # ... "on this disk" (the same number in a one-disk archive)
+    gap: int = 0  # bytes between the directory's end and the end record that follows it
+
+
+def read_zip_directory(source: ByteSource) -> dict[str, ZipEntry]:
+    """The central directory, entries in archive order; duplicate names are refused."""
+    return read_zip_archive(source).entries
+
+
+def read_zip_archive(source: ByteSource) -> ZipArchive:
+    """The central directory, checked against the layout it describes (no local header is read).
+
+    Entries must start at distinct offsets inside the file data, and each must have
+    room for its local header, name and compressed bytes before the next one starts:
+    entries that share bytes are refused.
+    """
+    cd_offset, cd_size, count, cd_limit, on_disk = _find_directory(source)
+    if cd_size > MAX_DIRECTORY:
+        raise MalformedCheckpoint(f"zip central directory of {cd_size:,} bytes exceeds the limit")
+    if cd_offset + cd_size > cd_limit or count > cd_size // _CENTRAL.size:
+        raise MalformedCheckpoint("zip central directory does not fit where the EOCD places it")
+    directory = source.read_at(cd_offset, cd_size)
+    entries: dict[str, ZipEntry] = {}
+    pos = 0
+    for _ in range(count):
+        if pos + _CENTRAL.size > cd_size:
+            raise MalformedCheckpoint("zip central directory is truncated")
+        (sig, _made, need, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen,
+         disk, _ia, _ea, offset) = _CENTRAL.unpack_from(directory, pos)
+        if sig != b"PK\x01\x02":
+            raise MalformedCheckpoint(f"bad zip central directory entry at byte {cd_offset + pos}")
+        start = pos + _CENTRAL.size
+        pos = start + nlen + elen + clen
+        if pos > cd_size:
+            raise MalformedCheckpoint("zip central directory entry runs past the directory")
+        raw_name = directory[start : start + nlen]
+        name = raw_name.decode("utf-8", "replace")
+        extra = directory[start + nlen : start + nlen + elen]
+        if disk:
+            raise MalformedCheckpoint("multi-disk zip archives are not torch checkpoints")
+        usize, csize, offset = _zip64_sizes(extra, usize, csize, offset)
+        if name in entries:
+            raise MalformedCheckpoint(f"zip holds {name!r} twice")
+        if offset + _LOCAL.size > cd_offset:
+            raise MalformedCheckpoint(f"zip entry {name!r} starts past the file data")
+        entries[name] = ZipEntry(name, method, flags, csize, usize, offset, crc, raw_name, need)
+    _check_layout(entries, cd_offset)
+    return ZipArchive(entries, cd_offset, count, on_disk, cd_limit - cd_offset - cd_size)
+
+
+def _check_layout(entries: dict[str, ZipEntry], cd_offset: int) -> None:
+    ordered = sorted(entries.values(), key=lambda e: e.header_offset)
+    for entry, after in zip(ordered, [*ordered[1:], None]):
+        limit = cd_offset if after is None else after.header_offset
+        least = entry.header_offset + _LOCAL.size + len(entry.raw_name) + entry.compressed_size
+        if least > limit:
+            other = "the central directory" if after is None else repr(after.name)
+            raise MalformedCheckpoint(f"zip entry {entry.name!r} overlaps {other}")
+
+
+def local_data_offset(source: ByteSource, entry: ZipEntry, head: bytes | None = None) -> int:
+    """Absolute offset of an entry's data, from its local header (``head``: bytes read from there)."""
+    if head is None:
+        head = source.read_at(entry.header_offset, min(_LOCAL.size, source.size - entry.header_offset))
+    if len(head) < _LOCAL.size:
+        raise MalformedCheckpoint(f"zip local header of {entry.name!r} is truncated")
+    sig, *_rest, nlen, elen = _LOCAL.unpack_from(head)
+    if sig != b"PK\x03\x04":
+        raise MalformedCheckpoint(f"bad zip local header for {entry.name!r}")
+    return entry.header_offset + _LOCAL.size + nlen + elen
+
+
+def _find_directory(source: ByteSource) -> tuple[int, int, int, int, int]:
+    """(directory offset, size, entry count, offset it must end before, entries "on this disk")."""
+    found = None
+    for tail_size in (_FIRST_TAIL, _MAX_TAIL):
+        tail_size = min(tail_size, source.size)
+        tail = source.read_at(source.size - tail_size, tail_size)
+        found = _last_eocd(tail)
+        if found is not None or tail_size == source.size:
+            break
+    if found is None:
+        raise MalformedCheckpoint("no zip End Of Central Directory record: truncated or not a zip")
+    eocd_at = source.size - tail_size + found
+    _sig, disk, cd_disk, on_disk, count, cd_size, cd_offset, _clen = _EOCD.unpack_from(tail, found)
+    if disk or cd_disk:
+        raise MalformedCheckpoint("multi-disk zip archives are not torch checkpoints")
+    if eocd_at >= _ZIP64_LOCATOR.size:
+        loc = (tail[found - _ZIP64_LOCATOR.size : found] if found >= _ZIP64_LOCATOR.size
+               else source.read_at(eocd_at - _ZIP64_LOCATOR.size, _ZIP64_LOCATOR.size))
+        sig, _disk, z64_at, _disks = _ZIP64_LOCATOR.unpack(loc)
+        # miniz (torch) refuses a locator that points past the end; a zip64 record without its
+        # signature is ignored, as miniz and zipfile ignore it: the 32-bit record then has to do.
+        if sig == b"PK\x06\x07" and z64_at + _ZIP64_EOCD.size > source.size:
+            raise MalformedCheckpoint("zip64 locator points past the end of the archive")
+        if sig == b"PK\x06\x07" and z64_at + _ZIP64_EOCD.size <= eocd_at - _ZIP64_LOCATOR.size:
+            (sig, _size, _made, _need, disk64, cd_disk64, on_disk64, count64, cd_size64,
+             cd_offset64) = _ZIP64_EOCD.unpack(source.read_at(z64_at, _ZIP64_EOCD.size))
+            if sig == b"PK\x06\x06":
+                if disk64 or cd_disk64:
+                    raise MalformedCheckpoint("multi-disk zip archives are not torch checkpoints")
+                return cd_offset64, cd_size64, count64, z64_at, on_disk64
+    if 0xFFFFFFFF in (cd_size, cd_offset) or count == 0xFFFF:
+        raise MalformedCheckpoint("zip needs a zip64 record but has none")
+    return cd_offset, cd_size, count, eocd_at, on_disk
+
+
+def _last_eocd(tail: bytes) -> int | None:
+    """The last complete end record.  Its comment length is not held against it: miniz (torch)
+    and Python's zipfile both take the last signature, and so a truncated comment still reads."""
+    at = tail.rfind(b"PK\x05\x06", 0, len(tail) - _EOCD.size + 4)
+    return at if at >= 0 else None
+
+
+def _zip64_sizes(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
+    """Replace 0xFFFFFFFF fields by the zip64 extra field's values, in the spec's order."""
+    fields = [usize, csize, offset]
+    pos = 0
+    while pos + 4 <= len(extra):
+        tag, length = struct.unpack_from("<HH", extra, pos)
+        if tag == 0x0001:
+            body = extra[pos + 4 : pos + 4 + length]
+            values = iter(struct.unpack_from(f"<{len(body) // 8}Q", body))
+            for i, value in enumerate(fields):
+                if value == 0xFFFFFFFF:
+                    wide = next(values, None)
+                    if wide is None:
+                        raise MalformedCheckpoint("zip64 extra field is too short")
+                    fields[i] = wide
+            break
+        pos += 4 + length
+    return fields[0], fields[1], fields[2]
+
+

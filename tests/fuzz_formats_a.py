@@ -1,0 +1,317 @@
+"""GGUF, ONNX and NumPy for the fuzz machinery of ``fuzz_inputs``: samples, references, known cases.
+
+Not a test module.  ``fuzz_inputs`` registers these next to its own formats, so
+the differential tests, the seed corpus and the agreement figures cover them the
+same way.  Samples are written by the real libraries (gguf's GGUFWriter, onnx,
+numpy); the references are the libraries' own readers: ``gguf.GGUFReader``,
+``onnx.load`` plus ``numpy_helper.to_array`` on every inline initializer, and
+``numpy.load`` (``mmap_mode="r"`` for ``.npy``; every array of an ``.npz``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+Inventory = dict[str, tuple[str, tuple[int, ...]]]
+
+FILE_NAMES_A = {"gguf": "model.gguf", "onnx": "model.onnx", "npy": "weights.npy", "npz": "weights.npz"}
+FORMATS_A = tuple(FILE_NAMES_A)
+REFERENCE_SECONDS = 2.0  # a reference still parsing after this is counted as refusing (a hang)
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+def _scratch(data: bytes, suffix: str) -> Iterator[str]:
+    fd, path = tempfile.mkstemp(suffix=suffix)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        yield path
+    finally:
+        os.unlink(path)
+
+
+# ------------------------------------------------------------------ references
+
+def reference_gguf(data: bytes) -> Inventory | str:
+    from gguf import GGUFReader
+
+    from fuzz_inputs import alarm
+
+    for path in _scratch(data, ".gguf"):
+        try:
+            with alarm(REFERENCE_SECONDS):  # GGUFReader loops over a count it never checks
+                reader = GGUFReader(path)
+            out = {t.name: (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape.tolist())))
+                   for t in reader.tensors}
+            del reader  # release the memmap before the file goes
+            return out
+        except Exception as exc:  # noqa: BLE001 - the reference's refusal is the datum we record
+            return f"GGUFReader: {_first_line(exc)}"
+    raise AssertionError("unreachable")
+
+
+def reference_onnx(data: bytes) -> Inventory | str:
+    import onnx
+    from onnx import numpy_helper
+
+    from guard.readers.onnx_schema import DATA_TYPES
+
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as exc:  # noqa: BLE001
+        return f"onnx.load: {_first_line(exc)}"
+    out: Inventory = {}
+    try:
+        for graph in _graphs(model.graph):
+            for t in graph.initializer:
+                out[_text(t.name)] = (DATA_TYPES.get(t.data_type, f"onnx:{t.data_type}"), tuple(t.dims))
+                if t.data_location != onnx.TensorProto.EXTERNAL:
+                    numpy_helper.to_array(t)
+            for s in graph.sparse_initializer:
+                out[_text(s.values.name)] = (DATA_TYPES.get(s.values.data_type, f"onnx:{s.values.data_type}"),
+                                             tuple(s.dims))
+                numpy_helper.to_array(s.values)
+                numpy_helper.to_array(s.indices)
+    except Exception as exc:  # noqa: BLE001
+        return f"to_array: {_first_line(exc)}"
+    return out
+
+
+def _text(name: str | bytes) -> str:
+    return name.decode("utf-8", "backslashreplace") if isinstance(name, bytes) else name
+
+
+def _graphs(graph: Any) -> Iterator[Any]:
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _graphs(attr.g)
+            for sub in attr.graphs:
+                yield from _graphs(sub)
+
+
+def numpy_code(dtype: Any) -> str:
+    from guard.dtypes import NUMPY_NAMES
+
+    if dtype.names is not None or dtype.subdtype is not None:
+        return "structured"
+    if dtype.kind in "VSU":
+        return f"{dtype.kind}{dtype.itemsize // (4 if dtype.kind == 'U' else 1)}"
+    if dtype.kind in "Mm":
+        return "datetime64" if dtype.kind == "M" else "timedelta64"
+    name = dtype.newbyteorder("=").name
+    return {"complex128": "C128", "float128": "float128", "complex256": "complex256"}.get(
+        name, NUMPY_NAMES.get(name, name))
+
+
+def reference_npy(data: bytes) -> Inventory | str:
+    import numpy as np
+
+    for path in _scratch(data, ".npy"):
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+            out = {"weights": (numpy_code(array.dtype), tuple(array.shape))}
+            del array
+            return out
+        except Exception as exc:  # noqa: BLE001
+            return f"numpy.load: {_first_line(exc)}"
+    raise AssertionError("unreachable")
+
+
+def reference_npz(data: bytes) -> Inventory | str:
+    import numpy as np
+
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            out = {}
+            for key in npz.files:
+                value = npz[key]
+                if isinstance(value, np.ndarray):
+                    out[key] = (numpy_code(value.dtype), tuple(value.shape))
+            return out
+    except Exception as exc:  # noqa: BLE001
+        return f"numpy.load: {_first_line(exc)}"
+
+
+REFERENCES_A: dict[str, Callable[[bytes], Inventory | str]] = {
+    "gguf": reference_gguf, "onnx": reference_onnx, "npy": reference_npy, "npz": reference_npz,
+}
+
+
+# ------------------------------------------------------------------ samples (real writers)
+
+def _gguf_samples() -> list[bytes]:
+    import ml_dtypes
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFEndian, GGUFWriter
+    from gguf.quants import quantize
+
+    def write(build: Callable[[Any], None], **kwargs: Any) -> bytes:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "m.gguf")
+            writer = GGUFWriter(path, "llama", **kwargs)
+            build(writer)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+            with open(path, "rb") as fh:
+                return fh.read()
+
+    rng = np.random.default_rng(0)
+
+    def f16(w: Any) -> None:
+        w.add_file_type(1)
+        w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(12)])
+        w.add_array("tokenizer.ggml.scores", [0.5] * 4)
+        w.add_uint32("llama.context_length", 64)
+        w.add_tensor("token_embd.weight", rng.standard_normal((6, 8)).astype(np.float16))
+        w.add_tensor("blk.0.attn_norm.weight", np.ones(8, np.float32))
+
+    def q8(w: Any) -> None:
+        w.add_file_type(7)
+        w.add_quantization_version(2)
+        w.add_custom_alignment(64)
+        q = quantize(rng.standard_normal((2, 64)).astype(np.float32), GGMLQuantizationType.Q8_0)
+        w.add_tensor("blk.0.ffn_up.weight", q, raw_shape=q.shape, raw_dtype=GGMLQuantizationType.Q8_0)
+        w.add_tensor("output_norm.weight", np.ones(4, np.float32))
+        w.add_array("nested", [[1, 2], [3]])
+
+    def bf16(w: Any) -> None:
+        w.add_file_type(32)
+        bf = np.ones((3, 4), np.float32).astype(ml_dtypes.bfloat16).view(np.uint8)
+        w.add_tensor("blk.0.attn_q.weight", bf, raw_dtype=GGMLQuantizationType.BF16, raw_shape=bf.shape)
+        w.add_tensor("positions", np.arange(5, dtype=np.int32))
+        w.add_tensor("f64", np.zeros(2, np.float64))
+        w.add_bool("general.flag", True)
+        w.add_string("general.name", "tiny")
+
+    def split(w: Any) -> None:
+        w.add_uint16("split.no", 0)
+        w.add_uint16("split.count", 2)
+        w.add_int32("split.tensors.count", 3)
+        w.add_tensor("a", np.ones((2, 2), np.float32))
+
+    return [write(f16), write(q8), write(bf16), write(split, endianess=GGUFEndian.BIG)]
+
+
+def _onnx_samples() -> list[bytes]:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float32), "w")
+    h = numpy_helper.from_array(np.ones(4, np.float16), "h")
+    ids = numpy_helper.from_array(np.arange(3, dtype=np.int64), "ids")
+    then_init = numpy_helper.from_array(np.ones(2, np.float32), "then_c")
+    else_init = numpy_helper.from_array(np.zeros(2, np.float32), "else_c")
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    then_g = helper.make_graph([helper.make_node("Identity", ["then_c"], ["y"])], "then", [], [out],
+                               [then_init])
+    else_g = helper.make_graph([helper.make_node("Identity", ["else_c"], ["y"])], "else", [], [out],
+                               [else_init])
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    if_node = helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)
+    g1 = helper.make_graph([if_node], "g", [cond], [out], [w, h, ids])
+    m1 = helper.make_model(g1, opset_imports=[helper.make_opsetid("", 17)])
+
+    typed = [helper.make_tensor("f", TensorProto.FLOAT, [2], [1.0, 2.0]),
+             helper.make_tensor("half", TensorProto.FLOAT16, [2], np.ones(2, np.float16).view(np.uint16)),
+             helper.make_tensor("i64", TensorProto.INT64, [3], [1, -2, 3]),
+             helper.make_tensor("s", TensorProto.STRING, [1], [b"x"]),
+             helper.make_tensor("d", TensorProto.DOUBLE, [1], [0.5])]
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.ones(2, np.float32), "sp"),
+                                       numpy_helper.from_array(np.array([0, 3], np.int64), "sp_i"), [4])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2])
+    g2 = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "typed", [x],
+                           [helper.make_tensor_value_info("z", TensorProto.FLOAT16, [2])], typed,
+                           sparse_initializer=[sparse])
+    m2 = helper.make_model(g2, producer_name="tests")
+
+    m3 = helper.make_model(helper.make_graph([], "ext", [], [], [numpy_helper.from_array(
+        np.ones((4, 4), np.float32), "big")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(m3, os.path.join(tmp, "e.onnx"), save_as_external_data=True, location="e.onnx_data",
+                  size_threshold=0)
+        with open(os.path.join(tmp, "e.onnx"), "rb") as fh:
+            external = fh.read()
+    return [m1.SerializeToString(), m2.SerializeToString(), external]
+
+
+def _npy_samples() -> list[bytes]:
+    import ml_dtypes
+    import numpy as np
+
+    out = []
+    for array in (np.arange(12, dtype=np.float32).reshape(3, 4), np.asfortranarray(np.ones((2, 3))),
+                  np.ones(3, ml_dtypes.bfloat16), np.array([True, False]), np.ones(2, ">i4")):
+        buf = io.BytesIO()
+        np.save(buf, array)
+        out.append(buf.getvalue())
+    return out
+
+
+def _npz_samples() -> list[bytes]:
+    import numpy as np
+
+    out = []
+    arrays = {"embed": np.ones((3, 4), np.float16), "ids": np.arange(4), "flag": np.array(True)}
+    for save in (np.savez, np.savez_compressed):
+        buf = io.BytesIO()
+        save(buf, **arrays)
+        out.append(buf.getvalue())
+    return out
+
+
+SAMPLERS_A: dict[str, Callable[[], list[bytes]]] = {
+    "gguf": _gguf_samples, "onnx": _onnx_samples, "npy": _npy_samples, "npz": _npz_samples,
+}
+
+
+# (category, formats, we accept, pattern): Known records of fuzz_inputs; docs/reliability.md explains each
+KNOWN_A: tuple[tuple[str, tuple[str, ...], bool, str], ...] = (
+    ("unknown-dtype", FORMATS_A, True, r"^CG005$"),
+    # llama.cpp's layout rules (gguf.cpp): tensors follow one another at aligned offsets, at most
+    # 4 dims, alignment up to 1 MiB; GGUFReader checks none of them.  Arrays nested deeper than 8.
+    ("ggml-layout", ("gguf",), False,
+     r"has data offset|dims; ggml allows|power of two up to|arrays nested more than"),
+    # External tensors: the reference does not load their data (load_external_data=False), so
+    # to_array never sees them; we check their entries (location, offset, length) against the dims.
+    ("external-data-checked", ("onnx",), False, r"^unreadable checkpoint: external initializer"),
+    # to_array truncates packed 4-bit, 2-bit and 6-bit raw_data that is longer than the dims need;
+    # the spec sizes raw_data exactly, and so do we.
+    ("packed-size", ("onnx",), False, r"raw_data of .* bytes is not the .* bytes of (I4|U4|F4|I2|U2|F6_E2M3|F6_E3M2)\["),
+    # numpy.dtype reads spellings np.save never writes ('<V,' is a record format list); we read
+    # the descriptors numpy writes and their one-letter forms.
+    ("descr-spellings", ("npy", "npz"), False, r"descr .* is not a dtype numpy knows"),
+    # protobuf reads any bytes without a graph field (an empty file too) as a model with no graph.
+    ("empty-model", ("onnx",), False, r"has no graph"),
+    # Python's zipfile, like miniz for torch, takes the last EOCD signature it finds and reads a
+    # central directory that overruns its declared size; we refuse a zip whose records disagree.
+    ("stricter-zip", ("npz",), False,
+     r"End Of Central Directory|runs past the directory|does not fit|zip64|multi-disk|overlaps"
+     r"|two different sizes"),
+    # Headers, not data: the CRC of a member's bytes is checked only by reading them all.
+    ("data-not-read", ("npz",), True, r"Bad CRC-32|Error -3 while decompressing"),
+)
+
+
+def hot_region_a(fmt: str, data: bytes) -> int | None:
+    """Leading bytes that hold a GGUF or .npy header (mutations aim there half the time)."""
+    from guard.readers import scan_file
+    from guard.sources import BytesSource
+
+    if fmt not in ("gguf", "npy"):
+        return None
+    scan = scan_file(BytesSource(data, name=FILE_NAMES_A[fmt]))
+    starts = [t.data_start for t in scan.tensors if t.data_start is not None]
+    return min(starts) if starts else len(data)

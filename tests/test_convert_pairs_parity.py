@@ -1,0 +1,96 @@
+"""`convert --parity` on every PT/Flax pair of transformers 4.57 in fp32, and on every model_type's base in bf16.
+
+The conversion path imports no transformers; parity does, and runs both classes on the same inputs.
+Where transformers' Flax code cannot run with the installed jax (the T5 family calls
+``jnp.clip(a_max=)``, removed in jax 0.10) the test asserts that exact reason, and the conversion
+is proven by the load check in test_convert_families.py plus a parity run with the old keyword
+restored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+import torch  # noqa: E402
+from test_convert import convert  # noqa: E402
+from test_convert_families import PAIRS, T5_FAMILY, old_clip, save_tiny  # noqa: E402
+
+from guard.convert.families import FAMILIES  # noqa: E402
+from guard.parity.run import run_parity  # noqa: E402
+
+pytestmark = pytest.mark.slow
+CLIP_REASON = "does not run with the installed jax/flax: clip() got an unexpected keyword argument 'a_max'"
+BASES = [p for p in PAIRS if p[1] == FAMILIES[p[0]].classes[0]]  # bf16: each model_type's first class
+# Flax's bf16 avg_pool sums in bf16; the fp32 run agrees, so this is reported as a fact about Flax
+BF16_FLAX_DRIFT = ("resnet", "regnet")
+
+
+def convert_with_parity(tmp_path: Path, src: Path) -> tuple[int, dict[str, Any]]:
+    report = tmp_path / "r.json"
+    code = convert(src, "--to", "flax", "--out", tmp_path / "f", "--parity", "-f", "json", "-o", report)
+    return code, json.loads(report.read_text())
+
+
+@pytest.mark.parametrize(("model_type", "pt_name", "flax_name"), PAIRS, ids=[p[1] for p in PAIRS])
+def test_fp32_parity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_type: str, pt_name: str,
+                     flax_name: str) -> None:
+    src = save_tiny(tmp_path, model_type, pt_name)
+    code, report = convert_with_parity(tmp_path, src)
+    parity = report["extra"]["parity"]
+    assert code == 0, report["findings"]
+    if model_type in T5_FAMILY:
+        assert [f["code"] for f in report["findings"]] == ["CG303"]
+        assert parity["available"] is False and CLIP_REASON in parity["reason"], parity["reason"]
+        import jax.numpy as jnp
+
+        monkeypatch.setattr(jnp, "clip", old_clip())
+        findings, parity = run_parity(src, tmp_path / "f")
+        assert findings == [], [f.message for f in findings]
+    else:
+        expected = FAMILIES[model_type].pt_only.get(pt_name)  # BigBird's pooler: dropped with a warning
+        assert [f["code"] for f in report["findings"]] == (["CG304"] if expected else []), report["findings"]
+    assert parity["passed"] is True and parity["flax_class"] == flax_name
+    assert parity["comparisons"][0]["tolerance"]["max_rel"] == 1e-5
+
+
+@pytest.mark.parametrize(("model_type", "pt_name", "flax_name"), BASES, ids=[p[1] for p in BASES])
+def test_bf16_parity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_type: str, pt_name: str,
+                     flax_name: str) -> None:
+    if model_type in T5_FAMILY:
+        import jax.numpy as jnp
+
+        monkeypatch.setattr(jnp, "clip", old_clip())
+    src = save_tiny(tmp_path, model_type, pt_name, dtype=torch.bfloat16)
+    code, report = convert_with_parity(tmp_path, src)
+    parity = report["extra"]["parity"]
+    assert code == 0, report["findings"]
+    assert parity["stored_dtype"] == {"torch": "BF16", "flax": "BF16"}
+    by_name = {c["name"]: c for c in parity["comparisons"]}
+    warnings = [f for f in report["findings"] if f["code"] == "CG302"]
+    if FAMILIES[model_type].computed and warnings:  # PyTorch's table in bf16, Flax's computed in fp32
+        assert [f["severity"] for f in warnings] == ["warning"] and "sinusoidal" in warnings[0]["message"]
+        return
+    assert by_name["fp32"]["passed"], by_name["fp32"]["failures"]  # the weights are the same bits
+    if model_type in BF16_FLAX_DRIFT and warnings:
+        assert all(f["severity"] == "warning" and "not the conversion" in f["message"] for f in warnings)
+    else:
+        assert warnings == [] and parity["passed"] is True, warnings
+
+
+def test_speech_composite_saved_in_fp16(tmp_path: Path) -> None:
+    """The seed's case: a wav2vec2 encoder with a BART decoder, saved in fp16, both ways and through parity."""
+    from test_convert import safetensors_bits
+
+    src = save_tiny(tmp_path, "speech-encoder-decoder", "SpeechEncoderDecoderModel", dtype=torch.float16)
+    code, report = convert_with_parity(tmp_path, src)
+    assert code == 0, report["findings"]
+    parity = report["extra"]["parity"]
+    assert parity["stored_dtype"] == {"torch": "F16", "flax": "F16"} and parity["passed"] is True
+    assert {c["tolerance"]["dtype"] for c in parity["comparisons"]} == {"F32", "F16"}
+    assert convert(tmp_path / "f", "--to", "torch", "--out", tmp_path / "b") == 0
+    assert safetensors_bits(tmp_path / "b") == safetensors_bits(src)

@@ -1,0 +1,103 @@
+"""The formats' files in weight sets: ONNX external data belongs to its model file, locally and on the Hub;
+GGUF split files are one set; what no reader handles stays CG006."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")
+
+from hub_standin import StandinHub, standin_fixture  # noqa: E402
+from scanning import codes, json_scan, sets_of  # noqa: E402
+from test_hub_scan import finding_keys, run_json  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torch.onnx.export's own layout: model.onnx and its external data file model.onnx.data."""
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 64)
+
+        def forward(self, x: Any) -> Any:
+            return self.proj(x)
+
+    folder = tmp_path_factory.mktemp("onnx-export") / "onnx"
+    folder.mkdir()
+    torch.onnx.export(Tiny().eval(), (torch.zeros(1, 64),), str(folder / "model.onnx"), dynamo=True,
+                      external_data=True, verbose=False)
+    return folder
+
+
+@pytest.fixture
+def standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[StandinHub]:
+    yield from standin_fixture(monkeypatch, tmp_path)
+
+
+def _data_file(folder: Path) -> Path:
+    data = [p for p in folder.iterdir() if p.name != "model.onnx"]
+    assert len(data) == 1, data
+    return data[0]
+
+
+def test_external_data_is_part_of_the_onnx_set(exported: Path, tmp_path: Path, capsys) -> None:
+    folder = shutil.copytree(exported, tmp_path / "onnx")
+    code, report = json_scan(capsys, str(folder))
+    assert code == 0 and report["findings"] == []
+    sets = sets_of(report, "onnx")
+    assert list(sets) == ["model.onnx"]
+    assert [Path(f).name for f in sets["model.onnx"]["files"]] == ["model.onnx", _data_file(folder).name]
+    assert sets["model.onnx"]["parameters"] == 64 * 64 + 64
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_missing_or_short_external_data_is_cg004(exported: Path, tmp_path: Path, capsys, damage: str) -> None:
+    folder = shutil.copytree(exported, tmp_path / "onnx")
+    data = _data_file(folder)
+    if damage == "missing":
+        data.unlink()
+    else:
+        data.write_bytes(data.read_bytes()[:100])
+    code, report = json_scan(capsys, str(folder))
+    found = [f for f in report["findings"] if f["code"] == "CG004"]
+    assert code == 1 and len(found) == 1 and found[0]["set"] == "model.onnx"
+    assert ("missing" if damage == "missing" else "run past the end") in found[0]["message"]
+
+
+def test_remote_external_data_gives_the_local_findings(exported: Path, standin: StandinHub, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = shutil.copytree(exported, tmp_path / "repo")
+    data = _data_file(folder)
+    data.write_bytes(data.read_bytes()[:100])
+    standin.add_repo("org/repo", folder)
+    monkeypatch.chdir(tmp_path)
+    rc_local, local = run_json(["scan", "repo"], tmp_path / "local.json")
+    rc_remote, remote = run_json(["hub", "scan", "org/repo"], tmp_path / "remote.json")
+    assert rc_local == rc_remote == 1
+    assert finding_keys(remote, "org/repo") == finding_keys(local, "repo")
+    assert "CG004" in codes(remote)
+
+
+def test_gguf_split_files_are_one_set(tmp_path: Path, capsys) -> None:
+    gguf = pytest.importorskip("gguf")
+    np = pytest.importorskip("numpy")
+    for part in (1, 2):
+        writer = gguf.GGUFWriter(tmp_path / f"llama-f16-0000{part}-of-00002.gguf", "llama")
+        writer.add_file_type(1)
+        writer.add_tensor(f"blk.{part}.ffn_up.weight", np.ones((8, 8), np.float16))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    code, report = json_scan(capsys, str(tmp_path), "--expect", "fp16")
+    assert code == 0 and report["findings"] == []
+    assert list(sets_of(report, tmp_path.name)) == ["llama-f16-*-of-00002.gguf"]
