@@ -25,7 +25,7 @@ from guard.errors import GuardError
 
 DEPTH = 3  # queued jobs: enough to keep the writer busy, few enough to bound memory
 COPY_BLOCK = 64 * 2**20
-WRITE_CALL = 2**20
+WRITE_CALL = 256 * 2**10
 WRITEBACK_EVERY = 64 * 2**20  # start the disk writing this often, so that the final fsync has little left
 _STOP = ("stop",)
 
@@ -208,7 +208,7 @@ class _WriterState:
         if stream.checksum and self.name is not None:
             stream.crcs[self.name] = zlib.crc32(view, stream.crcs[self.name])
         done = 0
-        while done < len(view):  # 1 MiB calls: larger ones now and then stall here in the page allocator
+        while done < len(view):  # 256 KiB calls: from 1 MiB up they stall, now and then, in the page allocator
             done += os.write(self.fd, view[done:done + WRITE_CALL])
         self._advanced(done)
 
