@@ -51,10 +51,12 @@ def test_permute_is_numpy_transpose_bit_for_bit(code: str) -> None:
     ((), ()),  # 0-d stays 0-d (ascontiguousarray would make it [1])
 ])
 @pytest.mark.parametrize("code", ["BF16", "F32", "U8", "F64"])
+@pytest.mark.parametrize("split", [False, True], ids=["one-thread", "two-threads"])
 def test_permute_in_small_bands(monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], perm: tuple[int, ...],
-                                code: str) -> None:
+                                code: str, split: bool) -> None:
     monkeypatch.setattr(transpose, "BAND_BYTES", 4096)  # many bands, each smaller than a tile
     monkeypatch.setattr(transpose, "MIN_BAND_ROWS", 3)
+    monkeypatch.setattr(transpose, "SPLIT_BYTES", 1 if split else 2**62)  # the helper fills half of each band
     a = random_bits(shape, code, np.random.default_rng(1))
     assert same_bits(permute(a, perm), a.transpose(perm).copy())
 

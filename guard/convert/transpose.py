@@ -27,6 +27,7 @@ TILE_ROWS = 128  # source rows per tile: output columns
 TILE_COLS = 512  # source columns per tile: output rows
 PAD = 32  # elements added to each staging row so that its rows do not share a cache set
 BAND_BYTES = 4 * 2**20  # a few bands in flight stay in the last-level cache for the writer's copy
+SPLIT_BYTES = 2**20  # bands from this size are filled by two threads
 MIN_BAND_ROWS = 256  # narrower bands make narrow tiles, which copy at half the speed (a vocab-wide kernel)
 
 
@@ -102,24 +103,45 @@ def permuted_bands(a: np.ndarray, perm: Perm | None,
 
 
 def _matrix_bands(src: np.ndarray, buffer: Callable[[int], np.ndarray]) -> Iterator[np.ndarray]:
-    """Each of ``src``'s (R, C) matrices transposed; bands of whole output rows (source columns)."""
-    import numpy as np
+    """Each of ``src``'s (R, C) matrices transposed; bands of whole output rows (source columns).
+
+    A band's second half is filled on a helper thread while this one fills the first: numpy drops the
+    GIL for each tile copy, so two cores share the transposing when the machine has them to spare.
+    """
+    from concurrent.futures import ThreadPoolExecutor
 
     _batch, rows, cols = src.shape
     per_band = max(MIN_BAND_ROWS, BAND_BYTES // (rows * src.itemsize))
-    stage = np.empty((TILE_ROWS, TILE_COLS + PAD), src.dtype)
-    for matrix in src:
-        for c0 in range(0, cols, per_band):
-            c1 = min(cols, c0 + per_band)
-            out = buffer((c1 - c0) * rows).reshape(c1 - c0, rows)
-            for j in range(c0, c1, TILE_COLS):
-                width = min(TILE_COLS, c1 - j)
-                for i in range(0, rows, TILE_ROWS):
-                    height = min(TILE_ROWS, rows - i)
-                    tile = stage[:height, :width]
-                    tile[...] = matrix[i:i + height, j:j + width]
-                    out[j - c0:j - c0 + width, i:i + height] = tile.T
-            yield out.reshape(-1)
+    stages = [_stage(src.dtype), _stage(src.dtype)]
+    with ThreadPoolExecutor(1, thread_name_prefix="ckpt-guard-transpose") as helper:
+        for matrix in src:
+            for c0 in range(0, cols, per_band):
+                c1 = min(cols, c0 + per_band)
+                out = buffer((c1 - c0) * rows).reshape(c1 - c0, rows)
+                half = (c1 - c0) // 2 if (c1 - c0) * rows * src.itemsize >= SPLIT_BYTES else 0
+                other = helper.submit(_fill, matrix, out, c0, c0 + half, c1, stages[1]) if half else None
+                _fill(matrix, out, c0, c0, c0 + half if half else c1, stages[0])
+                if other is not None:
+                    other.result()
+                yield out.reshape(-1)
+
+
+def _stage(dtype: np.dtype) -> np.ndarray:
+    import numpy as np
+
+    return np.empty((TILE_ROWS, TILE_COLS + PAD), dtype)
+
+
+def _fill(matrix: np.ndarray, out: np.ndarray, c0: int, lo: int, hi: int, stage: np.ndarray) -> None:
+    """Output rows ``lo:hi`` (source columns) of the band that starts at source column ``c0``."""
+    rows = matrix.shape[0]
+    for j in range(lo, hi, TILE_COLS):
+        width = min(TILE_COLS, hi - j)
+        for i in range(0, rows, TILE_ROWS):
+            height = min(TILE_ROWS, rows - i)
+            tile = stage[:height, :width]
+            tile[...] = matrix[i:i + height, j:j + width]  # rows copied whole into a padded tile ...
+            out[j - c0:j - c0 + width, i:i + height] = tile.T  # ... transposed out of L1/L2
 
 
 def _generic_bands(src: np.ndarray, order: Perm, buffer: Callable[[int], np.ndarray]) -> Iterator[np.ndarray]:
