@@ -78,8 +78,12 @@ def build_samples(root: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     root = Path(args[0] if args else "demo-models")
-    print(f"== building sample checkpoints in {root}/ with torch + transformers")
-    for path in build_samples(root):
+    print(f"== building sample checkpoints in {root}/ with torch, transformers and diffusers")
+    from guard.quiet import quiet_libraries
+
+    with quiet_libraries(verbose=False):  # the libraries' advice about their own future is not the demo
+        made = build_samples(root)
+    for path in made:
         print(f"   {path}")
     cli = [sys.executable, "-m", "guard"]
     print(f"\n== ckpt-guard scan {root}")

@@ -13,7 +13,8 @@ import sys
 import warnings
 from collections.abc import Iterator
 
-LIBRARY_LOGGERS = ("transformers", "jax", "absl", "flax", "orbax", "torch", "py.warnings", "huggingface_hub")
+LIBRARY_LOGGERS = ("transformers", "diffusers", "jax", "absl", "flax", "orbax", "torch", "py.warnings",
+                   "huggingface_hub")
 
 
 @contextlib.contextmanager

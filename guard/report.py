@@ -40,6 +40,7 @@ class SetSummary:
     primary: bool = False
     claimed_dtype: str | None = None
     quantized: bool = False
+    notes: tuple[str, ...] = ()  # what the files say of themselves: ONNX graph I/O, GGUF file type, ...
 
     @property
     def parameters(self) -> int:
@@ -57,13 +58,14 @@ class SetSummary:
     def from_set(cls, ws: WeightSet, *, quantized: bool) -> SetSummary:
         files = tuple(p for s in ws.files for p in (s.path, *(_beside(s.path, c) for c in s.companions)))
         return cls(ws.name, ws.role, ws.layout, ws.variant, ws.format, files,
-                   ws.dtype_summary(), ws.primary, ws.claimed_dtype, quantized)
+                   ws.dtype_summary(), ws.primary, ws.claimed_dtype, quantized, set_notes(ws))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "role": self.role, "layout": self.layout, "variant": self.variant,
             "format": self.format, "primary": self.primary, "claimed_dtype": self.claimed_dtype,
-            "quantized": self.quantized, "files": list(self.files), "parameters": self.parameters,
+            "quantized": self.quantized, "notes": list(self.notes), "files": list(self.files),
+            "parameters": self.parameters,
             "bytes": self.bytes,
             "dtypes": _dtypes_json(self.dtypes),
         }
@@ -73,7 +75,22 @@ class SetSummary:
         return cls(str(obj["name"]), str(obj.get("role", "weights")), str(obj.get("layout", "file")),
                    obj.get("variant"), str(obj.get("format", "")), tuple(str(f) for f in obj.get("files", [])),
                    _dtypes_from_json(obj.get("dtypes", {})), bool(obj.get("primary")), obj.get("claimed_dtype"),
-                   bool(obj.get("quantized")))
+                   bool(obj.get("quantized")), tuple(str(n) for n in obj.get("notes", [])))
+
+
+# FileScan.metadata key -> how the summary says it (the files' own word on their dtypes)
+_NOTES = (("onnx.input_dtypes", "graph inputs {}"), ("onnx.output_dtypes", "graph outputs {}"),
+          ("general.file_type", "GGUF file type {}"), ("declared_dtype_source", "{}"))
+
+
+def set_notes(ws: WeightSet) -> tuple[str, ...]:
+    """ONNX graph input/output dtypes (whether keep_io_types was used), a GGUF file type, a Keras policy."""
+    notes: list[str] = []
+    for key, template in _NOTES:
+        value = next((scan.metadata[key] for scan in ws.files if key in scan.metadata), None)
+        if value:
+            notes.append(template.format(value[:120]))
+    return tuple(notes)
 
 
 def _beside(path: str, name: str) -> str:

@@ -113,6 +113,8 @@ def test_fp16_onnx_with_fp32_io_is_fine_under_expect_fp16(tmp_path: Path,
     onnx.save(model, str(tmp_path / "m" / "model_fp16.onnx"))
     code, report = scan(capsys, str(tmp_path / "m"), "--expect", "fp16")
     assert code == 0 and report["findings"] == []
+    notes = report["models"][0]["sets"][0]["notes"]  # the summary shows keep_io_types was used
+    assert "graph inputs F32" in notes and "graph outputs F32" in notes
     code, report = scan(capsys, str(tmp_path / "src"))
     assert code == 0 and report["findings"] == []
 

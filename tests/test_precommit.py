@@ -202,7 +202,8 @@ def test_a_commit_of_one_variant_file_scans_that_component(tmp_path, hook_repo, 
 @pytest.mark.parametrize("name, selected", [
     ("model.safetensors.index.fp16.json", True), ("unet/diffusion_pytorch_model.safetensors.fp16.index.json", True),
     ("model.fp16-00001-of-00002.safetensors", True), ("llama-q4_k_m.gguf", True), ("model.onnx", True),
-    ("tf_model.h5", True), ("model_index.json", True), ("weights.npz", True), ("README.md", False),
+    ("tf_model.h5", True), ("model_index.json", True), ("weights.npz", True), ("ckpt/100/_METADATA", True),
+    ("README.md", False),
     ("tokenizer.json", False), ("special_tokens_map.json", False),
 ])
 def test_hook_files_pattern_selects_every_file_that_matters(name: str, selected: bool) -> None:

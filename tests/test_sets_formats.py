@@ -101,3 +101,21 @@ def test_gguf_split_files_are_one_set(tmp_path: Path, capsys) -> None:
     code, report = json_scan(capsys, str(tmp_path), "--expect", "fp16")
     assert code == 0 and report["findings"] == []
     assert list(sets_of(report, tmp_path.name)) == ["llama-f16-*-of-00002.gguf"]
+
+
+def test_weights_renamed_are_found_by_their_magic_bytes_remotely_too(standin: StandinHub, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from safetensors.torch import save_file
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    save_file({"w": torch.zeros(200, 200, dtype=torch.float16)}, repo / "weights.raw")  # no weight suffix
+    (repo / "notes.pdf").write_bytes(b"%PDF" + b"\0" * 100_000)  # large, not weights: never sniffed
+    standin.add_repo("org/repo", repo)
+    monkeypatch.chdir(tmp_path)
+    rc_local, local = run_json(["scan", "repo"], tmp_path / "local.json")
+    rc_remote, remote = run_json(["hub", "scan", "org/repo"], tmp_path / "remote.json")
+    assert rc_local == rc_remote == 1
+    assert finding_keys(remote, "org/repo") == finding_keys(local, "repo") and "CG101" in codes(remote)
+    files = {f["path"] for f in remote["extra"]["hub"]["repos"][0]["files"]}
+    assert "weights.raw" in files and "notes.pdf" not in files

@@ -143,7 +143,7 @@ def test_weights_no_reader_handles_are_cg006_never_a_silent_pass(tmp_path: Path,
 
 def test_weights_renamed_are_found_by_their_magic_bytes(tmp_path: Path, capsys) -> None:
     data = _safetensors("F16", n=40_000)
-    (tmp_path / "weights.data").write_bytes(data)
+    (tmp_path / "weights.raw").write_bytes(data)
     code, report = json_scan(capsys, str(tmp_path))
     assert code == 1 and "CG108" not in codes(report) and "CG101" in codes(report)
 

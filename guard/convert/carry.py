@@ -11,6 +11,7 @@ from typing import Any
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.findings import Finding
+from guard.inventory import is_index_file, is_weight_file
 
 CONFIG_FILES = ("config.json", "generation_config.json")
 DTYPE_KEYS = ("torch_dtype", "dtype")
@@ -65,6 +66,8 @@ def carry_files(src: Path, dest: Path, *, config: dict[str, Any] | None, dtype_n
     for path in sorted(src.iterdir()):
         name = path.name
         if name == "config.json" or name.startswith(".") or not path.is_file() or _WEIGHTS.search(name):
+            continue
+        if is_weight_file(name) or is_index_file(name):  # other copies and variants, in every naming
             continue
         if name == "generation_config.json" and dtype_name:
             try:

@@ -23,13 +23,6 @@ from guard.tensors import FileScan, TensorInfo
 if TYPE_CHECKING:
     import numpy as np
 
-# (framework, format, single-file name); the index is "<name>.index.json", shards "<stem>-0000k-of-0000N<ext>".
-LAYOUTS = (
-    ("torch", "safetensors", "model.safetensors"),
-    ("torch", "torch-bin", "pytorch_model.bin"),
-    ("flax", "flax-msgpack", "flax_model.msgpack"),
-)
-WEIGHT_NAMES = {name for _, _, name in LAYOUTS} | {name + ".index.json" for _, _, name in LAYOUTS}
 
 
 class Loader(Protocol):
@@ -63,23 +56,55 @@ class SourceModel:
         return "/" if self.framework == "flax" else "."
 
 
-def choose_layout(src: Path, *, to: str) -> tuple[str, str, str]:
-    """The weights to read: the other framework's first, as converting is what was asked."""
-    present = [lay for lay in LAYOUTS if (src / lay[2]).is_file() or (src / (lay[2] + ".index.json")).is_file()]
-    if not present:
+# A weight set's format family (guard.inventory) -> (framework, the format name convert uses)
+_FAMILIES = {"safetensors": ("torch", "safetensors"), "torch": ("torch", "torch-bin"), "flax": ("flax", "flax-msgpack")}
+_STEMS = ("model", "pytorch_model", "flax_model")
+
+
+def choose_layout(src: Path, *, to: str, variant: str | None = None) -> tuple[str, str, Path | None, Path | None]:
+    """(framework, format, single file, index) of the weight set to read.
+
+    The sets are the scanner's own (``guard.inventory.names``): the primary set's variant
+    unless ``variant`` names another; the other framework's copy first, as converting is what
+    was asked; safetensors before ``.bin``.  A choice the names leave open is refused.
+    """
+    from guard.inventory.names import classify
+
+    found: dict[tuple[str, str | None], dict[str, Path]] = {}
+    for path in sorted(src.iterdir()):
+        role = classify(path.name)
+        if role.role != "weights" or role.layout != "hf" or role.stem not in _STEMS or role.format not in _FAMILIES:
+            continue
+        kind = "index" if role.kind == "index" else "single" if role.kind == "file" else "shard"
+        found.setdefault((role.format, role.variant), {}).setdefault(kind, path)
+    variants = sorted({v for _, v in found if v is not None})
+    if not found:
         raise UsageError(f"{src}: no model.safetensors, pytorch_model.bin or flax_model.msgpack (or index) found")
-    other = [lay for lay in present if lay[0] != to]
-    return (other or present)[0]
+    if variant is None and not any(v is None for _, v in found):
+        raise UsageError(f"{src}: no default weights, only the variant(s) {', '.join(variants)}: choose one with "
+                         "--variant")
+    if variant is not None and variant not in variants:
+        listed = ", ".join(variants) if variants else "none"
+        raise UsageError(f"{src}: no {variant!r} variant (variants here: {listed})")
+    candidates = [fmt for fmt in _FAMILIES if (fmt, variant) in found]
+    fmt = next((f for f in candidates if _FAMILIES[f][0] != to), candidates[0])
+    files = found[(fmt, variant)]
+    if "single" in files and "index" in files:
+        raise UsageError(f"{src}: both {files['single'].name} and {files['index'].name} hold the same copy; "
+                         "remove the stale one (convert will not guess which is current)")
+    if "index" not in files and "single" not in files:
+        raise UsageError(f"{src}: shards such as {files['shard'].name} without their index: nothing to convert")
+    framework, name = _FAMILIES[fmt]
+    return framework, name, files.get("single"), files.get("index")
 
 
-def open_source(src: Path, *, to: str) -> SourceModel:
-    framework, fmt, name = choose_layout(src, to=to)
-    index_path = src / (name + ".index.json")
-    model = SourceModel(framework, fmt, [], index_path if index_path.is_file() else None)
+def open_source(src: Path, *, to: str, variant: str | None = None) -> SourceModel:
+    framework, fmt, single, index = choose_layout(src, to=to, variant=variant)
+    model = SourceModel(framework, fmt, [], index)
     scans: dict[Path, FileScan] = {}
-    if model.index is None:
-        model.files.append(src / name)
-        scans[src / name] = scan_local_file(src / name)  # our headers first: torch never sees a CG003 file
+    if single is not None:
+        model.files.append(single)
+        scans[single] = scan_local_file(single)  # our headers first: torch never sees a CG003 file
     elif not _check_shards(src, model, scans):
         return model
     loader: Loader = TorchBinLoader() if fmt == "torch-bin" else RangeLoader()

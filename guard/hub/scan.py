@@ -24,6 +24,7 @@ from guard.inventory import (
     CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
     scan_weight,
 )
+from guard.inventory.discovery import head_is_weights, may_be_weights
 from guard.inventory.pipelines import Pipeline, listed_pipelines
 from guard.report import Report
 from guard.scan import scan_inventories
@@ -109,11 +110,12 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
         result.sha = info.sha or revision or "main"
         siblings = info.siblings or []
         listed: dict[str, int | None] = {s.rfilename: _size(s) for s in siblings}
-        groups = _group_by_directory(siblings)
+        checkpoints = orbax_checkpoints(siblings)  # readers-b: each an inventory of its own, below
+        groups = _group_by_directory(siblings, inside=tuple(checkpoints))
         indexes = {s.rfilename: pool.submit(_fetch_json, client, repo_id, result.sha, s.rfilename, _size(s))
                    for s in siblings if posixpath.basename(s.rfilename) == PIPELINE_INDEX}
         orbax = [(root, pool.submit(_scan_orbax, client, repo_id, result.sha, root, files))
-                 for root, files in orbax_checkpoints(siblings).items()]  # readers-b
+                 for root, files in checkpoints.items()]
         pending = [
             (directory, [pool.submit(_scan_weight, client, repo_id, result.sha, name, size)
                          for name, size in weights],
@@ -122,8 +124,10 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
             for directory, (weights, jsons) in groups.items()
         ]
         for directory, weight_futures, json_futures in pending:
-            scans = [_result(f, result) for f in weight_futures]
+            scans = [scan for scan in (_result(f, result) for f in weight_futures) if scan is not None]
             json_files = {_display(repo_id, n): _result(f, result) for n, f in json_futures.items()}
+            if not scans and not any(is_index_file(posixpath.basename(n)) for n in json_files):
+                continue  # only files that turned out not to be weights (the same rule as the local scan)
             path = _display(repo_id, directory) if directory else repo_id
             result.inventories.append(build_inventory(
                 path, scans, json_files=json_files,
@@ -146,14 +150,17 @@ def _result(future: Future[tuple[Any, RemoteFileStat]], into: RepoScan) -> Any:
     return value
 
 
-def _group_by_directory(siblings: Sequence[Any]) -> dict[str, tuple[list[tuple[str, int | None]],
-                                                                     list[tuple[str, int | None]]]]:
+def _group_by_directory(siblings: Sequence[Any], *, inside: tuple[str, ...] = ()
+                        ) -> dict[str, tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]]:
+    """Weight files and JSON files by directory; ``inside``: checkpoint roots whose files are theirs."""
     groups: dict[str, tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]] = {}
     for sibling in sorted(siblings, key=lambda s: s.rfilename):
         name: str = sibling.rfilename
+        if any(not root or name.startswith(root + "/") for root in inside):
+            continue
         base = posixpath.basename(name)
         size = _size(sibling)
-        if is_weight_file(base):
+        if is_weight_file(base) or may_be_weights(base, size):  # the latter sniffed, as a local scan does
             groups.setdefault(posixpath.dirname(name), ([], []))[0].append((name, size))
         elif base == CONFIG_NAME or is_index_file(base):
             groups.setdefault(posixpath.dirname(name), ([], []))[1].append((name, size))
@@ -224,13 +231,16 @@ def _display(repo_id: str, name: str) -> str:
 
 
 def _scan_weight(client: HubClient, repo_id: str, sha: str, filename: str,
-                 size: int | None) -> tuple[FileScan, RemoteFileStat]:
+                 size: int | None) -> tuple[FileScan | None, RemoteFileStat]:
     extra = 0
     if size is None:  # no size in the listing: one HEAD
         size = _head_size(client, repo_id, sha, filename)
         extra = 1
     source = HubFile(client, repo_id=repo_id, revision=sha, filename=filename, size=size,
                      name=_display(repo_id, filename))
+    if not is_weight_file(posixpath.basename(filename)):  # no weight suffix: weights only by its magic bytes
+        if not head_is_weights(source.read_at(0, min(16, size))):
+            return None, RemoteFileStat(filename, size, source.requests + extra, source.bytes_read)
     try:
         scan = scan_weight(source)
     except RemoteBudgetExceeded as exc:

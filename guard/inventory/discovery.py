@@ -22,10 +22,12 @@ SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache_
 # Files without a weight suffix are sniffed by magic bytes when at least this large (a weight file
 # renamed, or a format whose name says nothing); small text files never cost a read.
 SNIFF_MIN_BYTES = 64 * 1024
-_TEXT_SUFFIXES = frozenset({
+_NOT_WEIGHTS = frozenset({
     "json", "txt", "md", "py", "yaml", "yml", "toml", "cfg", "ini", "model", "vocab", "tiktoken", "png",
     "jpg", "jpeg", "gif", "webp", "svg", "wav", "mp3", "flac", "csv", "tsv", "parquet", "arrow", "jsonl",
     "gitattributes", "gitignore", "html", "ipynb", "sh", "lock", "zip", "tar", "gz", "xz", "bz2", "zst",
+    "pdf", "mp4", "webm", "mov", "ttf", "otf", "woff", "woff2",
+    "data", "onnx_data",  # external data of an ONNX model: raw bytes its model file places and checks
 })
 _WEIGHT_MAGIC = (b"GGUF", b"\x89HDF\r\n\x1a\n", b"\x93NUMPY", bytes.fromhex("80028a0a6cfc9c46f9206aa850192e"))
 
@@ -128,16 +130,23 @@ def _orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path, ...]
 
 
 def _sniffs_as_weights(entry: os.DirEntry[str]) -> bool:
-    suffix = entry.name.rpartition(".")[2].lower() if "." in entry.name else ""
-    if suffix in _TEXT_SUFFIXES or entry.name == PIPELINE_INDEX:
-        return False
     try:
-        if entry.stat().st_size < SNIFF_MIN_BYTES:
+        if not may_be_weights(entry.name, entry.stat().st_size):
             return False
         with open(entry.path, "rb") as fh:
-            head = fh.read(16)
+            return head_is_weights(fh.read(16))
     except OSError:
         return False
+
+
+def may_be_weights(name: str, size: int | None) -> bool:
+    """A file without a weight suffix worth sniffing: not text by its suffix, and large enough."""
+    suffix = name.rpartition(".")[2].lower() if "." in name else ""
+    return suffix not in _NOT_WEIGHTS and name != PIPELINE_INDEX and size is not None and size >= SNIFF_MIN_BYTES
+
+
+def head_is_weights(head: bytes) -> bool:
+    """The first 16 bytes of a weight format (GGUF, HDF5, NumPy, legacy torch, safetensors)."""
     if head.startswith(_WEIGHT_MAGIC):
         return True
     length = int.from_bytes(head[:8], "little") if len(head) >= 10 else 0

@@ -85,7 +85,8 @@ def _models_section(report: Report) -> list[str]:
         for ws in sets:
             notes = ", ".join((["primary"] if ws.primary and len(sets) > 1 else [])
                               + ([f"claims {md_escape(display_name(ws.claimed_dtype), limit=20)}"]
-                                 if ws.claimed_dtype else []) + (extra if ws.primary else []))
+                                 if ws.claimed_dtype else []) + [md_escape(n, limit=120) for n in ws.notes]
+                             + (extra if ws.primary else []))
             total = ws.elements or 1
             mix = " · ".join(f"{md_escape(display_name(code), limit=20)} {stats.parameters / total:.1%}"
                              for code, stats in ws.dtypes.items()) or "–"

@@ -101,6 +101,9 @@ def _model_lines(model: ModelSummary, color: bool) -> list[str]:
         name = inert_text(ws.name, limit=SET_WIDTH)
         lines.append(f"{mark} {name:<{width}}{inert_text(ws.role, limit=15):<16}{inert_text(ws.format, limit=12):<13}"
                      f"{cells}{human_count(ws.parameters):>12}{human_bytes(ws.bytes):>11}")
+    for ws in sets:
+        if ws.notes:
+            lines.append(f"  {inert_text(ws.name, limit=SET_WIDTH)}: {inert_text('; '.join(ws.notes), limit=300)}")
     if len(sets) > 1:
         lines.append("  (* primary set: the model's parameter and byte counts are its)")
     lines.append("")
