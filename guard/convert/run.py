@@ -34,6 +34,7 @@ class ConvertRequest:
     strict: bool = False  # refuse instead of dropping tensors the target class has no place for
     layout: str | None = None  # None: the framework's default (safetensors, msgpack); "orbax" for flax
     verify: str = "sampled"  # "sampled" | "full" (verify.py says what each checks)
+    variant: str | None = None  # the weight set to read: None is the one the scanner calls primary
 
     @property
     def output_layout(self) -> str:
@@ -61,12 +62,18 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
     check_paths(req.src, req.out)
     layout = req.output_layout
     config, findings = read_config(req.src)
-    source = open_orbax(req.src) if is_orbax_checkpoint(req.src) else open_source(req.src, to=req.to)
+    if is_orbax_checkpoint(req.src):
+        if req.variant is not None:
+            raise UsageError(f"{req.src}: an Orbax checkpoint has no variants; drop --variant")
+        source = open_orbax(req.src)
+    else:
+        source = open_source(req.src, to=req.to, variant=req.variant)
     findings += source.findings
     figures: dict[str, Any] = {
         "source": str(req.src), "output": str(req.out), "from": source.format, "to": req.to,
         "dtype": req.cast.target or "keep", "keep_fp32": list(req.cast.keep_fp32),
-        "layout": layout, "shards_in": len(source.files), "tensors_in": len(source.tensors), "written": False,
+        "layout": layout, "variant": req.variant, "shards_in": len(source.files), "tensors_in": len(source.tensors),
+        "written": False,
     }
     if _blocking(findings):
         return findings, figures
