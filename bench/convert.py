@@ -13,15 +13,10 @@ Then, alternating, whole processes on the same disk:
   transformers FlaxLlamaForCausalLM.from_pretrained(DIR, from_pt=True, dtype=bf16).save_pretrained(X)
 
 Each child's wall time and peak RSS come from os.wait4 (its own rusage).  Targets: wall
-time <= 4x `cp`; peak RSS <= 2x the largest tensor + 300 MB, flat across sizes.
+time <= 4x `cp`; peak RSS <= 2x the largest tensor + 300 MB, flat across sizes.  ckpt-guard runs
+exactly as installed (`python -m guard convert ...`), which imports no transformers.
 
-`--template cached` runs ckpt-guard with the target tree transformers would build, computed
-once beforehand and handed to the child, so that the figures are the conversion's own where
-convert still builds that tree with transformers (9 of its 17 s before).  `--template live`
-runs the CLI exactly as installed; `auto` (the default) is cached while guard.convert.templates
-exists and live once the transformers-free naming rules have replaced it.
-
-    python bench/convert.py [--rounds 5] [--layers 4,12,24] [--template auto|cached|live] [--write-docs]
+    python bench/convert.py [--rounds 5] [--layers 4,12,24] [--no-transformers] [--write-docs]
 """
 
 from __future__ import annotations
@@ -46,32 +41,6 @@ THEIRS = """
 import sys, jax.numpy as jnp
 from transformers import FlaxLlamaForCausalLM
 FlaxLlamaForCausalLM.from_pretrained(sys.argv[1], from_pt=True, dtype=jnp.bfloat16).save_pretrained(sys.argv[2])
-"""
-CHILD = """
-import json, sys
-import guard.convert.run as run
-from guard.convert.templates import Template
-with open(sys.argv[1]) as fh:
-    t = json.load(fh)
-key = lambda k: tuple(k.split("/"))
-template = Template({key(k): tuple(v) for k, v in t["shapes"].items()}, t["architecture"], t["prefix"],
-                    {key(a): key(b) for a, b in t["tied"].items()}, {key(b) for b in t["buffers"]},
-                    tuple(t["ignored"]))
-run._template = lambda req, source, config: template if source.framework != req.to else None
-from guard.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
-TEMPLATE = """
-import json, sys
-from transformers import AutoConfig
-from guard.convert.templates import flax_template, torch_template
-config = AutoConfig.from_pretrained(sys.argv[1])
-for to, build in (("flax", flax_template), ("torch", torch_template)):
-    t = build(config)
-    with open(f"{sys.argv[2]}-{to}.json", "w") as fh:
-        json.dump({"shapes": {"/".join(k): list(v) for k, v in t.shapes.items()}, "architecture": t.architecture,
-                   "prefix": t.prefix, "ignored": list(t.ignored), "buffers": ["/".join(b) for b in t.buffers],
-                   "tied": {"/".join(a): "/".join(b) for a, b in t.tied.items()}}, fh)
 """
 
 
@@ -140,31 +109,27 @@ def largest_tensor(directory: Path) -> int:
     return max(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
 
 
-def commands(src: Path, work: Path, template: str, *, theirs: bool) -> dict[str, list[str]]:
-    def ours(*args: str, to: str) -> list[str]:
-        if template == "live":
-            return [sys.executable, "-m", "guard", "convert", *args]
-        return [sys.executable, "-c", CHILD, str(work / f"template-{to}.json"), "convert", *args]
+def commands(src: Path, work: Path, *, theirs: bool) -> dict[str, list[str]]:
+    def ours(*args: str) -> list[str]:
+        return [sys.executable, "-m", "guard", "convert", *args]
 
     weights = str(src / "model.safetensors")
     cmds = {
         "cp": ["cp", weights],
         "cp + sync": ["sh", "-c", 'cp "$0" "$1" && sync "$1"', weights],
-        "to flax (msgpack)": ours(str(src), "--to", "flax", "--out", to="flax"),
-        "to flax --layout orbax": ours(str(src), "--to", "flax", "--layout", "orbax", "--out", to="flax"),
-        "msgpack to torch": ours(str(work / "ref-msgpack"), "--to", "torch", "--out", to="torch"),
-        "orbax to torch": ours(str(work / "ref-orbax"), "--to", "torch", "--out", to="torch"),
+        "to flax (msgpack)": ours(str(src), "--to", "flax", "--out"),
+        "to flax --layout orbax": ours(str(src), "--to", "flax", "--layout", "orbax", "--out"),
+        "msgpack to torch": ours(str(work / "ref-msgpack"), "--to", "torch", "--out"),
+        "orbax to torch": ours(str(work / "ref-orbax"), "--to", "torch", "--out"),
     }
     if theirs:
         cmds["transformers from_pt"] = [sys.executable, "-c", THEIRS, str(src)]
     return cmds
 
 
-def prepare(src: Path, work: Path, template: str) -> None:
-    """The templates, and the Flax outputs the --to torch runs start from (untimed)."""
+def prepare(src: Path, work: Path) -> None:
+    """The Flax outputs the --to torch runs start from (untimed)."""
     work.mkdir(parents=True, exist_ok=True)
-    if template == "cached" and not (work / "template-torch.json").is_file():
-        run_child([sys.executable, "-c", TEMPLATE, str(src), str(work / "template")])
     for name, layout in (("ref-msgpack", []), ("ref-orbax", ["--layout", "orbax"])):
         if not (work / name).is_dir():
             run_child([sys.executable, "-m", "guard", "convert", str(src), "--to", "flax", *layout,
@@ -187,11 +152,11 @@ def evict(directory: Path) -> None:
                 os.close(fd)
 
 
-def bench_size(layers: int, rounds: int, template: str, *, theirs: bool) -> dict:  # type: ignore[type-arg]
+def bench_size(layers: int, rounds: int, *, theirs: bool) -> dict:  # type: ignore[type-arg]
     src = ensure_model(layers)
     work = ROOT / "bench" / "out" / "convert" / f"work-{layers}l"
-    prepare(src, work, template)
-    cmds = commands(src, work, template, theirs=theirs)
+    prepare(src, work)
+    cmds = commands(src, work, theirs=theirs)
     run_child(["sh", "-c", 'cat "$0"/model.safetensors "$1"/ref-msgpack/flax_model.msgpack "$1"/ref-orbax/*/0* '
                '> /dev/null', str(src), str(work)])  # every input warm in the page cache
     runs: dict[str, list[tuple[float, int]]] = {name: [] for name in cmds}
@@ -225,7 +190,6 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--layers", default="4,12,24", help="model sizes, in decoder layers")
-    parser.add_argument("--template", choices=["auto", "cached", "live"], default="auto")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' from_pt path")
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--generate", nargs=2, metavar=("DIR", "LAYERS"), help=argparse.SUPPRESS)
@@ -234,14 +198,10 @@ def main() -> int:
         CONFIG["num_hidden_layers"] = int(args.generate[1])
         make_model(Path(args.generate[0]))
         return 0
-    if args.template == "auto":
-        import importlib.util
-
-        args.template = "cached" if importlib.util.find_spec("guard.convert.templates") else "live"
     sizes = [int(x) for x in args.layers.split(",")]
-    results = [bench_size(n, args.rounds, args.template, theirs=not args.no_transformers and n == 12)
+    results = [bench_size(n, args.rounds, theirs=not args.no_transformers and n == 12)
                for n in sizes]
-    figures = {"rounds": args.rounds, "template": args.template, "cpus": os.cpu_count(), "sizes": results}
+    figures = {"rounds": args.rounds, "cpus": os.cpu_count(), "sizes": results}
     print(json.dumps(figures, indent=2))
     if args.write_docs:
         write_docs(figures)
@@ -260,9 +220,7 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
         "three sizes, converted without `--parity`. Whole processes, alternating within each round, page cache "
         f"warm, median of {f['rounds']} rounds; peak RSS from each child's own rusage; {f['cpus']} CPUs. "
         "The `--to torch` rows start from ckpt-guard's own msgpack / Orbax output of the same model. "
-        + ("ckpt-guard ran with the target tree handed in (`--template cached`: built once by transformers "
-           "beforehand), so the figures are the conversion's own and not transformers' import." if
-           f["template"] == "cached" else "ckpt-guard ran exactly as installed (`--template live`)."), "",
+        "ckpt-guard ran exactly as installed (`python -m guard convert`, no transformers imported).", "",
         "| model | command | wall | x `cp` | x `cp + sync` | peak RSS | RSS target |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
