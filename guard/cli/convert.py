@@ -43,8 +43,15 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
               show_default=True, help="Cast floating tensors; keep is bit-exact.")
 @click.option("--keep-fp32", "keep_fp32", multiple=True, metavar="PATTERN",
               help="Tensor-name glob held in fp32 whatever --dtype says (repeatable), e.g. '*norm*'.")
+@click.option("--layout", type=click.Choice(["msgpack", "orbax"]), default=None,
+              help="With --to flax: flax_model.msgpack (default, transformers' layout) or an Orbax checkpoint.")
+@click.option("--variant", metavar="NAME",
+              help="Read the NAME variant (model.NAME.safetensors, ...) instead of the default weights.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard.")
 @click.option("--allow-lossy", is_flag=True, help="Write even when a cast overflows (CG201 becomes a warning).")
+@click.option("--verify", "verify", type=click.Choice(["sampled", "full"]), default="sampled", show_default=True,
+              help="Read-back check: headers, placements and sampled elements against the source; full adds "
+                   "a CRC32 of every byte.")
 @click.option("--parity", "run_parity", is_flag=True, help="Then compare PyTorch and Flax outputs (CG302/CG303).")
 @click.option("--strict", is_flag=True,
               help="Refuse, instead of dropping with a warning, tensors the target class has no place for.")
@@ -53,25 +60,34 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
               help="Output format.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report to FILE instead of stdout.")
-def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], max_shard_size: str,
-            allow_lossy: bool, run_parity: bool, strict: bool, verbose: bool, fmt: str, output: Path | None) -> int:
+def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], layout: str | None,
+            variant: str | None, max_shard_size: str, allow_lossy: bool, verify: str, run_parity: bool, strict: bool, verbose: bool,
+            fmt: str, output: Path | None) -> int:
     """Convert a model directory between PyTorch and Flax, bit-exactly unless --dtype says otherwise."""
     require_extras(CONVERT_MODULES, "convert")
     from guard.quiet import quiet_libraries
 
     with quiet_libraries(verbose=verbose):
-        return _convert(src, to, out, dtype, keep_fp32, max_shard_size, allow_lossy, run_parity, strict, fmt, output)
+        return _convert(src, to, out, dtype, keep_fp32, max_shard_size, allow_lossy, run_parity, strict, fmt, output,
+                        layout=layout, verify=verify, variant=variant)
 
 
 def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], max_shard_size: str,
-             allow_lossy: bool, run_parity: bool, strict: bool, fmt: str, output: Path | None) -> int:
+             allow_lossy: bool, run_parity: bool, strict: bool, fmt: str, output: Path | None, *,
+             layout: str | None, verify: str, variant: str | None = None) -> int:
     from guard.cli.options import emit
+    from guard.convert.io_orbax import is_orbax_checkpoint
+
+    if run_parity and (layout == "orbax" or is_orbax_checkpoint(src)):
+        raise UsageError("--parity loads flax_model.msgpack with transformers; it cannot read an Orbax checkpoint "
+                         "(convert with --layout msgpack for parity)")
     from guard.convert.cast import DTYPE_CHOICES, CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
     from guard.report import Report
 
     request = ConvertRequest(src, out, to, CastPolicy(DTYPE_CHOICES[dtype], tuple(keep_fp32)),
-                             parse_size(max_shard_size), allow_lossy, strict)
+                             parse_size(max_shard_size), allow_lossy, strict, layout=layout, verify=verify,
+                             variant=variant)
     findings, figures = convert_model(request)
     if not figures.get("written"):
         figures["next_step"] = next_step(findings)
@@ -96,7 +112,8 @@ def _summaries(out: Path) -> list:  # type: ignore[type-arg]
 
 
 def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-def]
-    """Compare like with like: after a cast, the other side is the output converted back bit-exactly."""
+    """Compare like with like: after a cast, or from a variant (which transformers would not pick up from SRC
+    unasked), the other side is the output converted back bit-exactly."""
     import tempfile
 
     if (figures["from"] == "flax-msgpack") == (request.to == "flax"):
@@ -108,7 +125,7 @@ def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-de
 
     with tempfile.TemporaryDirectory(prefix="ckpt-guard-parity-") as scratch:
         pair = request.src
-        if figures.get("casts"):
+        if figures.get("casts") or request.variant:
             pair = Path(scratch) / "pair"
             back = ConvertRequest(request.out, pair, "torch" if request.to == "flax" else "flax", CastPolicy(None),
                                   request.max_shard_size)
@@ -158,7 +175,8 @@ def conversion_line(figures: dict) -> str:  # type: ignore[type-arg]
     if not figures.get("written"):
         return f"ckpt-guard: convert: refused, nothing written to {figures['output']}"
     casts = ", ".join(f"{k} x{n}" for k, n in figures.get("casts", {}).items()) or "none (bit-exact)"
-    return (f"ckpt-guard: converted {figures['source']} ({figures['from']}, {figures['tensors_in']} tensors, "
+    variant = f"variant {figures['variant']}, " if figures.get("variant") else ""
+    return (f"ckpt-guard: converted {figures['source']} ({figures['from']}, {variant}{figures['tensors_in']} tensors, "
             f"{figures['shards_in']} file(s)) -> {figures['output']} ({figures['to']}, {figures['tensors_out']} "
             f"tensors, {figures['shards_out']} shard(s)); mapping: {figures.get('mapping')} "
             f"({figures.get('architecture') or 'same framework'}); casts: {casts}; "

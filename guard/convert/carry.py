@@ -15,7 +15,8 @@ from guard.inventory import is_index_file, is_weight_file
 
 CONFIG_FILES = ("config.json", "generation_config.json")
 DTYPE_KEYS = ("torch_dtype", "dtype")
-_WEIGHTS = re.compile(r"\.(safetensors|bin|msgpack|pt|pth|ckpt|h5|onnx)$|\.index\.json$")
+_WEIGHTS = re.compile(r"\.(safetensors|bin|msgpack|pt|pth|ckpt|h5|onnx)$|\.index\.json$"
+                      r"|^(_METADATA|_CHECKPOINT_METADATA|_sharding|commit_success\.txt|manifest\.ocdbt)$")  # Orbax
 
 
 def read_config(src: Path) -> tuple[dict[str, Any] | None, list[Finding]]:

@@ -36,24 +36,42 @@ class CastPolicy:
         return self.target or code
 
 
+class CastCheck:
+    """Casts a tensor piece by piece (bands of a stream) and counts what overflowed, for one CG201."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+        self.target = numpy_dtype(code)
+        self.count = 0
+        self.worst = 0.0
+
+    def cast(self, piece: np.ndarray) -> np.ndarray:
+        import numpy as np
+
+        if piece.dtype == self.target:
+            return piece
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = piece.astype(self.target)
+        if out.dtype.itemsize > piece.dtype.itemsize:
+            return out  # widening (fp16/bf16 -> fp32, fp32 -> fp64) is exact
+        created = np.isinf(out) & np.isfinite(piece)
+        count = int(np.count_nonzero(created))
+        if count:
+            self.count += count
+            self.worst = max(self.worst, float(np.max(np.abs(piece[created].astype(np.float64)))))
+        return out
+
+    def finding(self, *, name: str, path: str) -> Finding | None:
+        if not self.count:
+            return None
+        return make_finding(
+            "CG201", path,
+            f"{self.count} value(s) overflow {dtypes.display_name(self.code)} and become inf "
+            f"(max |x| = {self.worst:.6g})", tensor=name)
+
+
 def cast_array(array: np.ndarray, code: str, *, name: str, path: str) -> tuple[np.ndarray, Finding | None]:
     """``array`` in dtype ``code``; a CG201 finding when the cast turned finite values into inf."""
-    import numpy as np
-
-    target = numpy_dtype(code)
-    if array.dtype == target:
-        return array, None
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = array.astype(target)
-    if out.dtype.itemsize > array.dtype.itemsize:
-        return out, None  # widening (fp16/bf16 -> fp32, fp32 -> fp64) is exact
-    created = np.isinf(out) & np.isfinite(array)
-    count = int(np.count_nonzero(created))
-    if not count:
-        return out, None
-    worst = float(np.max(np.abs(array[created].astype(np.float64))))
-    finding = make_finding(
-        "CG201", path,
-        f"{count} value(s) overflow {dtypes.display_name(code)} and become inf (max |x| = {worst:.6g})",
-        tensor=name)
-    return out, finding
+    check = CastCheck(code)
+    out = check.cast(array)
+    return out, check.finding(name=name, path=path)

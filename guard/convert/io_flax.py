@@ -1,15 +1,17 @@
 """Flax msgpack files, in the layout ``flax.serialization`` writes and transformers reads.
 
 A leaf is ``ExtType(1, packb([shape, dtype.name, C-order bytes]))``; leaves over
-``MAX_CHUNK_SIZE`` bytes become a chunked-array map.  The writer emits the map
-headers and ext headers itself and then the array bytes straight from the
-array's buffer, so a tensor is never copied into a msgpack buffer.
+``MAX_CHUNK_SIZE`` bytes become a chunked-array map.  The framing (map headers, keys,
+ext headers with 32-bit lengths) is computed from the planned shape and dtype alone,
+so the converter writes it around tensor bytes that stream past in bands: nothing
+is ever packed into a msgpack buffer.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
+from math import prod
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -51,11 +53,8 @@ class FlaxWholeFileLoader:
         return np.array(node, copy=True)
 
 
-def write_flax_msgpack(fh: IO[bytes], entries: Sequence[Key],
-                       load: Callable[[Key], np.ndarray]) -> None:
-    """Write the tree of ``entries`` (leaf paths), in sorted order, loading each leaf as it is reached."""
-    import msgpack
-
+def msgpack_tree(entries: Sequence[Key]) -> dict[str, Any]:
+    """The nested maps of ``entries`` (leaf paths), leaves as None; a path both leaf and subtree is an error."""
     tree: dict[str, Any] = {}
     for key in entries:
         node = tree
@@ -66,46 +65,67 @@ def write_flax_msgpack(fh: IO[bytes], entries: Sequence[Key],
         if key[-1] in node:
             raise ValueError(f"{'/'.join(key)} appears twice")
         node[key[-1]] = None
+    return tree
+
+
+def walk_tree(tree: dict[str, Any], emit: Callable[[bytes], None], leaf: Callable[[Key], None]) -> None:
+    """Emit the map framing depth-first in sorted key order (flax's own order); ``leaf`` writes each leaf."""
+    import msgpack
+
     packer = msgpack.Packer(use_bin_type=True)
 
     def walk(node: dict[str, Any], prefix: Key) -> None:
-        fh.write(packer.pack_map_header(len(node)))
+        emit(packer.pack_map_header(len(node)))
         for name in sorted(node):
-            fh.write(packer.pack(name))
+            emit(packer.pack(name))
             child = node[name]
             if isinstance(child, dict):
                 walk(child, (*prefix, name))
             else:
-                write_leaf(fh, load((*prefix, name)), packer=packer)
+                leaf((*prefix, name))
 
     walk(tree, ())
 
 
-def write_leaf(fh: IO[bytes], array: np.ndarray, *, packer: Any) -> None:
-    import numpy as np
+def leaf_segments(shape: tuple[int, ...], dtype_name: str, itemsize: int) -> list[tuple[bytes, int]]:
+    """A leaf as (framing bytes, body byte count) pairs: one ndarray ext, or flax's chunked-array map."""
+    import msgpack
 
-    array = np.ascontiguousarray(array).reshape(np.shape(array))  # keep 0-d parameters (CLIP logit_scale) 0-d
-    if array.nbytes <= MAX_CHUNK_SIZE:
-        _write_ndarray_ext(fh, array, packer=packer)
-        return
+    packer = msgpack.Packer(use_bin_type=True)
+    numel = prod(shape)
+    if numel * itemsize <= MAX_CHUNK_SIZE:
+        return [(_ext_header(shape, dtype_name, numel * itemsize, packer), numel * itemsize)]
     # flax._chunk: {"__msgpack_chunked_array__": True, "shape": {"0": d0, ...}, "chunks": {"0": ext, ...}}
-    per_chunk = max(1, MAX_CHUNK_SIZE // array.dtype.itemsize)
-    flat = array.reshape(-1)
-    starts = range(0, flat.size, per_chunk)
-    fh.write(packer.pack_map_header(3))
-    fh.write(packer.pack(CHUNKED_MARKER) + packer.pack(True))
-    fh.write(packer.pack("shape") + packer.pack({str(i): d for i, d in enumerate(array.shape)}))
-    fh.write(packer.pack("chunks") + packer.pack_map_header(len(starts)))
+    per_chunk = max(1, MAX_CHUNK_SIZE // itemsize)
+    starts = range(0, numel, per_chunk)
+    head = (packer.pack_map_header(3) + packer.pack(CHUNKED_MARKER) + packer.pack(True)
+            + packer.pack("shape") + packer.pack({str(i): d for i, d in enumerate(shape)})
+            + packer.pack("chunks") + packer.pack_map_header(len(starts)))
+    segments = []
     for i, start in enumerate(starts):
-        fh.write(packer.pack(str(i)))
-        _write_ndarray_ext(fh, flat[start:start + per_chunk], packer=packer)
+        count = min(per_chunk, numel - start)
+        framing = packer.pack(str(i)) + _ext_header((count,), dtype_name, count * itemsize, packer)
+        segments.append(((head if i == 0 else b"") + framing, count * itemsize))
+    return segments
 
 
-def _write_ndarray_ext(fh: IO[bytes], array: np.ndarray, *, packer: Any) -> None:
+def _ext_header(shape: tuple[int, ...], dtype_name: str, nbytes: int, packer: Any) -> bytes:
+    """``ExtType(1, packb([shape, dtype.name, data]))`` up to the data, with 32-bit lengths throughout."""
+    inner = b"\x93" + packer.pack(list(shape)) + packer.pack(dtype_name) + b"\xc6" + struct.pack(">I", nbytes)
+    return b"\xc9" + struct.pack(">I", len(inner) + nbytes) + bytes([EXT_NDARRAY]) + inner
+
+
+def write_flax_msgpack(fh: IO[bytes], entries: Sequence[Key], load: Callable[[Key], np.ndarray]) -> None:
+    """Write in-memory leaves as a flax msgpack tree (the converter streams through ``walk_tree`` instead)."""
     import numpy as np
 
-    inner = (b"\x93" + packer.pack(list(array.shape)) + packer.pack(array.dtype.name)
-             + b"\xc6" + struct.pack(">I", array.nbytes))
-    fh.write(b"\xc9" + struct.pack(">I", len(inner) + array.nbytes) + bytes([EXT_NDARRAY]))
-    fh.write(inner)
-    fh.write(array.reshape(-1).view(np.uint8).data)
+    def leaf(key: Key) -> None:
+        array = np.asarray(load(key))
+        flat = array.reshape(-1).view(np.uint8)
+        done = 0
+        for framing, size in leaf_segments(array.shape, array.dtype.name, array.dtype.itemsize):
+            fh.write(framing)
+            fh.write(flat[done:done + size].data)
+            done += size
+
+    walk_tree(msgpack_tree(entries), fh.write, leaf)

@@ -6,21 +6,21 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from guard import dtypes
 from guard.convert.carry import carry_files, main_dtype, read_config
-from guard.convert.cast import CastPolicy, cast_array
+from guard.convert.cast import CastPolicy
+from guard.convert.io_orbax import is_orbax_checkpoint
 from guard.convert.mapping import plan_mapping
+from guard.convert.publish import discard, make_temp_dir, publish
 from guard.convert.source import SourceModel, open_source
-from guard.convert.writer import (OutputTensor, discard, make_temp_dir, plan_shards, publish, verify_written,
-                                  write_shards)
-from guard.errors import GuardError, UsageError
+from guard.convert.source_orbax import open_orbax
+from guard.convert.verify import verify_output
+from guard.convert.writer import LAYOUTS, OutputTensor, plan_shards, write_output
+from guard.errors import UsageError
 from guard.findings import Finding, Severity
 from guard.progress import progress
-
-if TYPE_CHECKING:
-    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,16 @@ class ConvertRequest:
     max_shard_size: int
     allow_lossy: bool = False
     strict: bool = False  # refuse instead of dropping tensors the target class has no place for
+    layout: str | None = None  # None: the framework's default (safetensors, msgpack); "orbax" for flax
+    verify: str = "sampled"  # "sampled" | "full" (verify.py says what each checks)
+    variant: str | None = None  # the weight set to read: None is the one the scanner calls primary
+
+    @property
+    def output_layout(self) -> str:
+        layout = self.layout or LAYOUTS[self.to][0]
+        if layout not in LAYOUTS[self.to]:
+            raise UsageError(f"--layout {layout} is not a {self.to} layout (choose {', '.join(LAYOUTS[self.to])})")
+        return layout
 
 
 def check_paths(src: Path, out: Path) -> None:
@@ -50,13 +60,20 @@ def _blocking(findings: list[Finding]) -> bool:
 def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
     start = time.monotonic()
     check_paths(req.src, req.out)
+    layout = req.output_layout
     config, findings = read_config(req.src)
-    source = open_source(req.src, to=req.to)
+    if is_orbax_checkpoint(req.src):
+        if req.variant is not None:
+            raise UsageError(f"{req.src}: an Orbax checkpoint has no variants; drop --variant")
+        source = open_orbax(req.src)
+    else:
+        source = open_source(req.src, to=req.to, variant=req.variant)
     findings += source.findings
     figures: dict[str, Any] = {
         "source": str(req.src), "output": str(req.out), "from": source.format, "to": req.to,
         "dtype": req.cast.target or "keep", "keep_fp32": list(req.cast.keep_fp32),
-        "shards_in": len(source.files), "tensors_in": len(source.tensors), "written": False,
+        "layout": layout, "variant": req.variant, "shards_in": len(source.files), "tensors_in": len(source.tensors),
+        "written": False,
     }
     if _blocking(findings):
         return findings, figures
@@ -76,35 +93,21 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
                                                                        sep.join(m.target)))
                for m in mapping.tensors]
     shards = plan_shards(outputs, req.max_shard_size)
-    cast_findings: list[Finding] = []
-
-    def produce(tensor: OutputTensor) -> np.ndarray:
-        source_tensor = tensor.mapped.source
-        try:
-            array = source_tensor.load()
-        except OSError as exc:  # a shard deleted or unmounted mid-conversion
-            raise GuardError(f"{source_tensor.info.file}: cannot read {source_tensor.name} "
-                             f"({exc.strerror or exc}); nothing written") from None
-        if tensor.mapped.perm is not None:
-            array = array.transpose(tensor.mapped.perm)
-        array, finding = cast_array(array, tensor.dtype, name=tensor.name, path=tensor.mapped.source.info.file)
-        if finding is not None:
-            cast_findings.append(finding)
-        return array
 
     def ticks(it: Any) -> Any:
         return progress(it, total=len(outputs), desc=f"converting to {req.to}", unit="tensors")
 
     temp = make_temp_dir(req.out)
     try:
-        crcs = write_shards(temp, shards, to=req.to, produce=produce, ticks=ticks)
-        expected = {t.name: (t.dtype, t.shape, crcs[t.name]) for t in outputs}
-        verify_findings, verified = verify_written(temp, expected, to=req.to)
+        written = write_output(temp, shards, layout=layout, ticks=ticks, checksum=req.verify == "full")
+        verify_findings, verified = verify_output(temp, outputs, written, layout=layout, full=req.verify == "full")
+        cast_findings = written.cast_findings
         if req.allow_lossy:
             cast_findings = [f._replace(severity=Severity.warning) for f in cast_findings]
         findings += cast_findings + verify_findings
+        figures["verification"] = req.verify
         counts = _param_counts(outputs)
-        figures.update(_output_figures(outputs, source, len(shards), verified))
+        figures.update(_output_figures(outputs, source, 1 if layout == "orbax" else len(shards), verified))
         if _blocking(findings):
             discard(temp)
             return findings, figures

@@ -1,38 +1,38 @@
-"""Shard-by-shard output into a temporary directory, read back and checked, then renamed into place.
+"""Output into a temporary directory, streamed tensor by tensor, then renamed into place.
 
-Tensors are produced one at a time by a callback and written straight from their
-buffers, so memory holds one tensor (plus its transposed or cast copy), never a shard.
+Each layout is framing written around tensor bodies: the safetensors header, the
+msgpack maps and ext headers, or Orbax's per-leaf ``.zarray`` files.  All of it is
+computed from the plan (names, dtypes, shapes), so bodies stream from the source
+through ``produce`` to the writer thread in bands, and memory holds one source
+tensor plus a few bands, never a shard.  Where every body landed is recorded for
+``verify``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import shutil
-import zlib
+import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from guard import dtypes
-from guard.catalogue import make_finding
-from guard.convert.io_flax import FlaxWholeFileLoader, write_flax_msgpack
+from guard.convert import io_orbax
+from guard.convert.bitviews import dtype_code, numpy_dtype
+from guard.convert.cast import CastCheck
+from guard.convert.io_flax import leaf_segments, msgpack_tree, walk_tree
 from guard.convert.io_torch import safetensors_header
-from guard.convert.naming import Mapped
-from guard.errors import GuardError
+from guard.convert.mapped import Mapped
+from guard.convert.produce import BandPool, PieceCutter, SourceBuffer, body_pieces
+from guard.convert.publish import fsync_paths
+from guard.convert.sink import OutputStream
+from guard.errors import UsageError
 from guard.findings import Finding
-from guard.readers import scan_file
-from guard.sources import LocalFile
-from guard.tensors import TensorInfo
 
-if TYPE_CHECKING:
-    import numpy as np
-
-CRC_BLOCK = 16 * 1024 * 1024
-NAMES = {"torch": ("model", ".safetensors"), "flax": ("flax_model", ".msgpack")}
+NAMES = {"safetensors": ("model", ".safetensors"), "msgpack": ("flax_model", ".msgpack")}
+LAYOUTS = {"torch": ("safetensors",), "flax": ("msgpack", "orbax")}
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,15 @@ class OutputTensor:
         return dtypes.nbytes(self.dtype, prod(self.shape)) or 0
 
 
+@dataclass
+class Written:
+    """Where each tensor's body went: (file name in the output directory, offset, length) per segment."""
+
+    places: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
+    crcs: dict[str, int] = field(default_factory=dict)  # with checksum=True: CRC32 of the bytes handed to write()
+    cast_findings: list[Finding] = field(default_factory=list)
+
+
 def plan_shards(tensors: Sequence[OutputTensor], max_shard_size: int) -> list[list[OutputTensor]]:
     """Split in order (source order, so a shard reads few source shards), as transformers does."""
     shards: list[list[OutputTensor]] = [[]]
@@ -63,129 +72,140 @@ def plan_shards(tensors: Sequence[OutputTensor], max_shard_size: int) -> list[li
     return shards
 
 
-def shard_names(to: str, count: int) -> list[str]:
-    stem, ext = NAMES[to]
+def shard_names(layout: str, count: int) -> list[str]:
+    stem, ext = NAMES[layout]
     if count == 1:
         return [stem + ext]
     return [f"{stem}-{i:05d}-of-{count:05d}{ext}" for i in range(1, count + 1)]
 
 
-def write_shards(directory: Path, shards: list[list[OutputTensor]], *, to: str,
-                 produce: Callable[[OutputTensor], np.ndarray],
-                 ticks: Callable[[Iterator[OutputTensor]], Iterator[OutputTensor]] = lambda it: it,
-                 ) -> dict[str, int]:
-    """Write every shard (and the index when there are several); return each tensor's CRC32."""
-    import numpy as np
-
-    crcs: dict[str, int] = {}
-    shards = ordered_for_writing(shards, to=to)
-    names = shard_names(to, len(shards))
-    stream = ticks(iter([t for shard in shards for t in shard]))
-
-    def next_array(expected: OutputTensor) -> np.ndarray:
-        tensor = next(stream)
-        assert tensor is expected, "tensors must be produced in shard order"
-        array = np.ascontiguousarray(produce(tensor)).reshape(tensor.shape)  # ascontiguousarray makes 0-d [1]
-        if array.shape != tensor.shape or array.nbytes != tensor.nbytes or dtypes_code(array) != tensor.dtype:
-            raise AssertionError(f"{tensor.name}: produced {array.dtype} {array.shape}, planned {tensor.dtype} "
-                                 f"{tensor.shape}")
-        crcs[tensor.name] = zlib.crc32(array.reshape(-1).view(np.uint8).data)
-        return array
-
-    for name, shard in zip(names, shards):
-        with open(directory / name, "wb") as fh:
-            if to == "torch":
-                fh.write(safetensors_header([(t.name, t.dtype, t.shape) for t in shard], {"format": "pt"}))
-                for tensor in shard:
-                    fh.write(next_array(tensor).reshape(-1).view(np.uint8).data)
-            else:
-                by_key = {tuple(t.name.split("/")): t for t in shard}
-                write_flax_msgpack(fh, list(by_key), lambda key: next_array(by_key[key]))
-            fh.flush()
-            os.fsync(fh.fileno())
-    if len(shards) > 1:
-        stem, ext = NAMES[to]
-        index = {"metadata": {"total_size": sum(t.nbytes for s in shards for t in s)},
-                 "weight_map": {t.name: n for n, s in zip(names, shards) for t in s}}
-        (directory / f"{stem}{ext}.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return crcs
-
-
-def dtypes_code(array: np.ndarray) -> str:
-    from guard.convert.bitviews import dtype_code
-
-    return dtype_code(array.dtype.name)
-
-
-def ordered_for_writing(shards: list[list[OutputTensor]], *, to: str) -> list[list[OutputTensor]]:
-    """Flax shards are written in sorted key order (nested maps, a depth-first walk); produce in that order."""
-    if to == "torch":
+def ordered_for_writing(shards: list[list[OutputTensor]], *, layout: str) -> list[list[OutputTensor]]:
+    """msgpack and Orbax trees are written in sorted key order (a depth-first walk); produce in that order."""
+    if layout == "safetensors":
         return shards
     return [sorted(shard, key=lambda t: tuple(t.name.split("/"))) for shard in shards]
 
 
-def verify_written(directory: Path, expected: dict[str, tuple[str, tuple[int, ...], int]],
-                   *, to: str) -> tuple[list[Finding], int]:
-    """Read the output back: every tensor present once, with its dtype, shape and bytes (CRC32)."""
-    stem, ext = NAMES[to]
-    seen: dict[str, TensorInfo] = {}
-    findings: list[Finding] = []
-    for path in sorted(directory.glob(f"{stem}*{ext}")):
-        with LocalFile(path) as source:
-            scan = scan_file(source)
-        findings.extend(make_finding("CG301", path.name, f"written file does not read back: {f.message}")
-                        for f in scan.findings)
-        seen.update({t.name: t for t in scan.tensors})
-    chunked = FlaxWholeFileLoader()
-    for name, (code, shape, crc) in sorted(expected.items()):
-        info = seen.pop(name, None)
-        if info is None or info.dtype != code or info.shape != shape:
-            got = "missing" if info is None else f"{info.dtype} {list(info.shape)}"
-            findings.append(make_finding("CG301", str(directory), f"{name}: wrote {code} {list(shape)}, read {got}",
-                                         tensor=name))
-        elif _crc_of(info, chunked) != crc:
-            findings.append(make_finding("CG301", Path(info.file).name, f"{name}: bytes changed on disk",
-                                         tensor=name))
-    findings.extend(make_finding("CG301", Path(i.file).name, f"{n}: written but never planned", tensor=n)
-                    for n, i in seen.items())
-    return findings, len(expected)
+def dtypes_code(dtype: Any) -> str:
+    """The safetensors code of a numpy dtype or array (checked against the plan for every tensor)."""
+    return dtype_code(getattr(dtype, "dtype", dtype).name)
 
 
-def _crc_of(info: TensorInfo, chunked: FlaxWholeFileLoader) -> int:
-    import numpy as np
-
-    if info.data_start is None or info.data_end is None:
-        return zlib.crc32(np.ascontiguousarray(chunked.load(info)).reshape(-1).view(np.uint8).data)
-    crc = 0
-    with open(info.file, "rb") as fh:
-        fh.seek(info.data_start)
-        left = info.data_end - info.data_start
-        while left:
-            block = fh.read(min(left, CRC_BLOCK))
-            if not block:
-                break
-            crc = zlib.crc32(block, crc)
-            left -= len(block)
-    return crc
-
-
-def make_temp_dir(out: Path) -> Path:
+def write_output(directory: Path, shards: list[list[OutputTensor]], *, layout: str,
+                 ticks: Callable[[Iterator[OutputTensor]], Iterator[OutputTensor]] = lambda it: it,
+                 checksum: bool = False) -> Written:
+    """Write every file of ``layout`` into ``directory``; all of it fsynced when this returns."""
+    if layout == "orbax":
+        shards = [[t for shard in shards for t in shard]]  # one tree; --max-shard-size does not apply
+        _check_orbax_names(shards[0])
+    shards = ordered_for_writing(shards, layout=layout)
+    stream = OutputStream(checksum=checksum)
+    emitter = _Emitter(stream, ticks(iter([t for shard in shards for t in shard])))
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        temp = out.parent / f".{out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
-        temp.mkdir()
-    except OSError as exc:
-        raise GuardError(f"{out}: cannot create the output directory ({exc.strerror})") from None
-    return temp
+        if layout == "orbax":
+            _write_orbax(directory, shards[0], stream, emitter)
+        else:
+            _write_files(directory, shards, layout, stream, emitter)
+        stream.finish()
+    except BaseException:
+        stream.abort()
+        raise
+    emitter.written.crcs = stream.crcs
+    fsync_paths([directory, *(p for p in directory.iterdir() if p.is_dir())])
+    return emitter.written
 
 
-def publish(temp: Path, out: Path) -> None:
-    """Rename the finished directory into place (an existing empty ``out`` is replaced)."""
-    try:
-        os.replace(temp, out)
-    except OSError as exc:
-        raise GuardError(f"{out}: cannot move the finished output into place ({exc.strerror})") from None
+def _check_orbax_names(tensors: list[OutputTensor]) -> None:
+    """Every leaf gets a directory of its own inside the checkpoint (orbax joins keys with ".")."""
+    seen: dict[str, str] = {}
+    for tensor in tensors:
+        where = f"{tensor.mapped.source.info.file}: {tensor.mapped.source.name}"
+        try:
+            name = io_orbax.array_dir(tuple(tensor.name.split("/")))
+        except ValueError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        if name in seen:
+            raise UsageError(f"{where}: {tensor.name} and {seen[name]} would share the Orbax array {name}")
+        seen[name] = tensor.name
 
 
-def discard(temp: Path) -> None:
-    shutil.rmtree(temp, ignore_errors=True)
+def _write_files(directory: Path, shards: list[list[OutputTensor]], layout: str, stream: OutputStream,
+                 emitter: _Emitter) -> None:
+    names = shard_names(layout, len(shards))
+    for name, shard in zip(names, shards):
+        stream.open(directory / name)
+        if layout == "safetensors":
+            stream.write(safetensors_header([(t.name, t.dtype, t.shape) for t in shard], {"format": "pt"}))
+            for tensor in shard:
+                emitter.tensor(tensor, name, [(b"", tensor.nbytes)])
+        else:
+            by_key = {tuple(t.name.split("/")): t for t in shard}
+
+            def leaf(key: tuple[str, ...], file: str = name, by_key: dict = by_key) -> None:  # type: ignore[type-arg]
+                t = by_key[key]
+                info = numpy_dtype(t.dtype)
+                emitter.tensor(t, file, leaf_segments(t.shape, info.name, info.itemsize))
+
+            walk_tree(msgpack_tree(list(by_key)), stream.write, leaf)
+        stream.close()
+    if len(shards) > 1:
+        stem, ext = NAMES[layout]
+        index = {"metadata": {"total_size": sum(t.nbytes for s in shards for t in s)},
+                 "weight_map": {t.name: n for n, s in zip(names, shards) for t in s}}
+        _small_file(stream, directory / f"{stem}{ext}.index.json",
+                    (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _write_orbax(directory: Path, tensors: list[OutputTensor], stream: OutputStream, emitter: _Emitter) -> None:
+    started = time.time_ns()
+    for tensor in tensors:
+        key = tuple(tensor.name.split("/"))
+        leaf_dir = io_orbax.array_dir(key)
+        (directory / leaf_dir).mkdir()
+        _small_file(stream, directory / leaf_dir / ".zarray", io_orbax.zarray(tensor.dtype, tensor.shape))
+        chunk = f"{leaf_dir}/{io_orbax.chunk_name(len(tensor.shape))}"
+        if tensor.nbytes:
+            stream.open(directory / chunk)
+        emitter.tensor(tensor, chunk, [(b"", tensor.nbytes)])
+        if tensor.nbytes:
+            stream.close()
+    keys = [tuple(t.name.split("/")) for t in tensors]
+    _small_file(stream, directory / io_orbax.METADATA, io_orbax.tree_metadata(keys))
+    _small_file(stream, directory / io_orbax.CHECKPOINT_METADATA,
+                io_orbax.checkpoint_metadata(started, time.time_ns()))
+
+
+def _small_file(stream: OutputStream, path: Path, data: bytes) -> None:
+    stream.open(path)
+    stream.write(data)
+    stream.close()
+
+
+class _Emitter:
+    """Streams each tensor's pieces into the framing's segments, exactly as many bytes as planned."""
+
+    def __init__(self, stream: OutputStream, order: Iterator[OutputTensor]) -> None:
+        self.stream, self.order = stream, order
+        self.pool, self.source = BandPool(), SourceBuffer()
+        self.written = Written()
+
+    def tensor(self, tensor: OutputTensor, file: str, segments: list[tuple[bytes, int]]) -> None:
+        assert next(self.order) is tensor, "tensors must be produced in the order they are written"
+        src = tensor.mapped.source
+        if dtypes_code(numpy_dtype(tensor.dtype)) != tensor.dtype:
+            raise AssertionError(f"{tensor.name}: planned {tensor.dtype} has no numpy dtype of that code")
+        check = CastCheck(tensor.dtype) if tensor.dtype != src.info.dtype else None
+        pieces = PieceCutter(body_pieces(src, tensor.mapped.perm, tensor.dtype, pool=self.pool, source=self.source,
+                                     check=check), tensor.name)
+        places = self.written.places.setdefault(tensor.name, [])
+        for framing, size in segments:
+            if framing:
+                self.stream.write(framing)
+            places.append((file, self.stream.position, size))
+            self.stream.begin(tensor.name)
+            pieces.emit(size, self.stream)
+            self.stream.end()
+        pieces.done()
+        finding = check.finding(name=tensor.name, path=src.info.file) if check is not None else None
+        if finding is not None:
+            self.written.cast_findings.append(finding)

@@ -1,0 +1,206 @@
+"""Orbax checkpoints: orbax-checkpoint's StandardCheckpointer layout, written as a stream, read back.
+
+Written: the layout ``StandardCheckpointHandler(use_ocdbt=False)`` produces (orbax 0.12),
+one zarr v2 array per leaf in ``<key.joined.by.dots>/`` (``.zarray`` plus one chunk
+file holding the C-order bytes), ``_METADATA`` (the tree) and ``_CHECKPOINT_METADATA``.
+Chunks are stored uncompressed (``"compressor": null``), so a tensor's bytes stream
+straight into its chunk file and ``StandardCheckpointer().restore(DIR)`` returns them
+unchanged, bf16 included.  The default OCDBT layout packs every array into a B-tree
+of zstd-compressed nodes that only tensorstore can write, one transaction per array
+(about 7x slower here), which is why it is read but not written.
+
+Read: the same plain layout by byte ranges (no framework at all), and anything else
+orbax writes (OCDBT, zarr3, compressed or multi-chunk arrays) through tensorstore,
+one array at a time.  ``_METADATA`` keys are attacker-controlled: each must name a
+direct child of the checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from guard import dtypes
+from guard.errors import MalformedCheckpoint
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Key = tuple[str, ...]
+METADATA = "_METADATA"
+CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
+HANDLER = "orbax.checkpoint._src.handlers.standard_checkpoint_handler.StandardCheckpointHandler"
+# Files and directories orbax itself keeps at the top of a checkpoint: no leaf may be named so.
+RESERVED = frozenset({METADATA, CHECKPOINT_METADATA, "_sharding", "commit_success.txt", "manifest.ocdbt", "d",
+                      "array_metadatas", "descriptor"})
+ZARR_DTYPES = {
+    "BOOL": "|b1", "U8": "|u1", "I8": "|i1", "U16": "<u2", "I16": "<i2", "U32": "<u4", "I32": "<i4",
+    "U64": "<u8", "I64": "<i8", "F16": "<f2", "F32": "<f4", "F64": "<f8", "C64": "<c8", "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
+}
+MAX_METADATA_BYTES = 256 * 2**20
+_SAFE_PART = re.compile(r"^[^/\\\x00]+$")
+
+
+def is_orbax_checkpoint(path: Path) -> bool:
+    return (path / METADATA).is_file()
+
+
+def array_dir(key: Key) -> str:
+    """The leaf's directory, as orbax names it; refused where it could leave or clobber the checkpoint."""
+    name = ".".join(key)
+    if (not key or any(not _SAFE_PART.match(p) or p in (".", "..") for p in key) or name in RESERVED
+            or name.startswith(("ocdbt.process_", ".")) or name.endswith((".json", ".txt"))):
+        raise ValueError(f"{'/'.join(key)!r} cannot be an Orbax leaf name (it would leave or clobber the checkpoint)")
+    return name
+
+
+def chunk_name(ndim: int) -> str:
+    return ".".join("0" for _ in range(ndim)) or "0"
+
+
+def zarray(code: str, shape: tuple[int, ...]) -> bytes:
+    meta = {"chunks": [max(1, d) for d in shape], "compressor": None, "dimension_separator": ".",
+            "dtype": ZARR_DTYPES[code], "fill_value": None, "filters": None, "order": "C",
+            "shape": list(shape), "zarr_format": 2}
+    return json.dumps(meta, sort_keys=True).encode()
+
+
+def tree_metadata(keys: list[Key]) -> bytes:
+    tree = {repr(tuple(k)): {"key_metadata": [{"key": p, "key_type": 2} for p in k],
+                             "value_metadata": {"value_type": "np.ndarray", "skip_deserialize": False}}
+            for k in keys}
+    meta = {"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
+            "store_array_data_equal_to_fill_value": True, "custom_metadata": None}
+    return json.dumps(meta).encode()
+
+
+def checkpoint_metadata(started_ns: int, committed_ns: int) -> bytes:
+    return json.dumps({"item_handlers": HANDLER, "metrics": {}, "performance_metrics": {},
+                       "init_timestamp_nsecs": started_ns, "commit_timestamp_nsecs": committed_ns,
+                       "custom_metadata": {}}).encode()
+
+
+@dataclass(frozen=True)
+class OrbaxLeaf:
+    key: Key
+    code: str
+    shape: tuple[int, ...]
+    chunk: Path | None  # the single uncompressed chunk file, or None: read through tensorstore
+    spec: dict[str, Any] | None = None  # tensorstore spec where chunk is None
+
+
+def read_tree(root: Path) -> tuple[list[Key], bool, bool]:
+    """The array leaves of ``_METADATA``, as key tuples, and whether they sit in OCDBT and in zarr3.
+
+    Checked as the scanner's Orbax reader checks them (orbax 0.12's entry format, no leaf outside
+    the directory, no two leaves on one array), and each name refused by ``array_dir`` as well.
+    """
+    from guard.readers.orbax import ARRAY_TYPES, leaf_params
+
+    path = root / METADATA
+    if path.stat().st_size > MAX_METADATA_BYTES:
+        raise MalformedCheckpoint(f"{METADATA} is over {MAX_METADATA_BYTES} bytes")
+    try:
+        meta = json.loads(path.read_bytes())
+    except ValueError as exc:
+        raise MalformedCheckpoint(f"{METADATA} is not JSON: {exc}"[:300]) from None
+    tree = meta.get("tree_metadata") if isinstance(meta, dict) else None
+    if not isinstance(tree, dict):
+        raise MalformedCheckpoint(f"{METADATA} has no tree_metadata object")
+    leaf_params(tree)  # raises MalformedCheckpoint for anything orbax or the scanner would refuse
+    keys = [tuple(k["key"] for k in entry["key_metadata"]) for entry in tree.values()
+            if entry["value_metadata"]["value_type"] in ARRAY_TYPES]
+    for key in keys:
+        try:
+            array_dir(key)
+        except ValueError as exc:
+            raise MalformedCheckpoint(str(exc)) from None
+    return keys, meta.get("use_ocdbt", True) is True, meta.get("use_zarr3") is True
+
+
+def read_leaf(root: Path, key: Key, *, ocdbt: bool, zarr3: bool) -> OrbaxLeaf:
+    """dtype, shape and where the bytes are: a plain chunk file when it holds them raw, else tensorstore."""
+    name = array_dir(key)
+    if (root / name).exists() and not _inside(root, root / name):
+        raise MalformedCheckpoint(f"{'/'.join(key)}: {name} leads outside the checkpoint")
+    if not ocdbt and not zarr3:
+        meta_path = root / name / ".zarray"
+        if not meta_path.is_file():
+            raise MalformedCheckpoint(f"{'/'.join(key)}: {name}/.zarray is missing")
+        if meta_path.stat().st_size > 2**20:
+            raise MalformedCheckpoint(f"{name}/.zarray is over 1 MiB")
+        plain = _plain_chunk(meta_path.read_bytes(), name)
+        if plain is not None:
+            code, shape = plain
+            chunk = root / name / chunk_name(len(shape))
+            if chunk.exists() and not _inside(root, chunk):
+                raise MalformedCheckpoint(f"{'/'.join(key)}: {name}/{chunk.name} leads outside the checkpoint")
+            size = chunk.stat().st_size if chunk.is_file() else 0
+            if size != (dtypes.nbytes(code, prod(shape)) or 0):
+                raise MalformedCheckpoint(f"{'/'.join(key)}: {name}/{chunk.name} holds {size} bytes, "
+                                          f"not the {dtypes.nbytes(code, prod(shape))} of {code} {list(shape)}")
+            return OrbaxLeaf(key, code, shape, chunk)
+    return _tensorstore_leaf(root, key, name, ocdbt=ocdbt, zarr3=zarr3)
+
+
+def _plain_chunk(meta: bytes, name: str) -> tuple[str, tuple[int, ...]] | None:
+    """(code, shape) when the array is one raw C-order chunk; None when tensorstore must decode it."""
+    from guard.readers.orbax import parse_zarr_metadata
+
+    code, shape = parse_zarr_metadata(meta, zarr3=False, param=name)  # the scanner's checks, and its dtype
+    if code not in ZARR_DTYPES:
+        raise MalformedCheckpoint(f"{name}: dtype {code} is not one convert can carry")
+    fields = json.loads(meta)
+    single = all(c >= d for c, d in zip(fields["chunks"], shape))
+    raw = fields["compressor"] is None and not fields["filters"] and fields["order"] == "C"
+    return (code, shape) if (single and raw) or 0 in shape else None
+
+
+def _tensorstore_leaf(root: Path, key: Key, name: str, *, ocdbt: bool, zarr3: bool) -> OrbaxLeaf:
+    try:
+        import tensorstore as ts
+    except ImportError:
+        from guard.errors import MissingExtraError
+
+        raise MissingExtraError("tensorstore", "orbax") from None
+    base = {"driver": "file", "path": str(root.resolve()) + "/"}
+    kvstore: dict[str, Any] = {"driver": "ocdbt", "base": base, "path": name} if ocdbt else {
+        **base, "path": str((root / name).resolve()) + "/"}
+    spec = {"driver": "zarr3" if zarr3 else "zarr", "kvstore": kvstore, "open": True}
+    try:
+        store = ts.open(spec, read=True).result()
+    except ValueError as exc:  # tensorstore reports every unreadable array as ValueError
+        raise MalformedCheckpoint(f"{'/'.join(key)}: tensorstore cannot open it: {str(exc)[:200]}") from None
+    code = dtypes.NUMPY_NAMES.get(store.dtype.numpy_dtype.name)
+    if code is None:
+        raise MalformedCheckpoint(f"{'/'.join(key)}: dtype {store.dtype.name} is not one convert can carry")
+    return OrbaxLeaf(key, code, tuple(int(d) for d in store.shape), None, spec)
+
+
+class TensorStoreLoader:
+    """Reads one whole array through tensorstore (OCDBT, compressed or chunked arrays)."""
+
+    def __init__(self, specs: dict[str, dict[str, Any]]) -> None:
+        self._specs = specs
+
+    def load(self, info: Any) -> np.ndarray:
+        import numpy as np
+        import tensorstore as ts
+
+        try:
+            array = ts.open(self._specs[info.name], read=True).result().read().result()
+        except ValueError as exc:
+            raise MalformedCheckpoint(f"{info.name}: tensorstore cannot read it: {str(exc)[:200]}") from None
+        return np.ascontiguousarray(array).reshape(info.shape)
+
+
+def _inside(root: Path, path: Path) -> bool:
+    """``path`` resolves below ``root``: a symlinked leaf never reads another directory."""
+    return os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
