@@ -57,8 +57,28 @@ def test_permute_in_small_bands(monkeypatch: pytest.MonkeyPatch, shape: tuple[in
     monkeypatch.setattr(transpose, "BAND_BYTES", 4096)  # many bands, each smaller than a tile
     monkeypatch.setattr(transpose, "MIN_BAND_ROWS", 3)
     monkeypatch.setattr(transpose, "SPLIT_BYTES", 1 if split else 2**62)  # the helper fills half of each band
+    monkeypatch.setattr(transpose, "SPLIT_CPUS", 1)  # whatever this machine has
     a = random_bits(shape, code, np.random.default_rng(1))
     assert same_bits(permute(a, perm), a.transpose(perm).copy())
+
+
+@pytest.mark.parametrize("cpus, helper_used", [(2, False), (3, True)])
+def test_the_helper_thread_only_where_the_writer_keeps_a_core(monkeypatch: pytest.MonkeyPatch, cpus: int,
+                                                               helper_used: bool) -> None:
+    import threading
+
+    threads: set[str] = set()
+    fill = transpose._fill
+
+    def recording_fill(*args: object) -> None:
+        threads.add(threading.current_thread().name)
+        fill(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(transpose, "_fill", recording_fill)
+    monkeypatch.setattr(transpose, "usable_cpus", lambda: cpus)
+    a = random_bits((2048, 1024), "BF16", np.random.default_rng(2))  # 4 MiB: bands above SPLIT_BYTES
+    assert same_bits(permute(a, (1, 0)), a.T.copy())
+    assert any(name.startswith("ckpt-guard-transpose") for name in threads) is helper_used, threads
 
 
 def test_nan_payloads_survive_a_transpose() -> None:

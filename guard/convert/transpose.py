@@ -27,8 +27,19 @@ TILE_ROWS = 128  # source rows per tile: output columns
 TILE_COLS = 512  # source columns per tile: output rows
 PAD = 32  # elements added to each staging row so that its rows do not share a cache set
 BAND_BYTES = 4 * 2**20  # a few bands in flight stay in the last-level cache for the writer's copy
-SPLIT_BYTES = 2**20  # bands from this size are filled by two threads
+SPLIT_BYTES = 2**20  # bands from this size are filled by two threads ...
+SPLIT_CPUS = 3  # ... where the writer thread has a core of its own besides (bench/convert.py: on 2 CPUs the
+#                 helper takes the writer's core, and a 1.48 GB conversion took 2.52 s with it, 2.28 s without)
 MIN_BAND_ROWS = 256  # narrower bands make narrow tiles, which copy at half the speed (a vocab-wide kernel)
+
+
+def usable_cpus() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def bit_view(a: np.ndarray) -> np.ndarray:
@@ -106,10 +117,12 @@ def _matrix_bands(src: np.ndarray, buffer: Callable[[int], np.ndarray]) -> Itera
     """Each of ``src``'s (R, C) matrices transposed; bands of whole output rows (source columns).
 
     A band's second half is filled on a helper thread while this one fills the first: numpy drops the
-    GIL for each tile copy, so two cores share the transposing when the machine has them to spare.
+    GIL for each tile copy, so two cores share the transposing when the machine has them to spare
+    (SPLIT_CPUS: the writer thread keeps a core).
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    split_bytes = SPLIT_BYTES if usable_cpus() >= SPLIT_CPUS else 2**63
     _batch, rows, cols = src.shape
     per_band = max(MIN_BAND_ROWS, BAND_BYTES // (rows * src.itemsize))
     stages = [_stage(src.dtype), _stage(src.dtype)]
@@ -118,7 +131,7 @@ def _matrix_bands(src: np.ndarray, buffer: Callable[[int], np.ndarray]) -> Itera
             for c0 in range(0, cols, per_band):
                 c1 = min(cols, c0 + per_band)
                 out = buffer((c1 - c0) * rows).reshape(c1 - c0, rows)
-                half = (c1 - c0) // 2 if (c1 - c0) * rows * src.itemsize >= SPLIT_BYTES else 0
+                half = (c1 - c0) // 2 if (c1 - c0) * rows * src.itemsize >= split_bytes else 0
                 other = helper.submit(_fill, matrix, out, c0, c0 + half, c1, stages[1]) if half else None
                 _fill(matrix, out, c0, c0, c0 + half if half else c1, stages[0])
                 if other is not None:
