@@ -72,11 +72,11 @@ def weight_files() -> dict[str, bytes]:
     return files
 
 
-ORBAX_ROOT = "orbax/"  # readers-b: one checkpoint directory, scanned (and reported) as one file
+ORBAX_ROOT = "orbax/"  # one checkpoint directory, scanned (and reported) as one file
 
 
 def hdf5_keras_orbax_files() -> dict[str, bytes]:
-    """readers-b: tf_model.h5 (h5py, Keras-2 layout), model.keras (Keras 3), an Orbax checkpoint."""
+    """tf_model.h5 (h5py, Keras-2 layout), model.keras (Keras 3), an Orbax checkpoint."""
     import subprocess
 
     files: dict[str, bytes] = {}
@@ -205,7 +205,7 @@ def per_file(hub: StandinHub, files: dict[str, bytes], work: Path) -> list[dict[
             "download_seconds": seconds,
         })
     orbax = {n: d for n, d in files.items() if n.startswith(ORBAX_ROOT)}
-    if orbax:  # readers-b: the checkpoint directory is one row (every file downloaded, for comparison)
+    if orbax:  # the checkpoint directory is one row (every file downloaded, for comparison)
         hub.reset_records()
         t0 = time.perf_counter()
         for name in orbax:
@@ -288,9 +288,8 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
     a, jobs = f["audit"], f["jobs"]
     lines += [
         "",
-        f"Scanning the whole repository above ({sum(1 for r in f['files'] if 'size' in r)} weight files or checkpoints, an index; warm) took {wall:.2f} s of wall time; "
-        f"Scanning the whole repository above ({sum(1 for r in f['files'] if 'size' in r)} weight files, an index; "
-        f"warm) took {wall:.2f} s of wall time; "
+        f"Scanning the whole repository above ({sum(1 for r in f['files'] if 'size' in r)} weight files or "
+        f"checkpoints, an index; warm) took {wall:.2f} s of wall time; "
         "the files are read concurrently, so it costs about the slowest file's round trips.",
         "",
         f"Organisation audit, `hub scan --author ORG` over {f['repos']} repositories "
@@ -326,7 +325,7 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
         "from `bench/hub_service.py`; their figures are in "
         "[reliability.md](reliability.md#the-hub-reviewer-kills-rate-limits-bursts).",
         "",
-        "HDF5, Keras and Orbax (readers-b): an HDF5 file keeps each dataset's object header next to its "
+        "HDF5, Keras and Orbax: an HDF5 file keeps each dataset's object header next to its "
         "data, so h5py's walk costs about one 64 KiB read-ahead block per group of datasets (the "
         "tf_model.h5 above: 8 datasets of 4 MiB); the requests grow with the number of datasets, the "
         "byte share falls as they grow. A .keras archive adds its zip directory and two small JSON "

@@ -31,8 +31,8 @@ FILE_NAMES = {
     "torch-zip": "pytorch_model.bin",
     "torch-legacy": "pytorch_model.bin",
     "flax-msgpack": "flax_model.msgpack",
-    "hdf5": "model.weights.h5",  # readers-b
-    "keras": "model.keras",  # readers-b
+    "hdf5": "model.weights.h5",
+    "keras": "model.keras",
     "gguf": "model.gguf",
     "onnx": "model.onnx",
     "npy": "weights.npy",

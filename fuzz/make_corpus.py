@@ -59,7 +59,7 @@ def main() -> int:
 
 
 def orbax_metadata_seeds(folder: Path) -> int:
-    """readers-b: ``_METADATA`` + NUL + one array's zarr metadata, from checkpoints orbax writes."""
+    """``_METADATA`` + NUL + one array's zarr metadata, from checkpoints orbax writes."""
     import tempfile
 
     import numpy as np

@@ -35,8 +35,8 @@ FILE_NAMES = {
     "torch-zip": "pytorch_model.bin",
     "torch-legacy": "pytorch_model.bin",
     "flax-msgpack": "flax_model.msgpack",
-    "hdf5": "model.weights.h5",  # readers-b
-    "keras": "model.keras",  # readers-b
+    "hdf5": "model.weights.h5",
+    "keras": "model.keras",
 }
 SCAN_SECONDS = 1.0  # a header scan of a small file takes milliseconds
 SCAN_PEAK_BYTES = 4 * 1024 * 1024  # beyond a copy of the input itself
@@ -100,7 +100,7 @@ def bounded_scan(data: bytes, name: str, *, hang_after: float = 10 * SCAN_SECOND
 
 def assert_well_behaved(result: BoundedScan, data: bytes) -> None:
     seconds = SCAN_SECONDS
-    if "HDF5 library made no progress" in result.reason:  # readers-b: libhdf5 spun; its worker was killed
+    if "HDF5 library made no progress" in result.reason:  # libhdf5 spun; its worker was killed
         from guard.readers.hdf5_worker import STALL_SECONDS
 
         seconds = STALL_SECONDS + SCAN_SECONDS
@@ -215,7 +215,7 @@ def reference_flax(data: bytes) -> Inventory | str:
             for name, leaf in flatten(tree, "/", lambda v: isinstance(v, (np.ndarray, np.generic)))}
 
 
-# ---- readers-b: h5py is C and can spin on a corrupt file, so the reference runs in a forked
+# ---- HDF5: h5py is C and can spin on a corrupt file, so the reference runs in a forked
 # pool worker that is replaced after REFERENCE_SECONDS; a hang counts as the reference's refusal.
 REFERENCE_SECONDS = 3.0
 _H5_POOL: Any = None
@@ -288,8 +288,8 @@ REFERENCES: dict[str, Callable[[bytes], Inventory | str]] = {
     "torch-zip": reference_torch,
     "torch-legacy": reference_torch,
     "flax-msgpack": reference_flax,
-    "hdf5": reference_hdf5,  # readers-b
-    "keras": reference_keras,  # readers-b
+    "hdf5": reference_hdf5,
+    "keras": reference_keras,
 }
 
 
@@ -367,7 +367,7 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     # msgpack decodes any value; a flax state dict is a map of str keys with array leaves.
     Known("not-a-flax-tree", ("flax-msgpack",), False,
           r"top level is|map key|duplicate key|shape is not a list"),
-    # readers-b. Headers, not tensors: the weights member of a .keras zip is never read whole, so
+    # Headers, not tensors: the weights member of a .keras zip is never read whole, so
     # its CRC-32 is not checked (config.json and metadata.json are read whole and checked);
     # zipfile (and so keras.saving.load_model) checks it on extraction.
     Known("data-crc-not-read", ("keras",), True, r"Bad CRC-32 for file 'model\.weights\.h5'"),
@@ -496,7 +496,7 @@ def _flax_samples() -> list[bytes]:
 
 
 def _hdf5_samples() -> list[bytes]:
-    """readers-b: h5py-written weights: Keras 3 layout (bf16 opaque + attribute), Keras-2 layout."""
+    """h5py-written weights: Keras 3 layout (bf16 opaque + attribute), Keras-2 layout."""
     import tempfile
     from pathlib import Path
 
@@ -533,7 +533,7 @@ def _hdf5_samples() -> list[bytes]:
 
 
 def _keras_samples() -> list[bytes]:
-    """readers-b: .keras archives as Keras 3 lays them out (stored members), around h5py weights."""
+    """.keras archives as Keras 3 lays them out (stored members), around h5py weights."""
     import json
     import zipfile
 
@@ -557,8 +557,8 @@ _SAMPLERS: dict[str, Callable[[], list[bytes]]] = {
     "torch-zip": _torch_zip_samples,
     "torch-legacy": _torch_legacy_samples,
     "flax-msgpack": _flax_samples,
-    "hdf5": _hdf5_samples,  # readers-b
-    "keras": _keras_samples,  # readers-b
+    "hdf5": _hdf5_samples,
+    "keras": _keras_samples,
 }
 
 

@@ -277,7 +277,7 @@ def test_differential_agreement_rate(fmt: str) -> None:
     assert not unexplained, unexplained[:3]
     agreement = tally["agree"] / sum(tally.values())
     # .keras: most bytes of a small h5 member are padding no reader looks at, but they are under
-    # its CRC-32 (category data-crc-not-read); readers-b
+    # its CRC-32 (category data-crc-not-read)
     assert agreement >= {"keras": 0.6}.get(fmt, 0.85), tally
 
 

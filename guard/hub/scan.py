@@ -110,7 +110,7 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
         result.sha = info.sha or revision or "main"
         siblings = info.siblings or []
         listed: dict[str, int | None] = {s.rfilename: _size(s) for s in siblings}
-        checkpoints = orbax_checkpoints(siblings)  # readers-b: each an inventory of its own, below
+        checkpoints = orbax_checkpoints(siblings)  # each an inventory of its own, below
         groups = _group_by_directory(siblings, inside=tuple(checkpoints))
         indexes = {s.rfilename: pool.submit(_fetch_json, client, repo_id, result.sha, s.rfilename, _size(s))
                    for s in siblings if posixpath.basename(s.rfilename) == PIPELINE_INDEX}
@@ -132,7 +132,7 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
             result.inventories.append(build_inventory(
                 path, scans, json_files=json_files,
                 companion_size=lambda name, d=directory: _listed_size(listed, posixpath.join(d, name) if d else name)))
-        for root, future in orbax:  # readers-b: one Orbax checkpoint, one model
+        for root, future in orbax:  # one Orbax checkpoint, one model
             scan = _result(future, result)
             result.inventories.append(build_inventory(scan.path, [scan], json_files={}))
         fetched = {name: _result(f, result) for name, f in indexes.items()}
@@ -181,7 +181,7 @@ def _size(sibling: Any) -> int | None:
     return sibling.size if isinstance(getattr(sibling, "size", None), int) else None
 
 
-# ---------------------------------------------------------------- Orbax hook (readers-b)
+# ---------------------------------------------------------------- Orbax hook
 # An Orbax checkpoint is a directory: its listed files are grouped into one checkpoint and read
 # through ranged reads of each (the reader opens only the small metadata and B-tree files).
 

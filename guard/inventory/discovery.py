@@ -37,7 +37,7 @@ class LocalModel:
     directory: Path
     weight_files: tuple[Path, ...]
     json_files: tuple[Path, ...]
-    orbax: tuple[Path, ...] = ()  # readers-b: Orbax checkpoint directories (guard.inventory.orbax_dirs)
+    orbax: tuple[Path, ...] = ()  # Orbax checkpoint directories (guard.inventory.orbax_dirs)
 
 
 def display_path(path: Path) -> str:
@@ -84,7 +84,7 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
         model = _local_model(directory, named)
         if model.weight_files or model.orbax or any(is_index_file(p.name) for p in model.json_files):
             models.append(model)
-    roots = [m.directory for m in models if m.orbax]  # readers-b: nothing inside an Orbax checkpoint
+    roots = [m.directory for m in models if m.orbax]  # nothing inside an Orbax checkpoint
     return [m for m in models if not any(r in m.directory.parents for r in roots)] if roots else models
 
 
@@ -112,12 +112,12 @@ def _local_model(directory: Path, named: set[str]) -> LocalModel:
         elif is_weight_file(entry.name) or _sniffs_as_weights(entry) or (
                 entry.name in named and not entry.name.lower().endswith(".json")):
             weights.append(Path(entry.path))
-    orbax = _orbax(directory, entries)  # readers-b: a named _METADATA is the checkpoint's, not weights
+    orbax = _orbax(directory, entries)  # a named _METADATA is the checkpoint's, not weights
     weights = [w for w in weights if is_weight_file(w.name)] if orbax else weights
     return LocalModel(directory, tuple(weights), tuple(jsons), orbax)
 
 
-_ORBAX_MARKERS = frozenset({"_METADATA", "_CHECKPOINT_METADATA"})  # readers-b
+_ORBAX_MARKERS = frozenset({"_METADATA", "_CHECKPOINT_METADATA"})
 
 
 def _orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path, ...]:
@@ -155,7 +155,7 @@ def head_is_weights(head: bytes) -> bool:
 
 def load_local_model(model: LocalModel) -> ModelInventory:
     scans = [scan_local_file(p) for p in model.weight_files]
-    if model.orbax:  # readers-b
+    if model.orbax:
         from guard.inventory.orbax_dirs import scan_local_orbax
 
         scans += [scan_local_orbax(d, name=display_path(d)) for d in model.orbax]

@@ -1,4 +1,4 @@
-"""Local Orbax checkpoints (readers-b hook): a directory read as one FileScan.
+"""Local Orbax checkpoints: a directory read as one FileScan.
 
 A directory holding ``_METADATA`` (StandardCheckpointer) or ``_CHECKPOINT_METADATA``
 plus item folders with their own ``_METADATA`` (a CheckpointManager step) is a

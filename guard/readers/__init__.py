@@ -29,7 +29,7 @@ READERS: dict[str, str] = {
     "torch-legacy": "guard.readers.torch_legacy:read_torch_legacy",
     "flax-msgpack": "guard.readers.flax_msgpack:read_flax_msgpack",
     "lfs-pointer": "guard.readers.lfs:read_lfs_pointer",
-    # HDF5 / Keras / Orbax (readers-b); h5py and tensorstore load only inside these readers
+    # HDF5 / Keras / Orbax; h5py and tensorstore load only inside these readers
     "hdf5": "guard.readers.hdf5:read_hdf5",
     "keras": "guard.readers.keras:read_keras",
     "gguf": "guard.readers.gguf:read_gguf",
@@ -75,7 +75,7 @@ def sniff_format(source: ByteSource) -> str | None:
     if is_lfs_pointer(head):
         return "lfs-pointer"
     name = source.name.lower()
-    # readers-b: a .keras archive is a zip too, but never a torch checkpoint; HDF5 by magic or suffix
+    # a .keras archive is a zip too, but never a torch checkpoint; HDF5 by magic or suffix
     # (a user block moves the signature to 512, 1024, ...: the suffix decides, the reader checks)
     if name.endswith(".keras"):
         return "keras"
