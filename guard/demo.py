@@ -7,9 +7,30 @@ Run as ``python -m guard.demo [DIR]`` (default ``demo-models``).  Needs the
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+MARKER = ".ckpt-guard-demo"  # a folder this demo made, and may therefore remove and rebuild
+# what it makes at the top of its folder (a folder of these names only, from before the marker, is its own)
+MADE = frozenset({MARKER, "bart-fp16-decoder", "clean-bert-fp32", "converted", "layouts", "lfs-pointer-checkout",
+                  "mistral-bf16-config-fp32", "report.json"})
+
+
+def fresh_root(root: Path) -> str | None:
+    """Empty ``root`` for a new build; a reason to stop when it holds anything this demo did not make.
+
+    A rebuild starts from nothing: transformers' ``from_pretrained(from_pt=True)`` picks up a
+    flax_model.msgpack left by the last run before the new pytorch_model.bin.
+    """
+    if root.exists():
+        if not root.is_dir() or not {p.name for p in root.iterdir()} <= MADE:
+            return f"{root} exists and was not made by this demo; choose another folder"
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    (root / MARKER).write_text("made by `python -m guard.demo`; removed and rebuilt by the next run\n")
+    return None
 
 
 def build_samples(root: Path) -> list[Path]:
@@ -78,6 +99,10 @@ def build_samples(root: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     root = Path(args[0] if args else "demo-models")
+    problem = fresh_root(root)
+    if problem:
+        print(f"ckpt-guard demo: {problem}", file=sys.stderr)
+        return 2
     print(f"== building sample checkpoints in {root}/ with torch, transformers and diffusers")
     from guard.quiet import quiet_libraries
 
