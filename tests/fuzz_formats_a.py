@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -167,23 +168,28 @@ REFERENCES_A: dict[str, Callable[[bytes], Inventory | str]] = {
 
 # ------------------------------------------------------------------ samples (real writers)
 
+def write_gguf(path: str | os.PathLike[str], build: Callable[[Any], None], **kwargs: Any) -> Path:
+    """A GGUF file written the way llama.cpp's converters write one: gguf's GGUFWriter, ``build`` adding to it."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(path, "llama", **kwargs)
+    build(writer)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
 def _gguf_samples() -> list[bytes]:
     import ml_dtypes
     import numpy as np
-    from gguf import GGMLQuantizationType, GGUFEndian, GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFEndian
     from gguf.quants import quantize
 
     def write(build: Callable[[Any], None], **kwargs: Any) -> bytes:
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "m.gguf")
-            writer = GGUFWriter(path, "llama", **kwargs)
-            build(writer)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-            writer.close()
-            with open(path, "rb") as fh:
-                return fh.read()
+            return write_gguf(os.path.join(tmp, "m.gguf"), build, **kwargs).read_bytes()
 
     rng = np.random.default_rng(0)
 

@@ -4,7 +4,6 @@ parameter counts the library itself reports, for one copy."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 

@@ -22,18 +22,11 @@ from guard.sources import LocalFile
 np = pytest.importorskip("numpy")
 gguf = pytest.importorskip("gguf")
 ml_dtypes = pytest.importorskip("ml_dtypes")
-from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFWriter  # noqa: E402
+from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
+from fuzz_formats_a import write_gguf  # noqa: E402
 
 
-def write_gguf(path: Path, build: Callable[[Any], None], **kwargs: Any) -> Path:
-    writer = GGUFWriter(path, "llama", **kwargs)
-    build(writer)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def add_quantized(writer: Any, name: str, array: Any, qtype: Any) -> None:

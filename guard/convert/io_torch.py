@@ -29,6 +29,17 @@ class UnsafePickle(MalformedCheckpoint):
     """torch's weights-only unpickler refused the file (CG003)."""
 
 
+def read_into(fh: Any, view: memoryview) -> int:
+    """Fill ``view`` from ``fh``'s position; the bytes read, fewer only where the file ended."""
+    done = 0
+    while done < len(view):  # readinto may return short reads above 2 GiB
+        n = fh.readinto(view[done:])
+        if not n:
+            break
+        done += n
+    return done
+
+
 def read_range(info: TensorInfo) -> np.ndarray:
     """The tensor's bytes from its file into a fresh, writable array of its dtype and shape."""
     import numpy as np
@@ -39,12 +50,8 @@ def read_range(info: TensorInfo) -> np.ndarray:
     view = memoryview(buf)
     with open(info.file, "rb", buffering=0) as fh:
         fh.seek(info.data_start)
-        done = 0
-        while done < size:  # readinto may return short reads above 2 GiB
-            n = fh.readinto(view[done:])
-            if not n:
-                raise MalformedCheckpoint(f"{info.file}: {info.name} is truncated")
-            done += n
+        if read_into(fh, view) < size:
+            raise MalformedCheckpoint(f"{info.file}: {info.name} is truncated")
     return buf.view(numpy_dtype(info.dtype)).reshape(info.shape)
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard.convert.bitviews import numpy_dtype
 from guard.convert.cast import CastCheck
+from guard.convert.io_torch import read_into
 from guard.convert.sink import DEPTH, OutputStream
 from guard.convert.transpose import BAND_BYTES, bit_view, permuted_bands, reduce_perm
 from guard.errors import GuardError
@@ -85,12 +86,9 @@ class SourceBuffer:
             self._buffer = np.empty(size, np.uint8)
         view = memoryview(self._buffer)[:size]
         fh.seek(start)
-        done = 0
-        while done < size:  # readinto may return short reads above 2 GiB
-            n = fh.readinto(view[done:])
-            if not n:
-                raise GuardError(f"{fh.name}: the file ended {size - done} bytes early; nothing written")
-            done += n
+        done = read_into(fh, view)
+        if done < size:
+            raise GuardError(f"{fh.name}: the file ended {size - done} bytes early; nothing written")
         return self._buffer[:size]
 
 

@@ -21,8 +21,6 @@ can call it per file; ``check_*`` adapt them to a ModelInventory.
 
 from __future__ import annotations
 
-import posixpath
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
