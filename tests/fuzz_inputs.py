@@ -98,6 +98,14 @@ def bounded_scan(data: bytes, name: str, *, hang_after: float = 10 * SCAN_SECOND
     return BoundedScan(scan, seconds, peak)
 
 
+def assert_refused(data: bytes, name: str, contains: str) -> None:
+    """A hostile file: CG001 alone, fast and small, for the reason ``contains`` names."""
+    result = bounded_scan(data, name)
+    assert_well_behaved(result, data)
+    assert result.scan.format is None, result.scan
+    assert contains in result.reason, result.reason
+
+
 def assert_well_behaved(result: BoundedScan, data: bytes) -> None:
     seconds = SCAN_SECONDS
     if "HDF5 library made no progress" in result.reason:  # libhdf5 spun; its worker was killed

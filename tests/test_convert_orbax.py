@@ -13,7 +13,7 @@ ocp = pytest.importorskip("orbax.checkpoint")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flax.traverse_util import flatten_dict, unflatten_dict  # noqa: E402
-from test_convert import convert, flax_params, safetensors_bits, tiny_mistral  # noqa: E402
+from test_convert import _offline, convert, flax_params, safetensors_bits, tiny_mistral  # noqa: E402,F401
 
 from guard.cli import main  # noqa: E402
 from guard.convert.io_orbax import ZARR_DTYPES  # noqa: E402
@@ -22,9 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("CI", "true")
+def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:  # with test_convert's _offline (imported above)
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
 
 

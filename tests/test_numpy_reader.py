@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fuzz_formats_a import numpy_code
-from fuzz_inputs import assert_well_behaved, bounded_scan
+from fuzz_inputs import assert_refused
 
 from guard.readers import scan_file
 from guard.sources import BytesSource, LocalFile
@@ -172,11 +172,7 @@ HOSTILE = {
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_hostile_numpy_files_are_cg001_fast_and_small(case: str) -> None:
     build, name, contains = HOSTILE[case]
-    data = build()
-    result = bounded_scan(data, name)
-    assert_well_behaved(result, data)
-    assert result.scan.format is None, result.scan
-    assert contains in result.reason, result.reason
+    assert_refused(build(), name, contains)
 
 
 def test_a_big_deflated_member_is_read_only_for_its_header() -> None:

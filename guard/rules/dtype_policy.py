@@ -119,12 +119,15 @@ def check_mixed_float_dtypes(inv: ModelInventory, policy: Policy) -> Iterator[Fi
 
 
 def dominant_float(inv: ModelInventory, ws: WeightSet, policy: Policy) -> str | None:
-    totals: dict[str, int] = defaultdict(int)
-    for tensor in policed_float_tensors(inv, ws, policy):
-        totals[tensor.dtype] += tensor.numel
-    if not totals:
-        return None
-    return max(totals, key=lambda code: totals[code])
+    """The policed floating dtype holding the most parameters (once per set and policy: CG103 and
+    CG108 both ask)."""
+    key = ("dominant", policy)
+    if key not in ws.memo:
+        totals: dict[str, int] = defaultdict(int)
+        for tensor in policed_float_tensors(inv, ws, policy):
+            totals[tensor.dtype] += tensor.numel
+        ws.memo[key] = max(totals, key=lambda code: totals[code]) if totals else None
+    return ws.memo[key]  # type: ignore[return-value]
 
 
 def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
