@@ -153,3 +153,37 @@ def test_orbax_and_parity_or_torch_layout_are_usage_errors(tmp_path: Path, capsy
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ckpt-guard: error:")]
     assert len(lines) == 2 and "Orbax" in lines[0]
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def _raw_checkpoint(tmp_path: Path, tree: dict[tuple[str, ...], np.ndarray]) -> Path:
+    """convert's own Orbax layout (uncompressed single-chunk zarr2, no OCDBT) of a tree orbax saved."""
+    save_with_orbax(tmp_path / "orbax-src", tree, use_ocdbt=False)
+    out = tmp_path / "raw"
+    assert convert(tmp_path / "orbax-src", "--to", "flax", "--layout", "orbax", "--out", out) == 0
+    return out
+
+
+def test_a_big_endian_zarr_array_is_decoded_not_copied(tmp_path: Path) -> None:
+    """`>f4` parses as F32, but its bytes are big-endian: copying them raw would byte-swap every value."""
+    tree = {("w",): np.arange(12, dtype=np.float32).reshape(3, 4) / 7}
+    raw = _raw_checkpoint(tmp_path, tree)
+    zarray = raw / "w" / ".zarray"
+    meta = json.loads(zarray.read_text())
+    assert meta["dtype"] == "<f4" and meta["compressor"] is None
+    [chunk] = [p for p in (raw / "w").iterdir() if not p.name.startswith(".")]
+    chunk.write_bytes(np.frombuffer(chunk.read_bytes(), "<f4").astype(">f4").tobytes())
+    zarray.write_text(json.dumps({**meta, "dtype": ">f4"}))
+    assert {k: v.tolist() for k, v in restore(raw).items()} == {k: v.tolist() for k, v in tree.items()}  # orbax agrees
+    assert convert(raw, "--to", "flax", "--layout", "orbax", "--out", tmp_path / "again") == 0
+    assert {k: bits(v) for k, v in restore(tmp_path / "again").items()} == {k: bits(v) for k, v in tree.items()}
+
+
+def test_metadata_without_use_ocdbt_follows_the_manifest_as_the_scanner_does(tmp_path: Path) -> None:
+    tree = {("w",): np.ones((2, 3), np.float32)}
+    raw = _raw_checkpoint(tmp_path, tree)
+    meta = json.loads((raw / "_METADATA").read_text())
+    meta.pop("use_ocdbt", None)
+    (raw / "_METADATA").write_text(json.dumps(meta))
+    assert not (raw / "manifest.ocdbt").exists()
+    assert convert(raw, "--to", "flax", "--layout", "orbax", "--out", tmp_path / "again") == 0
+    assert {k: bits(v) for k, v in restore(tmp_path / "again").items()} == {k: bits(v) for k, v in tree.items()}

@@ -244,3 +244,11 @@ def test_the_secret_is_compared_in_constant_time(service: Service, monkeypatch: 
     assert service.post(None, raw=b"{broken", secret="s3cret-valuX").status_code == 403  # before parsing
     assert service.post(None, raw=b"{broken").status_code == 400
     assert compared == [(b"s3cret-valuX", SECRET.encode()), (SECRET.encode(), SECRET.encode())]
+
+
+@pytest.mark.parametrize("refs", [7, "refs/heads/main", {"ref": "refs/heads/main"}])
+def test_updated_refs_that_are_not_a_list_are_a_bad_payload(refs: object) -> None:
+    event = payload("org/m", "refs/heads/main", "a" * 40)
+    event["updatedRefs"] = refs
+    with pytest.raises(ValueError, match="updatedRefs is not a list"):
+        parse_payload(event)

@@ -244,3 +244,14 @@ def test_mutated_metadata_agrees_with_orbax(tmp_path_factory: pytest.TempPathFac
 def test_orbax_disagreements_are_documented() -> None:
     doc = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
     assert all(f"`{category}`" in doc for category in ORBAX_KNOWN)
+
+
+@pytest.mark.parametrize("name", ["nnx_zarr", "tree_zarr3"])
+def test_a_scan_closes_every_file_it_opened(written: tuple[Path, dict[str, Any]], name: str) -> None:
+    """One metadata file per leaf: a checkpoint of thousands of leaves must not run out of descriptors."""
+    root, _ = written
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        scan = scan_local_orbax(root / name, name=name)
+        assert scan.format == "orbax", scan.findings
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -119,3 +119,30 @@ def test_weights_renamed_are_found_by_their_magic_bytes_remotely_too(standin: St
     assert finding_keys(remote, "org/repo") == finding_keys(local, "repo") and "CG101" in codes(remote)
     files = {f["path"] for f in remote["extra"]["hub"]["repos"][0]["files"]}
     assert "weights.raw" in files and "notes.pdf" not in files
+
+
+def test_a_graph_cannot_hide_a_pickle_by_naming_it_as_its_data(exported: Path, tmp_path: Path, capsys) -> None:
+    """External data names are the file's to choose: a hostile graph that names pytorch_model.bin must not
+    take that file out of the scan, and with it the file's own CG003."""
+    import pickle
+    import zipfile
+
+    import onnx
+
+    class Payload:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (print, ("pwned",))
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    model = onnx.load(str(exported / "model.onnx"), load_external_data=True)
+    onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="pytorch_model.bin", size_threshold=0)
+    data = (folder / "pytorch_model.bin").read_bytes()
+    with zipfile.ZipFile(folder / "pytorch_model.bin", "w") as zf:  # a pickle now stands where the data was
+        zf.writestr("pytorch_model/data.pkl", pickle.dumps({"w": Payload()}, protocol=2))
+        zf.writestr("pytorch_model/padding", data)
+    code, report = json_scan(capsys, str(folder))
+    assert code == 1
+    assert "CG003" in codes(report, severity="error")
+    assert any(f["path"].endswith("pytorch_model.bin") and f["code"] == "CG003" for f in report["findings"])

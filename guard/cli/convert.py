@@ -77,7 +77,9 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
              layout: str | None, verify: str, variant: str | None = None) -> int:
     from guard.cli.options import emit
     from guard.convert.io_orbax import is_orbax_checkpoint
+    from guard.convert.run import output_layout
 
+    output_layout(to, layout)  # a layout the target has not is the first thing to say
     if run_parity and (layout == "orbax" or is_orbax_checkpoint(src)):
         raise UsageError("--parity loads flax_model.msgpack with transformers; it cannot read an Orbax checkpoint "
                          "(convert with --layout msgpack for parity)")

@@ -122,7 +122,8 @@ def read_tree(root: Path) -> tuple[list[Key], bool, bool]:
             array_dir(key)
         except ValueError as exc:
             raise MalformedCheckpoint(str(exc)) from None
-    return keys, meta.get("use_ocdbt", True) is True, meta.get("use_zarr3") is True
+    # the scanner's rule (guard.readers.orbax): without the key, OCDBT is what a manifest says
+    return keys, meta.get("use_ocdbt", (root / "manifest.ocdbt").is_file()) is True, meta.get("use_zarr3") is True
 
 
 def read_leaf(root: Path, key: Key, *, ocdbt: bool, zarr3: bool) -> OrbaxLeaf:
@@ -159,7 +160,9 @@ def _plain_chunk(meta: bytes, name: str) -> tuple[str, tuple[int, ...]] | None:
         raise MalformedCheckpoint(f"{name}: dtype {code} is not one convert can carry")
     fields = json.loads(meta)
     single = all(c >= d for c, d in zip(fields["chunks"], shape))
-    raw = fields["compressor"] is None and not fields["filters"] and fields["order"] == "C"
+    # raw only in the byte order and spelling convert writes: ">f4" parses as F32 but is big-endian
+    raw = (fields["compressor"] is None and not fields["filters"] and fields["order"] == "C"
+           and fields.get("dtype") == ZARR_DTYPES[code])
     return (code, shape) if (single and raw) or 0 in shape else None
 
 

@@ -38,9 +38,12 @@ def publish(temp: Path, out: Path) -> None:
     try:
         fsync_paths([p for p in temp.iterdir() if p.is_file() and not p.is_symlink()] + [temp])
         os.replace(temp, out)
-        fsync_paths([out.parent])
     except OSError as exc:
         raise GuardError(f"{out}: cannot move the finished output into place ({exc.strerror})") from None
+    try:  # the output is in place and complete; only the rename's own durability is left
+        fsync_paths([out.parent])
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the data files were fsynced
 
 
 def discard(temp: Path) -> None:

@@ -18,7 +18,7 @@ from guard.convert.source import SourceModel, open_source
 from guard.convert.source_orbax import open_orbax
 from guard.convert.verify import verify_output
 from guard.convert.writer import LAYOUTS, OutputTensor, plan_shards, write_output
-from guard.errors import UsageError
+from guard.errors import GuardError, MalformedCheckpoint, UsageError
 from guard.findings import Finding, Severity
 from guard.progress import progress
 
@@ -38,10 +38,15 @@ class ConvertRequest:
 
     @property
     def output_layout(self) -> str:
-        layout = self.layout or LAYOUTS[self.to][0]
-        if layout not in LAYOUTS[self.to]:
-            raise UsageError(f"--layout {layout} is not a {self.to} layout (choose {', '.join(LAYOUTS[self.to])})")
-        return layout
+        return output_layout(self.to, self.layout)
+
+
+def output_layout(to: str, layout: str | None) -> str:
+    """The layout to write: ``layout``, or the framework's default; a UsageError when ``to`` has no such."""
+    layout = layout or LAYOUTS[to][0]
+    if layout not in LAYOUTS[to]:
+        raise UsageError(f"--layout {layout} is not a {to} layout (choose {', '.join(LAYOUTS[to])})")
+    return layout
 
 
 def check_paths(src: Path, out: Path) -> None:
@@ -113,6 +118,10 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
             return findings, figures
         figures["carried"] = carry_files(req.src, temp, config=config, dtype_name=main_dtype(counts))
         publish(temp, req.out)
+    except (MalformedCheckpoint, OSError) as exc:  # a source that turns out unreadable mid-way, a full disk
+        discard(temp)
+        raise GuardError(f"{req.src}: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}; "
+                         "nothing written") from None
     except BaseException:
         discard(temp)  # nothing half-written survives Ctrl-C or a crash
         raise

@@ -208,8 +208,9 @@ class Reviewer:
                 **fields, "outcome": outcome, "scan_seconds": round(seconds, 4),
                 "latency_seconds": round(time.time() - item.enqueued_at, 4)})
         finally:
-            with self._lock:
-                self._held.pop(item.id, None)
+            with self._lock:  # only this claim's entry: after a lapsed lease another thread may hold the job
+                if self._held.get(item.id) is item:
+                    del self._held[item.id]
             with self._done:
                 self._done.notify_all()
         self.metrics.inc("ckpt_guard_jobs_finished_total", outcome)

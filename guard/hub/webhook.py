@@ -50,8 +50,11 @@ def parse_payload(payload: Any) -> tuple[list[Job] | None, str]:
         raise ValueError("repo.content payload without repo.name")
     if repo.get("type") != "model":
         return None, f"repository type {repo.get('type')!r} is not scanned"
+    updates = payload.get("updatedRefs") or []
+    if not isinstance(updates, list):
+        raise ValueError("updatedRefs is not a list")
     jobs = []
-    for update in payload.get("updatedRefs") or []:
+    for update in updates:
         if not isinstance(update, dict):
             continue
         ref, sha = update.get("ref"), update.get("newSha")

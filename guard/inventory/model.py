@@ -133,7 +133,9 @@ def build_inventory(
     findings: list[Finding] = []
     needed = {name for scan in files for name in scan.companions}
     if needed:  # a data file belongs to the file that needs it, not to a set of its own
-        files = tuple(s for s in files if posixpath.basename(s.path) not in needed)
+        # only a file no reader took for a checkpoint: a data file named `pytorch_model.bin` is still read,
+        # with its own findings (a hostile graph cannot hide a pickle by claiming it as its data)
+        files = tuple(s for s in files if s.format is not None or posixpath.basename(s.path) not in needed)
         sizes = {name: companion_size(name) if companion_size else None for name in needed}
         findings.extend(companion_findings(files, sizes))
     indexes: list[ShardIndex] = []

@@ -53,12 +53,18 @@ def scan_local_orbax(directory: Path, *, name: str) -> FileScan:
     if not is_orbax_checkpoint(files):
         return unreadable(BytesSource(b"", name=name), "no _METADATA in the Orbax checkpoint")
 
+    opened: list[LocalFile] = []
+
     def open_file(relative: str) -> LocalFile:
         if relative not in files:  # the reader only opens listed files; refuse anything else
             raise KeyError(relative)
-        return LocalFile(directory / relative, name=f"{name}/{relative}")
+        opened.append(LocalFile(directory / relative, name=f"{name}/{relative}"))
+        return opened[-1]
 
     try:
         return read_orbax_checkpoint(name, files, open_file, local_root=str(directory.resolve()))
     except OSError as exc:
         return unreadable(BytesSource(b"", name=name), f"read failed ({exc.strerror})")
+    finally:  # one file per leaf's metadata: a checkpoint of thousands must not run out of descriptors
+        for source in opened:
+            source.close()
