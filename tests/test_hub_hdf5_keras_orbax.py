@@ -92,3 +92,30 @@ def test_remote_orbax_whose_btree_is_out_of_reach_is_cg401(standin: StandinHub, 
     monkeypatch.setattr(orbax, "SMALL_FILE", 16)
     rc, report = run_json(["hub", "scan", "org/ck", "--fail-on", "never"], tmp_path / "r.json")
     assert rc == 0 and [f["code"] for f in report["findings"]] == ["CG401"]
+
+
+def test_an_orbax_checkpoint_at_the_repo_root_keeps_what_lies_beside_it(
+        standin: StandinHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A repository that is itself a checkpoint, with config.json and a safetensors copy beside _METADATA:
+    the remote scan judges the same files as the local one (it used to skip every file of the repo)."""
+    from safetensors.numpy import save_file
+
+    orbax_dir, _ = built("orbax", tmp_path_factory)
+    model = shutil.copytree(orbax_dir / "nnx_ocdbt", tmp_path / "model")
+    (model / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    import numpy as np
+
+    save_file({"w": np.zeros((4, 4), np.float32)}, str(model / "model.safetensors"))
+    standin.add_repo("org/root-ckpt", model)
+    monkeypatch.chdir(tmp_path)
+    rc_local, local = run_json(["scan", "model"], tmp_path / "local.json")
+    rc_remote, remote = run_json(["hub", "scan", "org/root-ckpt"], tmp_path / "remote.json")
+    assert rc_remote == rc_local
+    assert keys(remote, "org/root-ckpt") == keys(local, "model")
+    assert any(code == "CG103" for code, _, _ in keys(remote, "org/root-ckpt"))  # the config was judged
+    [remote_model] = remote["models"]
+    [local_model] = local["models"]
+    remote_files = sorted(f["path"].removeprefix("org/root-ckpt").lstrip("/") for f in remote_model["files"])
+    assert remote_files == sorted(f["path"].removeprefix("model").lstrip("/") for f in local_model["files"])
+    assert remote_files == ["", "model.safetensors"]  # the checkpoint itself, and the copy beside it

@@ -123,17 +123,20 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
               for name, size in jsons})
             for directory, (weights, jsons) in groups.items()
         ]
+        checkpoint_scans = {root: _result(future, result) for root, future in orbax}
         for directory, weight_futures, json_futures in pending:
             scans = [scan for scan in (_result(f, result) for f in weight_futures) if scan is not None]
             json_files = {_display(repo_id, n): _result(f, result) for n, f in json_futures.items()}
-            if not scans and not any(is_index_file(posixpath.basename(n)) for n in json_files):
+            checkpoint = checkpoint_scans.pop(directory, None)  # as locally: one model with its config
+            if checkpoint is not None:
+                scans.append(checkpoint)
+            elif not scans and not any(is_index_file(posixpath.basename(n)) for n in json_files):
                 continue  # only files that turned out not to be weights (the same rule as the local scan)
             path = _display(repo_id, directory) if directory else repo_id
             result.inventories.append(build_inventory(
                 path, scans, json_files=json_files,
                 companion_size=lambda name, d=directory: _listed_size(listed, posixpath.join(d, name) if d else name)))
-        for root, future in orbax:  # one Orbax checkpoint, one model
-            scan = _result(future, result)
+        for scan in checkpoint_scans.values():  # a checkpoint with nothing beside it
             result.inventories.append(build_inventory(scan.path, [scan], json_files={}))
         fetched = {name: _result(f, result) for name, f in indexes.items()}
         result.pipelines = listed_pipelines((s.rfilename for s in siblings), fetched, prefix=repo_id)
@@ -152,21 +155,26 @@ def _result(future: Future[tuple[Any, RemoteFileStat]], into: RepoScan) -> Any:
 
 def _group_by_directory(siblings: Sequence[Any], *, inside: tuple[str, ...] = ()
                         ) -> dict[str, tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]]:
-    """Weight files and JSON files by directory; ``inside``: checkpoint roots whose files are theirs."""
+    """Weight files and JSON files by directory; ``inside``: checkpoint roots ("" for the repo's root).
+
+    As a local scan: what lies below a root is the checkpoint's; beside its ``_METADATA``, files named
+    as weights (never sniffed: those are the checkpoint's own) and config.json stay in the root's model.
+    """
     groups: dict[str, tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]] = {}
     for sibling in sorted(siblings, key=lambda s: s.rfilename):
         name: str = sibling.rfilename
-        if any(not root or name.startswith(root + "/") for root in inside):
+        directory = posixpath.dirname(name)
+        if any(directory != root and (not root or name.startswith(root + "/")) for root in inside):
             continue
         base = posixpath.basename(name)
         size = _size(sibling)
-        if is_weight_file(base) or may_be_weights(base, size):  # the latter sniffed, as a local scan does
-            groups.setdefault(posixpath.dirname(name), ([], []))[0].append((name, size))
+        if is_weight_file(base) or (directory not in inside and may_be_weights(base, size)):
+            groups.setdefault(directory, ([], []))[0].append((name, size))
         elif base == CONFIG_NAME or is_index_file(base):
-            groups.setdefault(posixpath.dirname(name), ([], []))[1].append((name, size))
-    # A directory with only a config.json is not a model (same rule as the local scan).
+            groups.setdefault(directory, ([], []))[1].append((name, size))
+    # A directory with only a config.json is not a model (same rule as the local scan), unless a checkpoint.
     return {d: groups[d] for d in sorted(groups)
-            if groups[d][0] or any(is_index_file(posixpath.basename(n)) for n, _ in groups[d][1])}
+            if groups[d][0] or d in inside or any(is_index_file(posixpath.basename(n)) for n, _ in groups[d][1])}
 
 
 def _listed_size(listed: dict[str, int | None], name: str) -> int | None:
