@@ -82,8 +82,9 @@ def _describe(shares: dict[str, float]) -> str:
 
 def _names_disagree(reference: WeightSet, ws: WeightSet) -> Iterator[Finding]:
     ref, other = _floats(reference), _floats(ws)
-    only_ref = sorted(n for n in set(ref) - set(other) if not _tied_alias(ref[n], _storages(reference), other))
-    only_other = sorted(n for n in set(other) - set(ref) if not _tied_alias(other[n], _storages(ws), ref))
+    ref_storages, other_storages = _storages(reference), _storages(ws)  # once, not once per name
+    only_ref = sorted(n for n in set(ref) - set(other) if not _tied_alias(ref[n], ref_storages, other))
+    only_other = sorted(n for n in set(other) - set(ref) if not _tied_alias(other[n], other_storages, ref))
     reshaped = sorted(n for n in set(ref) & set(other) if ref[n].shape != other[n].shape)
     problems = []
     if only_other:

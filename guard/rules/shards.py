@@ -36,11 +36,14 @@ def _check_set(ws: WeightSet, owner: dict[str, WeightSet]) -> Iterator[Finding]:
     for index in ws.indexes:
         if not index.weight_map:
             continue
-        shards = sorted(set(index.weight_map.values()))
+        by_shard: dict[str, list[str]] = {}  # the map inverted once: a 1,000-shard index walks it once
+        for key, value in index.weight_map.items():
+            by_shard.setdefault(value, []).append(key)
+        shards = sorted(by_shard)
         for shard in shards:
             if shard in by_name:
                 continue
-            line = line_in_json(index.text, next(k for k, v in index.weight_map.items() if v == shard))
+            line = line_in_json(index.text, by_shard[shard][0])
             other = owner.get(shard)
             if other is not None:
                 yield make_finding("CG004", index.path,
@@ -53,7 +56,7 @@ def _check_set(ws: WeightSet, owner: dict[str, WeightSet]) -> Iterator[Finding]:
             scan = by_name.get(shard)
             if scan is None or scan.format is None:
                 continue  # missing (above) or unreadable (CG001 already)
-            listed = {k for k, v in index.weight_map.items() if v == shard}
+            listed = set(by_shard[shard])
             present = {t.name for t in scan.tensors}
             missing = sorted(listed - present)
             extra = sorted(present - listed)
