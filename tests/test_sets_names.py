@@ -161,3 +161,14 @@ def test_a_hugging_face_cache_snapshot_keeps_the_names_of_its_symlinks(tmp_path:
     code, report = json_scan(capsys, str(snapshot))
     assert code == 0 and report["findings"] == []
     assert set(sets_of(report, "abc123")) == {"model.safetensors", "model.fp16.safetensors"}
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("model-00001-of-00002.safetensors", "model-*-of-00002.safetensors"),
+    ("a00001-of-b-00001-of-00002.bin", "a00001-of-b-*-of-00002.bin"),  # the stem's own look-alike kept
+    ("diffusion_pytorch_model-00002-of-00002.fp16.safetensors", "diffusion_pytorch_model-*-of-00002.fp16.safetensors"),
+])
+def test_a_shard_set_is_named_by_its_own_shard_number(name: str, pattern: str) -> None:
+    from guard.inventory.sets import _shard_pattern
+
+    assert _shard_pattern(name) == pattern

@@ -121,7 +121,8 @@ def _shard_pattern(path: str) -> str:
     if role.shard is None:
         return posixpath.basename(path)
     number = f"{role.shard[0]:05d}-of-"
-    return role.name.replace(number, "*-of-", 1)
+    head, _, tail = role.name.rpartition(number)  # the shard's own number is the last: never one in the stem
+    return f"{head}*-of-{tail}"
 
 
 def mark_primary(sets: Sequence[WeightSet], *, diffusers: bool) -> tuple[WeightSet, ...]:
