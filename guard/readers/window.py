@@ -3,12 +3,14 @@
 GGUF and protobuf headers have no length up front: the reader learns where the
 header ends by walking it.  ``Window`` serves small reads from one buffered span
 and, on a miss, fetches the next span in one read.  A miss that continues where
-the buffer ends (or less than a block past it) grows the next fetch sixteenfold
+the buffer ends grows the next fetch sixteenfold
 (64 KiB, 1 MiB, 16 MiB), so a
 header of up to about 1 MiB costs at most two reads of the source, local or
 ranged HTTP, and a long one a few more; a miss elsewhere (after a skipped
-payload) starts again at 64 KiB.  Nothing past the asked range is fetched beyond
-the current block, and the buffer never holds more than one block plus one read.
+payload) starts again at 64 KiB: a skip of up to 4 KiB counts as walking on, one
+of less than 64 KiB is read through in a 64 KiB block that does not grow (a run of
+small tensors never pulls in 16 MiB blocks of their data), a longer one is jumped.  Nothing past the asked range is fetched
+beyond the current block, and the buffer never holds more than one block plus one read.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from guard.sources import ByteSource
 FIRST_BLOCK = 64 * 1024
 GROWTH = 16
 MAX_BLOCK = 16 * 1024 * 1024
+SMALL_SKIP = 4096  # skipping this little is still walking a header (a string value it does not keep)
 
 
 class Window:
@@ -29,6 +32,7 @@ class Window:
         self.start = 0
         self.data = b""
         self._block = 0  # the size of the last fetch
+        self._payloads = False  # walking records with payloads read through (see need)
         self.bytes_read = 0
         self.reads = 0
 
@@ -43,12 +47,20 @@ class Window:
                 f"{what} at offset {pos:,} needs {n:,} bytes, past the end of the file ({self.size:,} bytes)")
         if self.start <= pos and pos + n <= self.end:
             return pos - self.start
-        if self.data and self.start <= pos <= self.end + self._block:
-            # continues the buffer (or skips less than a block past it): keep its tail, grow
-            block = min(MAX_BLOCK, self._block * GROWTH)
+        if self.data and self.start <= pos <= self.end + SMALL_SKIP:
+            # continues the buffer (a header that keeps going, past a short string it skips): keep its tail, grow
+            block = self.first_block if self._payloads else min(MAX_BLOCK, self._block * GROWTH)
             keep = self.data[pos - self.start :]
             fetch_at = self.end
+        elif self.data and self.end < pos <= self.end + self.first_block:
+            # a short skip (a small payload): read through it in one first-size block, never growing, so
+            # that a run of small payloads costs few reads and never pulls in 16 MiB blocks of tensor data
+            block = self.first_block
+            keep = b""
+            fetch_at = self.end
+            self._payloads = True  # records with small payloads between them: no growth until a jump
         else:
+            self._payloads = False
             block = self.first_block
             keep = b""
             fetch_at = pos
