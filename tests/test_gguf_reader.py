@@ -212,3 +212,11 @@ def test_every_truncation_of_a_real_file_is_cg001(tmp_path: Path) -> None:
         result = bounded_scan(data[:cut], "model.gguf")
         assert_well_behaved(result, data)
         assert result.scan.format is None, cut
+
+
+def test_a_string_longer_than_the_limit_is_refused_before_it_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from guard.readers import gguf as reader
+
+    monkeypatch.setattr(reader, "MAX_STRING", 1024)
+    data = _file([_kv(b"k" * 2048, 0, b"\1")], [])
+    assert_refused(data, "model.gguf", "key of 2,048 bytes")

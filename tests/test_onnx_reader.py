@@ -235,6 +235,11 @@ HOSTILE = {
     "truncated-graph": (lambda: _model_with(_tensor(b"\0" * 8))[:-3], "length"),
     "empty-file": (lambda: b"", "no graph"),
     "only-an-ir-version": (lambda: _varint(1 << 3) + _varint(9), "no graph"),
+    # 4 M packed dims: read only to one past the rank limit, never as 4 M Python ints
+    "packed-dims-4m": (lambda: _model_with(_len_field(1, b"\x01" * 4_000_000) + _varint(2 << 3) + _varint(1)
+                                           + _len_field(9, b"")),
+                       "non-negative sizes"),
+    "name-of-2-mib": (lambda: _model_with(_tensor(b"\0" * 8, name=b"n" * (2**20 + 1))), "tensor name of"),
 }
 
 

@@ -34,6 +34,7 @@ DEFAULT_ALIGNMENT = 32
 MAX_ALIGNMENT = 1 << 20  # llama.cpp's bound: padding cannot be used to inflate allocations
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_DEPTH = 8  # the spec allows arrays of arrays; nobody nests them deeper than 2
+MAX_STRING = 16 * 2**20  # a key, tensor name or kept value; chat templates run to tens of KB
 STRING, ARRAY = 8, 9
 # value type -> struct code of the fixed-size scalars (7 is a one-byte bool)
 SCALARS: dict[int, str] = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
@@ -66,6 +67,8 @@ class _Parser:
 
     def raw_string(self, what: str) -> bytes:
         length = self.count(f"{what} length", 1)
+        if length > MAX_STRING:  # kept and read: a claimed 1 GB key is never read into memory
+            raise MalformedCheckpoint(f"{what} of {length:,} bytes at offset {self.pos - 8:,} (over {MAX_STRING:,})")
         data = self.win.read(self.pos, length, what)
         self.pos += length
         return data

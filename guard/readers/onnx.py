@@ -20,10 +20,12 @@ from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
 from guard.readers.onnx_schema import DATA_TYPES, SCHEMA
-from guard.readers.onnx_tensors import RawTensor, external_data_findings, tensor_info
+from guard.readers.onnx_tensors import MAX_RANK, RawTensor, external_data_findings, tensor_info
 from guard.readers.protobuf import LEN, MAX_DEPTH, VARINT, Field, Wire
 from guard.readers.window import Window
 from guard.sources import ByteSource
+
+MAX_NAME = 2**20  # bytes of a tensor name: a claimed 1 GB name is never read into memory
 from guard.tensors import FileScan, TensorInfo
 
 __all__ = ["external_data_findings", "read_onnx"]
@@ -153,20 +155,21 @@ class _Walk:
             if g.number in (1, 2) and g.wire == LEN:
                 (values if g.number == 1 else indices).append((g.value, g.end))
             elif g.number == 3:
-                dims.extend(self.varints(g))
+                dims.extend(self.dims(g, len(dims)))
         if not values:
             raise MalformedCheckpoint("sparse initializer without values")
         if indices:
             tensor_info(self.tensor(indices, depth + 1), self.source.name)  # checked, not listed
         return self.tensor(values, depth + 1), tuple(dims)
 
-    def varints(self, f: Field) -> list[int]:
-        """Signed int64 values of a repeated varint field, packed or not."""
+    def dims(self, f: Field, have: int) -> list[int]:
+        """Signed int64 values of a repeated varint field, packed or not; no more than one past MAX_RANK
+        in all, which the shape check refuses (a packed field of 100 MB would be 100 M Python ints)."""
         if f.wire == VARINT:
             values = [f.value]
         elif f.wire == LEN:
             values, pos = [], f.value
-            while pos < f.end:
+            while pos < f.end and have + len(values) <= MAX_RANK:
                 value, pos = self.wire.varint(pos, f.end)
                 values.append(value)
         else:
@@ -182,7 +185,7 @@ class _Walk:
             for f in self.wire.fields(start, end, depth):
                 kind = known.get(f.number)
                 if f.number == 1:
-                    t.dims.extend(self.varints(f))
+                    t.dims.extend(self.dims(f, len(t.dims)))
                 elif f.number == 2 and f.wire == VARINT:
                     value = f.value & 0xFFFFFFFF
                     t.data_type = value - (1 << 32) if value >= 1 << 31 else value
@@ -198,6 +201,8 @@ class _Walk:
                 elif f.number == 6 and f.wire == LEN:
                     t.counts[6] = t.counts.get(6, 0) + 1
                 elif f.number == 8 and f.wire == LEN:
+                    if f.end - f.value > MAX_NAME:
+                        raise MalformedCheckpoint(f"a tensor name of {f.end - f.value:,} bytes (over {MAX_NAME:,})")
                     t.name = self.text(f)
                 elif f.number == 9 and f.wire == LEN:
                     t.raw = (f.value, f.end)
