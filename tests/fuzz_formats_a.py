@@ -13,8 +13,8 @@ from __future__ import annotations
 import io
 import os
 import tempfile
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 Inventory = dict[str, tuple[str, tuple[int, ...]]]
@@ -61,12 +61,12 @@ def _bounded_gguf_reader() -> type:
 
 
 def reference_gguf(data: bytes) -> Inventory | str:
-    from fuzz_inputs import alarm
+    from bounds import no_hang
 
     reader_class = _bounded_gguf_reader()
     for path in _scratch(data, ".gguf"):
         try:
-            with alarm(REFERENCE_SECONDS):  # any other loop over a count it never checks
+            with no_hang(REFERENCE_SECONDS):  # any other loop over a count it never checks
                 reader = reader_class(path)
             out = {t.name: (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape.tolist())))
                    for t in reader.tensors}

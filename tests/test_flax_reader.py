@@ -5,12 +5,12 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
+from bounds import no_hang
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -237,9 +237,8 @@ SMALL_TREE = {
 
 
 def assert_unreadable(data: bytes) -> FileScan:
-    start = time.perf_counter()
-    result = scan_bytes(data)
-    assert time.perf_counter() - start < 1.0
+    with no_hang():
+        result = scan_bytes(data)
     assert codes(result) == ["CG001"], result
     assert result.tensors == ()
     return result
@@ -381,9 +380,8 @@ def test_well_formed_variants_of_the_broken_table_are_read() -> None:
 def test_byte_flips_never_raise(position: int, mask: int) -> None:
     data = bytearray(serialization.msgpack_serialize(SMALL_TREE))
     data[position % len(data)] ^= mask
-    start = time.perf_counter()
-    result = scan_bytes(bytes(data))
-    assert time.perf_counter() - start < 1.0
+    with no_hang():
+        result = scan_bytes(bytes(data))
     if result.format is None:
         assert codes(result) == ["CG001"]
         return

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from bounds import traced
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 torch = pytest.importorskip("torch")
@@ -19,8 +19,8 @@ from guard.config import Policy, Target  # noqa: E402
 from guard.errors import MissingExtraError  # noqa: E402
 from guard.inventory import ModelInventory, discover_models, load_local_model  # noqa: E402
 from guard.tensors import FileScan, TensorInfo  # noqa: E402
-from guard.values.stats import cast_is_exact, cast_limits  # noqa: E402
 from guard.values.check import value_findings  # noqa: E402
+from guard.values.stats import cast_is_exact, cast_limits  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
 FP16 = (Target("torch", "F16"),)
@@ -225,12 +225,9 @@ def _peak_scan_bytes(tmp_path: Path, name: str, megabytes: int) -> int:
     n = megabytes * 1024 * 1024 // 2
     d = model(tmp_path, {"w": (torch.randn(n) * 0.02).to(torch.bfloat16)}, name=name)
     inv = load_local_model(discover_models([d])[0])
-    tracemalloc.start()
-    try:
+    with traced() as peak:
         value_findings(inv, Policy(targets=FP16))
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    return peak.bytes
 
 
 @pytest.mark.slow
