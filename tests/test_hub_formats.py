@@ -7,7 +7,6 @@ ranged requests and under 1 % of its bytes; the remote findings are the local on
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +18,7 @@ gguf = pytest.importorskip("gguf")
 onnx = pytest.importorskip("onnx")
 
 from hub_standin import StandinHub, standin_fixture  # noqa: E402
-
-from guard.cli import main  # noqa: E402
+from test_hub_scan import run_json  # noqa: E402
 
 MB = 1024 * 1024
 
@@ -59,11 +57,6 @@ def onnx_files(tmp_path: Path) -> dict[str, bytes]:
     return {"onnx/model.onnx": (tmp_path / "model.onnx").read_bytes(),
             "onnx/model.onnx_data": (tmp_path / "model.onnx_data").read_bytes(),
             "onnx-inline/model.onnx": inline}
-
-
-def run_json(args: list[str], out: Path) -> tuple[int, dict]:
-    rc = main([*args, "--format", "json", "-o", str(out)])
-    return rc, json.loads(out.read_text())
 
 
 @pytest.mark.slow

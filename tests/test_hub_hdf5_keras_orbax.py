@@ -22,11 +22,10 @@ pytest.importorskip("tensorstore")
 
 from hub_standin import StandinHub, standin_fixture  # noqa: E402
 
-from guard.cli import main  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).parent))
 from real_writers import built  # noqa: E402
 from test_hdf5_reader import write_tf_model_h5  # noqa: E402
+from test_hub_scan import finding_keys, local_and_remote, run_json  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -34,15 +33,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[StandinHub]:
     yield from standin_fixture(monkeypatch, tmp_path)
-
-
-def run_json(args: list[str], out: Path) -> tuple[int, dict]:
-    rc = main([*args, "--format", "json", "-o", str(out)])
-    return rc, json.loads(out.read_text())
-
-
-def keys(report: dict, prefix: str) -> set[tuple[str, str, str | None]]:
-    return {(f["code"], f["path"][len(prefix):].lstrip("/"), f.get("tensor")) for f in report["findings"]}
 
 
 def test_remote_hdf5_keras_and_orbax_give_the_local_findings(
@@ -61,12 +51,9 @@ def test_remote_hdf5_keras_and_orbax_give_the_local_findings(
     shutil.copytree(orbax_dir / "manager", model / "manager")
     shutil.copytree(orbax_dir / "tree_zarr3", model / "zarr3")
     shutil.copytree(orbax_dir / "tree_ocdbt", model / "tree")
-    standin.add_repo("org/formats", model)
-    monkeypatch.chdir(tmp_path)
-    rc_local, local = run_json(["scan", "model"], tmp_path / "local.json")
-    rc_remote, remote = run_json(["hub", "scan", "org/formats"], tmp_path / "remote.json")
+    rc_local, local, rc_remote, remote = local_and_remote(standin, model, "org/formats", monkeypatch)
     assert rc_remote == rc_local == 1
-    assert keys(remote, "org/formats") == keys(local, "model")
+    assert finding_keys(remote, "org/formats") == finding_keys(local, "model")
     by_path = {m["path"].removeprefix("org/formats").lstrip("/"): m["dtypes"] for m in remote["models"]}
     assert by_path == {m["path"].removeprefix("model").lstrip("/"): m["dtypes"] for m in local["models"]}
     assert set(by_path) == {"bert", "keras", "orbax", "manager/3", "zarr3", "tree"}
@@ -107,13 +94,10 @@ def test_an_orbax_checkpoint_at_the_repo_root_keeps_what_lies_beside_it(
     import numpy as np
 
     save_file({"w": np.zeros((4, 4), np.float32)}, str(model / "model.safetensors"))
-    standin.add_repo("org/root-ckpt", model)
-    monkeypatch.chdir(tmp_path)
-    rc_local, local = run_json(["scan", "model"], tmp_path / "local.json")
-    rc_remote, remote = run_json(["hub", "scan", "org/root-ckpt"], tmp_path / "remote.json")
+    rc_local, local, rc_remote, remote = local_and_remote(standin, model, "org/root-ckpt", monkeypatch)
     assert rc_remote == rc_local
-    assert keys(remote, "org/root-ckpt") == keys(local, "model")
-    assert any(code == "CG103" for code, _, _ in keys(remote, "org/root-ckpt"))  # the config was judged
+    assert finding_keys(remote, "org/root-ckpt") == finding_keys(local, "model")
+    assert any(code == "CG103" for code, _, _ in finding_keys(remote, "org/root-ckpt"))  # the config was judged
     [remote_model] = remote["models"]
     [local_model] = local["models"]
     remote_files = sorted(f["path"].removeprefix("org/root-ckpt").lstrip("/") for f in remote_model["files"])

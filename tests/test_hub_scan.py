@@ -79,16 +79,24 @@ def run_json(args: list[str], out: Path) -> tuple[int, dict]:
     return rc, json.loads(out.read_text()) if out.exists() else {}
 
 
+def local_and_remote(standin: StandinHub, folder: Path, repo: str,
+                     monkeypatch: pytest.MonkeyPatch) -> tuple[int, dict, int, dict]:
+    """``scan FOLDER`` (run beside it) and ``hub scan REPO`` of the same files uploaded to the stand-in:
+    (rc_local, local report, rc_remote, remote report), comparable through ``finding_keys``."""
+    standin.add_repo(repo, folder)
+    monkeypatch.chdir(folder.parent)
+    rc_local, local = run_json(["scan", folder.name], folder.parent / "local.json")
+    rc_remote, remote = run_json(["hub", "scan", repo], folder.parent / "remote.json")
+    return rc_local, local, rc_remote, remote
+
+
 @pytest.mark.parametrize("builder", [write_sharded_safetensors, write_torch_files, write_flax_msgpack],
                          ids=["sharded-safetensors", "torch-zip-and-legacy", "flax-msgpack"])
 def test_remote_scan_gives_the_local_findings(standin: StandinHub, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch, builder) -> None:
     model = tmp_path / "model"
     builder(model)
-    standin.add_repo("org/model", model)
-    monkeypatch.chdir(tmp_path)
-    rc_local, local = run_json(["scan", "model"], tmp_path / "local.json")
-    rc_remote, remote = run_json(["hub", "scan", "org/model"], tmp_path / "remote.json")
+    rc_local, local, rc_remote, remote = local_and_remote(standin, model, "org/model", monkeypatch)
     assert rc_remote == rc_local
     assert finding_keys(remote, "org/model") == finding_keys(local, "model")
     assert [m["dtypes"] for m in remote["models"]] == [m["dtypes"] for m in local["models"]]

@@ -15,7 +15,7 @@ pytest.importorskip("onnx")
 
 from hub_standin import StandinHub, standin_fixture  # noqa: E402
 from scanning import codes, json_scan, sets_of  # noqa: E402
-from test_hub_scan import finding_keys, run_json  # noqa: E402
+from test_hub_scan import finding_keys, local_and_remote  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -78,10 +78,7 @@ def test_remote_external_data_gives_the_local_findings(exported: Path, standin: 
     folder = shutil.copytree(exported, tmp_path / "repo")
     data = _data_file(folder)
     data.write_bytes(data.read_bytes()[:100])
-    standin.add_repo("org/repo", folder)
-    monkeypatch.chdir(tmp_path)
-    rc_local, local = run_json(["scan", "repo"], tmp_path / "local.json")
-    rc_remote, remote = run_json(["hub", "scan", "org/repo"], tmp_path / "remote.json")
+    rc_local, local, rc_remote, remote = local_and_remote(standin, folder, "org/repo", monkeypatch)
     assert rc_local == rc_remote == 1
     assert finding_keys(remote, "org/repo") == finding_keys(local, "repo")
     assert "CG004" in codes(remote)
@@ -111,10 +108,7 @@ def test_weights_renamed_are_found_by_their_magic_bytes_remotely_too(standin: St
     repo.mkdir()
     save_file({"w": torch.zeros(200, 200, dtype=torch.float16)}, repo / "weights.raw")  # no weight suffix
     (repo / "notes.pdf").write_bytes(b"%PDF" + b"\0" * 100_000)  # large, not weights: never sniffed
-    standin.add_repo("org/repo", repo)
-    monkeypatch.chdir(tmp_path)
-    rc_local, local = run_json(["scan", "repo"], tmp_path / "local.json")
-    rc_remote, remote = run_json(["hub", "scan", "org/repo"], tmp_path / "remote.json")
+    rc_local, local, rc_remote, remote = local_and_remote(standin, repo, "org/repo", monkeypatch)
     assert rc_local == rc_remote == 1
     assert finding_keys(remote, "org/repo") == finding_keys(local, "repo") and "CG101" in codes(remote)
     files = {f["path"] for f in remote["extra"]["hub"]["repos"][0]["files"]}

@@ -15,7 +15,7 @@ pytest.importorskip("diffusers")
 
 import layouts  # noqa: E402
 from hub_standin import StandinHub, standin_fixture  # noqa: E402
-from test_hub_scan import finding_keys, run_json  # noqa: E402
+from test_hub_scan import finding_keys, local_and_remote  # noqa: E402
 
 from guard.cli import main  # noqa: E402
 
@@ -57,10 +57,7 @@ def test_remote_sets_and_findings_equal_the_local_ones(standin: StandinHub, tmp_
     source: Path = request.getfixturevalue(layout)
     local_copy = tmp_path / "repo"
     shutil.copytree(source, local_copy)
-    standin.add_repo("org/repo", local_copy)
-    monkeypatch.chdir(tmp_path)
-    rc_local, local = run_json(["scan", "repo"], tmp_path / "local.json")
-    rc_remote, remote = run_json(["hub", "scan", "org/repo"], tmp_path / "remote.json")
+    rc_local, local, rc_remote, remote = local_and_remote(standin, local_copy, "org/repo", monkeypatch)
     assert rc_local == rc_remote == 1
     assert finding_keys(remote, "org/repo") == finding_keys(local, "repo")
     assert _sets(remote) == _sets(local)
