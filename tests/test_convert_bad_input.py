@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from test_convert import convert, tiny_mistral  # noqa: E402
 
-from guard.convert import io_flax, writer  # noqa: E402
+from guard.convert import writer  # noqa: E402
 from guard.convert.bitviews import numpy_to_torch, torch_to_numpy  # noqa: E402
 from guard.progress import progress  # noqa: E402
 
@@ -223,20 +223,6 @@ def test_interrupt_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert convert(src, "--to", to, "--out", tmp_path / "out", "--max-shard-size", "4KB") == 130
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
     assert digest(src) == before
-
-
-def test_chunked_flax_leaves_read_back_by_flax(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import msgpack
-    from flax.serialization import msgpack_restore
-
-    monkeypatch.setattr(io_flax, "MAX_CHUNK_SIZE", 64)
-    arrays = {("a", "big"): np.arange(100, dtype=np.float32).reshape(10, 10), ("a", "small"): np.ones(3, np.int8)}
-    path = tmp_path / "x.msgpack"
-    with open(path, "wb") as fh:
-        io_flax.write_flax_msgpack(fh, list(arrays), arrays.__getitem__)
-    restored = msgpack_restore(path.read_bytes())
-    assert np.array_equal(restored["a"]["big"], arrays[("a", "big")])
-    assert msgpack.unpackb(path.read_bytes(), strict_map_key=False)  # plain msgpack too
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float16])

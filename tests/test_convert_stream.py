@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 from guard import dtypes  # noqa: E402
 from guard.convert import transpose  # noqa: E402
 from guard.convert.bitviews import numpy_dtype  # noqa: E402
-from guard.convert.transpose import permute, reduce_perm  # noqa: E402
+from guard.convert.transpose import bit_view, permuted_bands, permuted_shape, reduce_perm  # noqa: E402
 
 CODES = sorted(code for code, info in dtypes.DTYPES.items() if info.numpy and info.bits >= 8)
 
@@ -29,6 +30,16 @@ def random_bits(shape: tuple[int, ...], code: str, rng: np.random.Generator) -> 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def permute(a: np.ndarray, perm: tuple[int, ...] | None) -> np.ndarray:
+    """``a.transpose(perm)`` through the converter's bands, gathered into one new array."""
+    out = np.empty(permuted_shape(a.shape, perm), a.dtype)
+    flat = bit_view(out).reshape(-1)
+    done = 0
+    for band in permuted_bands(a, perm, lambda n: flat[done:done + n]):
+        done += band.size
+    return out
 
 
 @pytest.mark.parametrize("code", CODES)
@@ -145,6 +156,7 @@ PERMS = {"a.kernel": (1, 0), "b.conv": (2, 3, 1, 0)}
 @pytest.mark.parametrize("chunk", [2**30, 1000])
 def test_streamed_msgpack_is_what_flax_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
     pytest.importorskip("flax")
+    import msgpack
     from flax.serialization import msgpack_restore
     from flax.traverse_util import flatten_dict
 
@@ -161,7 +173,9 @@ def test_streamed_msgpack_is_what_flax_reads(tmp_path: Path, monkeypatch: pytest
     out.mkdir()
     written = write_output(out, [outputs], layout="msgpack", checksum=True)
     assert verify_output(out, outputs, written, layout="msgpack", full=True) == ([], len(arrays))
-    restored = flatten_dict(msgpack_restore((out / "flax_model.msgpack").read_bytes()))
+    raw = (out / "flax_model.msgpack").read_bytes()
+    assert msgpack.unpackb(raw, strict_map_key=False)  # plain msgpack too
+    restored = flatten_dict(msgpack_restore(raw))
     assert set(restored) == {tuple(n.split(".")) for n in arrays}
     for name, array in arrays.items():
         want = array.transpose(PERMS[name]) if name in PERMS else array
@@ -232,6 +246,24 @@ def test_full_verification_catches_what_sampling_skips(tmp_path: Path) -> None:
     assert verify_output(out, outputs, written, layout="safetensors")[0] == []  # what sampling means
     [finding] = verify_output(out, outputs, written, layout="safetensors", full=True)[0]
     assert finding.code == "CG301" and "CRC32" in finding.message
+
+
+def test_a_short_read_is_cg301_never_padded(tmp_path: Path) -> None:
+    """A source truncated after the write: its missing zeros must not read back as zeros."""
+    from guard.convert.verify import verify_output
+    from guard.convert.writer import write_output
+
+    arrays = {"x.a": np.ones((4,), np.float32), "x.b": np.zeros((1000,), np.float32)}
+    outputs = plan(source_model(tmp_path, arrays), {})
+    out = tmp_path / "out"
+    out.mkdir()
+    written = write_output(out, [outputs], layout="safetensors")
+    assert verify_output(out, outputs, written, layout="safetensors")[0] == []
+    source = tmp_path / "src" / "model.safetensors"
+    os.truncate(source, source.stat().st_size - 4 * 500)  # the second half of x.b's zeros
+    [finding] = verify_output(out, outputs, written, layout="safetensors")[0]
+    assert finding.code == "CG301" and finding.tensor == "x/b"
+    assert "model.safetensors ends before element" in finding.message
 
 
 def test_misplaced_bytes_are_cg301(tmp_path: Path) -> None:

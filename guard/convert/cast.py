@@ -69,9 +69,3 @@ class CastCheck:
             f"{self.count} value(s) overflow {dtypes.display_name(self.code)} and become inf "
             f"(max |x| = {self.worst:.6g})", tensor=name)
 
-
-def cast_array(array: np.ndarray, code: str, *, name: str, path: str) -> tuple[np.ndarray, Finding | None]:
-    """``array`` in dtype ``code``; a CG201 finding when the cast turned finite values into inf."""
-    check = CastCheck(code)
-    out = check.cast(array)
-    return out, check.finding(name=name, path=path)

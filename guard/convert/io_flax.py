@@ -13,7 +13,7 @@ import struct
 from collections.abc import Callable, Sequence
 from math import prod
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from guard.convert.io_torch import OneFileCache
 from guard.errors import MalformedCheckpoint
@@ -114,18 +114,3 @@ def _ext_header(shape: tuple[int, ...], dtype_name: str, nbytes: int, packer: An
     inner = b"\x93" + packer.pack(list(shape)) + packer.pack(dtype_name) + b"\xc6" + struct.pack(">I", nbytes)
     return b"\xc9" + struct.pack(">I", len(inner) + nbytes) + bytes([EXT_NDARRAY]) + inner
 
-
-def write_flax_msgpack(fh: IO[bytes], entries: Sequence[Key], load: Callable[[Key], np.ndarray]) -> None:
-    """Write in-memory leaves as a flax msgpack tree (the converter streams through ``walk_tree`` instead)."""
-    import numpy as np
-
-    def leaf(key: Key) -> None:
-        array = np.asarray(load(key))
-        flat = array.reshape(-1).view(np.uint8)
-        done = 0
-        for framing, size in leaf_segments(array.shape, array.dtype.name, array.dtype.itemsize):
-            fh.write(framing)
-            fh.write(flat[done:done + size].data)
-            done += size
-
-    walk_tree(msgpack_tree(entries), fh.write, leaf)

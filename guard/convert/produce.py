@@ -143,10 +143,11 @@ def body_pieces(tensor: SourceTensor, perm: tuple[int, ...] | None, code: str, *
                 yield ("bytes", piece, None)  # a loader's own array (never the shared buffer), alive until written
         return
     current: list[np.ndarray] = []
+    itemsize, kind = bits.itemsize, bits.dtype
 
     def buffer(n: int) -> np.ndarray:
-        current[:] = [pool.take(n * bits.itemsize)]
-        return current[0][:n * bits.itemsize].view(bits.dtype)
+        current[:] = [pool.take(n * itemsize)]
+        return current[0][:n * itemsize].view(kind)
 
     for band in permuted_bands(bits, perm, buffer):
         release = pool.give(current[0])

@@ -11,7 +11,7 @@ from guard.errors import GuardError
 
 
 def fsync_paths(paths: list[Path]) -> None:
-    """Directories (so that the new names are durable before the rename publishes them), or files."""
+    """Files (their data), or directories (so that new names are durable before a rename publishes them)."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from guard.convert.publish import fsync_paths
 from guard.errors import GuardError
 
 DEPTH = 3  # queued jobs: enough to keep the writer busy, few enough to bound memory
@@ -83,12 +84,7 @@ class OutputStream:
         self._thread.join()
         self._raise()
         try:
-            for path in self.closed:
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            fsync_paths(self.closed)
         except OSError as exc:
             self._error = exc
             self._raise()

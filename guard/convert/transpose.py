@@ -73,18 +73,6 @@ def permuted_shape(shape: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]
     return shape if perm is None else tuple(shape[ax] for ax in perm)
 
 
-def permute(a: np.ndarray, perm: Perm | None) -> np.ndarray:
-    """``a.transpose(perm)`` as a new C-contiguous array with the same bits."""
-    import numpy as np
-
-    out = np.empty(permuted_shape(a.shape, perm), a.dtype)
-    flat = bit_view(out).reshape(-1)
-    done = 0
-    for band in permuted_bands(a, perm, lambda n: flat[done:done + n]):
-        done += band.size
-    return out
-
-
 def permuted_bands(a: np.ndarray, perm: Perm | None,
                    buffer: Callable[[int], np.ndarray]) -> Iterator[np.ndarray]:
     """``a.transpose(perm)`` in C order, as consecutive 1-D bit-view bands.

@@ -122,10 +122,13 @@ def _sampled_mismatch(tensor: OutputTensor, places: list[tuple[Path, int, int]])
         for axis, ax in enumerate(tensor.mapped.perm):
             src_index[ax] = out_index[axis]
     src_flat = np.ravel_multi_index(tuple(src_index), source.info.shape) if source.info.shape else [0]
-    want = _source_elements(source, [int(i) for i in src_flat])
+    try:
+        want = _source_elements(source, [int(i) for i in src_flat])
+        got = _read_elements(places, flat, numpy_dtype(tensor.dtype))
+    except _ShortRead as exc:
+        return str(exc)
     if tensor.dtype != source.info.dtype:
         want = CastCheck(tensor.dtype).cast(want)
-    got = _read_elements(places, flat, numpy_dtype(tensor.dtype))
     differs = np.flatnonzero(bit_view(got) != bit_view(want))
     if not len(differs):
         return ""
@@ -146,8 +149,14 @@ def _source_elements(source, flat: list[int]) -> np.ndarray:  # type: ignore[no-
     return _read_elements([(Path(info.file), info.data_start, info.data_end - info.data_start)], flat, dtype)
 
 
+class _ShortRead(Exception):
+    """A file ends before a sampled element: it was truncated after it was written, or read."""
+
+
 def _read_elements(places: list[tuple[Path, int, int]], flat: list[int], dtype: np.dtype) -> np.ndarray:
-    """Elements by flat index from a body laid out in ``places`` (several segments for chunked leaves)."""
+    """Elements by flat index from a body laid out in ``places`` (several segments for chunked leaves).
+
+    A short read raises _ShortRead: padding it would let a truncated file of zeros pass."""
     import numpy as np
 
     out = bytearray()
@@ -159,7 +168,10 @@ def _read_elements(places: list[tuple[Path, int, int]], flat: list[int], dtype: 
             for path, start, length in places:
                 if offset < length:
                     fd = fds.get(path) or fds.setdefault(path, os.open(path, os.O_RDONLY))
-                    out += os.pread(fd, size, start + offset).ljust(size, b"\0")
+                    element = os.pread(fd, size, start + offset)
+                    if len(element) < size:
+                        raise _ShortRead(f"{path.name} ends before element {index} at byte {start + offset:,}")
+                    out += element
                     break
                 offset -= length
     finally:
