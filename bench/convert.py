@@ -267,8 +267,9 @@ ml_dtypes (a conversion of a 13 KB model takes 0.3 s); ~0.45 s mapping and trans
 kernels (each source tensor mapped read-only with `MAP_POPULATE`, transposed on uint16 views in 128 x 512
 tiles through a padded staging buffer, against 0.25 GB/s for `numpy.ascontiguousarray(a.T)` of the same
 kernels; with 3 or more CPUs a helper thread fills half of each band, but on these 2 it took the writer's core:
-2.52 s with it, 2.28 s without, median of 5); ~0.5 s of `write()` on the writer thread, overlapped, while `sync_file_range` starts the disk writing every 64 MiB so that the fsyncs at the
-end wait ~0.05 s instead of ~0.7 s; the embedding, which moves no byte, goes through `copy_file_range`;
+2.52 s with it, 2.28 s without, median of 5); ~0.5 s of `write()` on the writer thread, overlapped,
+while `sync_file_range` starts the disk writing every 64 MiB so that the fsyncs at the end wait ~0.05 s
+instead of ~0.7 s; the embedding, which moves no byte, goes through `copy_file_range`;
 CG301 verification (scanner re-read, placements, 32 sampled elements per tensor against the source) ~0.1 s.
 The fixed ~0.3 s is why the 4-layer model's ratio is the highest (above 4x: the target is set on the
 1.48 GB model); the ratio falls as models grow.

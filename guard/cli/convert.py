@@ -61,8 +61,8 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report to FILE instead of stdout.")
 def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], layout: str | None,
-            variant: str | None, max_shard_size: str, allow_lossy: bool, verify: str, run_parity: bool, strict: bool, verbose: bool,
-            fmt: str, output: Path | None) -> int:
+            variant: str | None, max_shard_size: str, allow_lossy: bool, verify: str, run_parity: bool,
+            strict: bool, verbose: bool, fmt: str, output: Path | None) -> int:
     """Convert a model directory between PyTorch and Flax, bit-exactly unless --dtype says otherwise."""
     require_extras(CONVERT_MODULES, "convert")
     from guard.quiet import quiet_libraries

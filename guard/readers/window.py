@@ -2,15 +2,20 @@
 
 GGUF and protobuf headers have no length up front: the reader learns where the
 header ends by walking it.  ``Window`` serves small reads from one buffered span
-and, on a miss, fetches the next span in one read.  A miss that continues where
-the buffer ends grows the next fetch sixteenfold
-(64 KiB, 1 MiB, 16 MiB), so a
-header of up to about 1 MiB costs at most two reads of the source, local or
-ranged HTTP, and a long one a few more; a miss elsewhere (after a skipped
-payload) starts again at 64 KiB: a skip of up to 4 KiB counts as walking on, one
-of less than 64 KiB is read through in a 64 KiB block that does not grow (a run of
-small tensors never pulls in 16 MiB blocks of their data), a longer one is jumped.  Nothing past the asked range is fetched
-beyond the current block, and the buffer never holds more than one block plus one read.
+and, on a miss, fetches the next span in one read.
+
+* A miss that continues where the buffer ends, or skips at most 4 KiB past it (a
+  string the walker does not keep), grows the next fetch sixteenfold (64 KiB,
+  1 MiB, 16 MiB): a header of up to about 1 MiB costs at most two reads of the
+  source, local or ranged HTTP, and a long one a few more.  After small
+  payloads (below), it stays at 64 KiB until the next jump.
+* A skip of less than 64 KiB (a small payload) is read through in a 64 KiB block
+  that does not grow, so a run of small tensors never pulls in 16 MiB blocks of
+  their data.
+* A longer skip is a jump: the next fetch starts at the asked offset, at 64 KiB.
+
+Nothing past the asked range is fetched beyond the current block, and the buffer
+never holds more than one block plus one read.
 """
 
 from __future__ import annotations
