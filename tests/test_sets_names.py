@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from guard.inventory import build_inventory
-from guard.inventory.conventions import CONVENTIONS, name_claimed_dtype
+from guard.inventory.conventions import CONVENTIONS, NAME_DTYPES, name_claimed_dtype
 from guard.inventory.names import classify, convention_of
 from guard.readers import scan_file
 from guard.sources import BytesSource
@@ -60,6 +60,14 @@ def test_every_convention_has_an_example_it_classifies(row) -> None:
 ])
 def test_names_that_claim_a_dtype(name: str, claims: str | None) -> None:
     assert name_claimed_dtype(name) == claims
+
+
+def test_a_variant_named_as_a_dtype_claims_what_a_loose_name_claims() -> None:
+    for spelling, code in NAME_DTYPES.items():  # one table: no spelling claims in one place and not the other
+        assert classify(f"model.{spelling}.safetensors").variant_dtype == code, spelling
+        assert name_claimed_dtype(f"model_{spelling}.onnx") == code, spelling
+    assert classify("model.half.safetensors").variant_dtype == "F16"  # a variant says it on purpose
+    assert classify("model.ema.safetensors").variant_dtype is None
 
 
 def _safetensors(dtype: str = "F32", n: int = 4) -> bytes:

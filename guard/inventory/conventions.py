@@ -92,13 +92,6 @@ UNSUPPORTED_SUFFIXES: dict[str, str] = {
     "pdparams": "PaddlePaddle", "caffemodel": "Caffe", "nemo": "NeMo", "engine": "TensorRT",
     "plan": "TensorRT", "llamafile": "llamafile", "pb": "TensorFlow graph",
 }
-# Variants whose name is a dtype (the spellings transformers, diffusers and the Hub use).
-DTYPE_VARIANTS: dict[str, str] = {
-    "fp16": "F16", "float16": "F16", "f16": "F16", "half": "F16",
-    "bf16": "BF16", "bfloat16": "BF16",
-    "fp32": "F32", "float32": "F32", "f32": "F32",
-    "fp64": "F64", "float64": "F64",
-}
 # Top-level keys of a Lightning checkpoint that hold training state, not weights.
 LIGHTNING_STATE_KEYS = ("optimizer_states", "lr_schedulers", "callbacks", "loops", "native_amp_scaling_state",
                         "MixedPrecision", "hparams", "hyper_parameters")
@@ -115,6 +108,9 @@ NAME_DTYPES: dict[str, str] = {
     "bf16": "BF16", "bfloat16": "BF16",
     "fp64": "F64", "f64": "F64", "float64": "F64",
 }
+# Variants whose name is a dtype: the same spellings, and "half", which a variant (the whole name between
+# the dots) says on purpose but a loose name may use as a word ("half-cheetah.safetensors").
+DTYPE_VARIANTS: dict[str, str] = {**NAME_DTYPES, "half": "F16"}
 
 
 def name_claimed_dtype(name: str) -> str | None:
