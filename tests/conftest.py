@@ -13,10 +13,16 @@ from collections.abc import Iterator
 
 import pytest
 
+# tensorflow is in the dev extra (a writer and reference reader of SavedModel, TF checkpoints and
+# TFLite); transformers must not start importing it for every PyTorch model, nor TF log to stderr.
+os.environ.setdefault("USE_TF", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 # `make test` installs every extra; a missing one is a broken set-up, never a reason to skip
 # (the per-file importorskip calls keep single files runnable in a partial environment).
 _REQUIRED = ("numpy", "ml_dtypes", "torch", "jax", "flax", "safetensors", "msgpack", "transformers",
-             "huggingface_hub", "starlette", "uvicorn", "httpx", "hypothesis", "jsonschema")
+             "huggingface_hub", "starlette", "uvicorn", "httpx", "hypothesis", "jsonschema", "tensorflow",
+             "openvino", "coremltools", "executorch", "tflite", "ai_edge_litert")
 
 
 # CI has 24 GiB: a test whose process outgrows this is stopped with its name, not OOM-killed unnamed
