@@ -13,13 +13,14 @@ import sys
 import warnings
 from collections.abc import Iterator
 
-LIBRARY_LOGGERS = ("transformers", "diffusers", "jax", "absl", "flax", "orbax", "torch", "py.warnings",
+LIBRARY_LOGGERS = ("transformers", "diffusers", "jax", "absl", "flax", "orbax", "torch", "torchao", "py.warnings",
                    "huggingface_hub")
 
 
 @contextlib.contextmanager
 def quiet_libraries(*, verbose: bool) -> Iterator[None]:
     level = logging.WARNING if verbose else logging.ERROR
+    _import_torch_first()
     saved_env = os.environ.get("TRANSFORMERS_VERBOSITY")
     os.environ["TRANSFORMERS_VERBOSITY"] = "warning" if verbose else "error"  # read when transformers loads
     handler = logging.StreamHandler(sys.stderr)
@@ -50,6 +51,14 @@ def quiet_libraries(*, verbose: bool) -> Iterator[None]:
             os.environ.pop("TRANSFORMERS_VERBOSITY", None)
         else:
             os.environ["TRANSFORMERS_VERBOSITY"] = saved_env
+
+
+def _import_torch_first() -> None:
+    """torch sets its logger's level when it is imported; every user of this context imports it anyway,
+    so import it before the levels are set (else torch's own WARNING level wins over ours, and a later
+    import, such as transformers loading torchao, logs pytree deprecations onto the user's terminal)."""
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401
 
 
 def _transformers_verbosity(level: int | None) -> int | None:
