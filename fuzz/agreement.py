@@ -14,6 +14,7 @@ import argparse
 import logging
 import sys
 import warnings
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -34,14 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---|---:|")
     for fmt in args.readers:
         tally, unexplained = differential_run(fmt, sample_checkpoints(fmt), count=args.count, seed=args.seed)
-        total = sum(tally.values())
-        others = ", ".join(f"`{k}` {v}" for k, v in sorted(tally.items()) if k not in ("agree", "UNEXPLAINED"))
-        print(f"| {fmt} | {100 * tally['agree'] / total:.2f} % ({tally['agree']:,} / {total:,}) | {others or '-'} "
-              f"| {tally['UNEXPLAINED']} |", flush=True)
-        for data, why in unexplained[:3]:
-            print(f"    UNEXPLAINED {why[:300]} ({len(data)} bytes)", file=sys.stderr)
-        failed |= bool(unexplained)
+        failed |= print_row(fmt, tally, unexplained)
     return 1 if failed else 0
+
+
+def print_row(name: str, tally: Counter[str], unexplained: list[tuple[bytes, str]]) -> bool:
+    """One table row (and the first unexplained inputs, on stderr); True if any was unexplained."""
+    total = sum(tally.values())
+    others = ", ".join(f"`{k}` {v}" for k, v in sorted(tally.items()) if k not in ("agree", "UNEXPLAINED"))
+    print(f"| {name} | {100 * tally['agree'] / total:.2f} % ({tally['agree']:,} / {total:,}) | {others or '-'} "
+          f"| {tally['UNEXPLAINED']} |", flush=True)
+    for data, why in unexplained[:3]:
+        print(f"    UNEXPLAINED {why[:300]} ({len(data)} bytes)", file=sys.stderr)
+    return bool(unexplained)
 
 
 if __name__ == "__main__":

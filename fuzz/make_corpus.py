@@ -19,11 +19,13 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from fuzz_inputs import sample_checkpoints  # noqa: E402
 
 TARGETS = {"safetensors": "safetensors", "torch_zip": "torch-zip", "torch_legacy": "torch-legacy",
+           "torch_export": "torch-export", "executorch": "executorch",
            "flax_msgpack": "flax-msgpack", "gguf": "gguf", "onnx": "onnx", "npy": "npy", "npz": "npz",
            "hdf5": "hdf5", "keras": "keras"}
-SUFFIX = {"safetensors": ".safetensors", "torch_zip": ".bin", "torch_legacy": ".bin",
+SUFFIX = {"safetensors": ".safetensors", "torch_zip": ".bin", "torch_legacy": ".bin", "torch_export": ".pt2", "executorch": ".pte",
           "flax_msgpack": ".msgpack", "torch_pickle": ".pkl", "gguf": ".gguf", "onnx": ".onnx", "npy": ".npy",
-          "npz": ".npz", "hdf5": ".h5", "keras": ".keras", "orbax_metadata": ".bin"}
+          "npz": ".npz", "hdf5": ".h5", "keras": ".keras", "orbax_metadata": ".bin", "tf_bundle": ".index", "tflite": ".tflite", "openvino": ".xml",
+          "coreml": ".bin", "coreml_spec": ".mlmodel", "torchscript": ".pt"}
 
 
 def main() -> int:
@@ -45,6 +47,8 @@ def main() -> int:
                     pickles.append(archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl"))))
         if reader == "torch-legacy":
             pickles.extend(data[:data.index(b".", 1) + 1] for data in samples[:1])  # the magic pickle
+    if not only or "torchscript" in only:
+        written += torch_published_seeds(HERE / "corpus")
     if only and "torch_pickle" not in only:
         print(f"wrote {written} seed files under {HERE / 'corpus'}")
         return 0
@@ -54,8 +58,26 @@ def main() -> int:
         (folder / f"seed-{i}.pkl").write_bytes(data)
         written += 1
     written += orbax_metadata_seeds(HERE / "corpus" / "orbax_metadata")
+    written += tensorflow_seeds(HERE / "corpus")
+    written += ir_package_seeds(HERE / "corpus")
     print(f"wrote {written} seed files under {HERE / 'corpus'}")
     return 0
+
+
+def torch_published_seeds(corpus: Path) -> int:
+    """TorchScript archives torch.jit writes (script, trace, frozen, bf16, lite), and torch 0.4-era
+    legacy files (tests/torch04.py: Python 2 pickles, storage views, cuda:0, Windows type_sizes)."""
+    from torch04 import legacy_samples
+    from torchscript_samples import sample_torchscripts
+
+    (corpus / "torchscript").mkdir(parents=True, exist_ok=True)
+    scripts = sample_torchscripts()
+    for i, data in enumerate(scripts):
+        (corpus / "torchscript" / f"seed-{i}.pt").write_bytes(data)
+    legacy = legacy_samples()
+    for i, data in enumerate(legacy):
+        (corpus / "torch_legacy" / f"seed-torch04-{i}.bin").write_bytes(data)
+    return len(scripts) + len(legacy)
 
 
 def orbax_metadata_seeds(folder: Path) -> int:
@@ -80,5 +102,43 @@ def orbax_metadata_seeds(folder: Path) -> int:
     return written
 
 
+def write_seeds(corpus: Path, seeds: dict[str, list[Path]]) -> int:
+    """Copy each target's files to corpus/<target>/seed-N<suffix>; the number written."""
+    written = 0
+    for target, paths in seeds.items():
+        (corpus / target).mkdir(parents=True, exist_ok=True)
+        for i, path in enumerate(paths):
+            (corpus / target / f"seed-{i}{SUFFIX[target]}").write_bytes(path.read_bytes())
+            written += 1
+    return written
+
+
+def ir_package_seeds(corpus: Path) -> int:
+    """OpenVINO .xml files and Core ML weight.bin files, as the real tools write them (tests/ir_package_writers)."""
+    import tempfile
+
+    from ir_package_writers import build_coreml, build_openvino
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build_openvino(Path(tmp))
+        build_coreml(Path(tmp))
+        seeds = {"openvino": sorted(Path(tmp).glob("*.xml")), "coreml": sorted(Path(tmp).glob("*.mlpackage/**/*.bin")),
+                 "coreml_spec": sorted(Path(tmp).glob("*.mlmodel"))}
+        return write_seeds(corpus, seeds)
+
+
+def tensorflow_seeds(corpus: Path) -> int:
+    """Bundle indexes (SavedModel, checkpoints, Keras training state) and TFLite files TensorFlow writes."""
+    import tempfile
+
+    from tf_writers import write_all
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = write_all(Path(tmp))["tflite"]
+        seeds = {"tf_bundle": sorted(Path(tmp).glob("**/*.index")), "tflite": [Path(files[k]) for k in sorted(files)]}
+        return write_seeds(corpus, seeds)
+
+
 if __name__ == "__main__":
     raise SystemExit(main())
+

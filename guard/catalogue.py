@@ -50,6 +50,13 @@ RULES: tuple[Rule, ...] = (
          "model-q4_k_m.mlmodel beside the safetensors weights, or tf_model.h5 without the hdf5 extra.",
          "Install the extra the message names, or scan the file with its own tools; ignore CG006 for "
          "files you do not publish."),
+    Rule("CG007", "no-tensors", N, "headers",
+         "A weight file that holds no tensors: its header declares none (llama.cpp's vocab-only GGUF), or "
+         "its format has no count and none was found. A header that declares tensors none of which could "
+         "be read is CG001, never a silent pass.",
+         "ggml-vocab-llama.gguf: a tokenizer and tensor_count 0; or torch.save({}, \"pytorch_model.bin\").",
+         "Nothing to do for a vocab-only or tokenizer file; otherwise check that the export wrote the "
+         "weights (an empty state dict saves without an error)."),
     Rule("CG101", "unexpected-dtype", E, "headers",
          "Floating tensors are not in the expected dtype (default fp32; see --expect).",
          "--expect fp32 and a model whose decoder weights are F16.",

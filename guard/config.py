@@ -17,6 +17,7 @@ from guard.records import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: a scan imports no typing
+    from collections.abc import Callable
     from typing import Any
 
 EXPECT_MODES = ("uniform", "config")
@@ -48,7 +49,7 @@ class Policy:
     source: str | None = None  # the config file it came from
 
     def keeps_fp32(self, tensor: str) -> bool:
-        return _any_glob(self.keep_fp32).match(tensor.lower()) is not None
+        return fp32_keeper(self.keep_fp32)(tensor)
 
     def is_enabled(self, code: str, path: str | None = None) -> bool:
         """Longest matching prefix wins between select/extend-select and ignore."""
@@ -79,6 +80,30 @@ class Policy:
 def _any_glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
     """One regex for a tuple of case-insensitive globs: tested once per tensor, not once per pattern."""
     return re.compile("|".join(f"(?:{fnmatch.translate(p.lower())})" for p in patterns) or "(?!)")
+
+
+@functools.lru_cache(maxsize=32)
+def fp32_keeper(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a tensor name matches one of the globs, remembered per name.
+
+    Rules ask per tensor, and the copies and variants of one model, or the components of a
+    pipeline, repeat the same names: each distinct name is matched once per run.
+    """
+    match = _any_glob(patterns).match
+    seen: dict[str, bool] = {}
+
+    def matches(name: str) -> bool:
+        hit = seen.get(name)
+        if hit is None:
+            if len(seen) >= _KEEPER_NAMES:  # bounded: a hostile file's millions of names
+                seen.clear()
+            hit = seen[name] = match(name.lower()) is not None
+        return hit
+
+    return matches
+
+
+_KEEPER_NAMES = 1 << 16
 
 
 def parse_expect(value: str) -> str:

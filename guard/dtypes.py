@@ -75,6 +75,7 @@ EXTRA_DTYPES: dict[str, DtypeInfo] = {
     "I2": DtypeInfo("I2", 2, "int", None, "int2"),
     "U2": DtypeInfo("U2", 2, "uint", None, "uint2"),
     "STRING": DtypeInfo("STRING", 0, "string", None, None),
+    "NF4": DtypeInfo("NF4", 4, "quantized", None, None),  # OpenVINO/bitsandbytes 4-bit normal float
     **{code: DtypeInfo(code, 0, "quantized", None, None, block=block) for code, block in GGML_BLOCKS.items()},
 }
 ALL_DTYPES: dict[str, DtypeInfo] = {**DTYPES, **EXTRA_DTYPES}
@@ -82,7 +83,7 @@ ALL_DTYPES: dict[str, DtypeInfo] = {**DTYPES, **EXTRA_DTYPES}
 # Low-precision codes used by quantized checkpoints (payloads and block scales).
 QUANTIZED_CODES = frozenset(
     {"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",
-     "I4", "U4", "I2", "U2", *GGML_BLOCKS}
+     "I4", "U4", "I2", "U2", "NF4", *GGML_BLOCKS}
 )
 
 # Short names users type (--expect, --dtype, config.json values) -> code.

@@ -18,6 +18,28 @@ class ByteSource:
         ...
 
 
+class CountingSource:
+    """Counts what a reader asked of a source: the one way readers count ``FileScan.bytes_read``.
+
+    Readers that fetch through ``guard.readers.window.Window`` count through it; the others
+    wrap their source in one.  A reader's count leaves out what the dispatcher read to
+    sniff the format; a source's own counter (LocalFile, a Hub file) counts everything.
+    """
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source = source
+        self.name = source.name
+        self.size = source.size
+        self.bytes_read = 0
+        self.reads = 0
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        data = self.source.read_at(offset, size)
+        self.bytes_read += len(data)
+        self.reads += 1
+        return data
+
+
 class LocalFile:
     """A local file read with pread; counts the bytes it read (for the benchmarks)."""
 

@@ -45,8 +45,8 @@ class TensorInfo:
 
 
 # Formats a reader may report.
-FORMATS = ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack", "lfs-pointer", "gguf", "onnx", "npy",
-           "npz", "hdf5", "keras", "orbax")
+FORMATS = ("safetensors", "torch-zip", "torch-legacy", "torchscript", "torch-export", "flax-msgpack", "lfs-pointer", "gguf", "onnx", "npy",
+           "npz", "hdf5", "keras", "orbax", "openvino", "coreml", "tf-bundle", "tflite", "executorch")
 
 
 NO_METADATA: Mapping[str, str] = MappingProxyType({})

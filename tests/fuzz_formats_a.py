@@ -4,7 +4,8 @@ Not a test module.  ``fuzz_inputs`` registers these next to its own formats, so
 the differential tests, the seed corpus and the agreement figures cover them the
 same way.  Samples are written by the real libraries (gguf's GGUFWriter, onnx,
 numpy); the references are the libraries' own readers: ``gguf.GGUFReader``,
-``onnx.load`` plus ``numpy_helper.to_array`` on every inline initializer, and
+``onnx.load`` plus ``numpy_helper.to_array`` on every inline tensor of every weight
+``onnx_reference.onnx_weights`` walks (initializers, Constant nodes, subgraphs, functions), and
 ``numpy.load`` (``mmap_mode="r"`` for ``.npy``; every array of an ``.npz``).
 """
 
@@ -80,42 +81,18 @@ def reference_gguf(data: bytes) -> Inventory | str:
 def reference_onnx(data: bytes) -> Inventory | str:
     import onnx
     from onnx import numpy_helper
-
-    from guard.readers.onnx_schema import DATA_TYPES
+    from onnx_reference import onnx_weights
 
     try:
         model = onnx.load_model_from_string(data)
     except Exception as exc:  # noqa: BLE001
         return f"onnx.load: {_first_line(exc)}"
-    out: Inventory = {}
-    try:
-        for graph in _graphs(model.graph):
-            for t in graph.initializer:
-                out[_text(t.name)] = (DATA_TYPES.get(t.data_type, f"onnx:{t.data_type}"), tuple(t.dims))
-                if t.data_location != onnx.TensorProto.EXTERNAL:
-                    numpy_helper.to_array(t)
-            for s in graph.sparse_initializer:
-                out[_text(s.values.name)] = (DATA_TYPES.get(s.values.data_type, f"onnx:{s.values.data_type}"),
-                                             tuple(s.dims))
-                numpy_helper.to_array(s.values)
-                numpy_helper.to_array(s.indices)
+    try:  # every weight: initializers, Constant nodes, subgraphs, functions; each inline one through to_array
+        weights = onnx_weights(model, check=lambda t: t.data_location == onnx.TensorProto.EXTERNAL
+                               or numpy_helper.to_array(t))
     except Exception as exc:  # noqa: BLE001
         return f"to_array: {_first_line(exc)}"
-    return out
-
-
-def _text(name: str | bytes) -> str:
-    return name.decode("utf-8", "backslashreplace") if isinstance(name, bytes) else name
-
-
-def _graphs(graph: Any) -> Iterator[Any]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _graphs(attr.g)
-            for sub in attr.graphs:
-                yield from _graphs(sub)
+    return {name: (code, shape) for name, code, shape in weights}
 
 
 def numpy_code(dtype: Any) -> str:
@@ -269,7 +246,33 @@ def _onnx_samples() -> list[bytes]:
                   size_threshold=0)
         with open(os.path.join(tmp, "e.onnx"), "rb") as fh:
             external = fh.read()
-    return [m1.SerializeToString(), m2.SerializeToString(), external]
+    return [m1.SerializeToString(), m2.SerializeToString(), external, _onnx_constant_sample()]
+
+
+def _onnx_constant_sample() -> bytes:
+    """paddle2onnx's layout: every weight a Constant node, here also in an If branch and a function."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    def const(name: str, array: Any, **attrs: Any) -> Any:
+        if array is None:
+            return helper.make_node("Constant", [], [name], **attrs)
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, ""))
+
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2])
+    branch = helper.make_graph([const("bw", np.ones(2, np.float16)), helper.make_node("Identity", ["bw"], ["y"])],
+                               "then", [], [out])
+    nodes = [const("conv.w", np.arange(6, dtype=np.float16).reshape(2, 3)), const("ids", np.arange(2)),
+             const("eps", None, value_float=1e-5), const("perm", None, value_ints=[1, 0]),
+             helper.make_node("If", ["cond"], ["y"], name="If_0", then_branch=branch, else_branch=branch),
+             helper.make_node("Dense", ["y"], ["z"], domain="custom")]
+    function = helper.make_function("custom", "Dense", ["x"], ["z"], [
+        const("fw", np.ones(2, np.float32)), helper.make_node("Add", ["x", "fw"], ["z"])],
+        [helper.make_opsetid("", 17)])
+    graph = helper.make_graph(nodes, "paddle", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT16, [2])])
+    return helper.make_model(graph, functions=[function], opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]).SerializeToString()
 
 
 def _npy_samples() -> list[bytes]:
@@ -311,10 +314,18 @@ KNOWN_A: tuple[tuple[str, tuple[str, ...], bool, str], ...] = (
      r"has data offset|dims; ggml allows|power of two up to|arrays nested more than"),
     # External tensors: the reference does not load their data (load_external_data=False), so
     # to_array never sees them; we check their entries (location, offset, length) against the dims.
-    ("external-data-checked", ("onnx",), False, r"^unreadable checkpoint: external initializer"),
-    # to_array truncates packed 4-bit, 2-bit and 6-bit raw_data that is longer than the dims need;
-    # the spec sizes raw_data exactly, and so do we.
-    ("packed-size", ("onnx",), False, r"raw_data of .* bytes is not the .* bytes of (I4|U4|F4|I2|U2|F6_E2M3|F6_E3M2)\["),
+    ("external-data-checked", ("onnx",), False, r"^unreadable checkpoint: external (initializer|Constant)"),
+    # to_array truncates packed 4-bit, 2-bit and 6-bit raw_data (or int32_data) that is longer than
+    # the dims need; the spec sizes them exactly, and so do we.
+    ("packed-size", ("onnx",), False, r"(raw_data of .* bytes is not the .* bytes|holds .* values, not the .*) "
+                                       r"of (I4|U4|F4|I2|U2|F6_E2M3|F6_E3M2)\["),
+    # to_array reads a STRING tensor's string_data and ignores its raw_data, which the spec forbids
+    # for strings (so does ONNX Runtime); it decodes each string as UTF-8, which we never read.
+    ("strings-not-decoded", ("onnx",), False, r"strings cannot be raw_data"),
+    ("strings-not-decoded", ("onnx",), True, r"^to_array: UnicodeDecodeError"),
+    # onnx.load keeps two initializers of one graph with one name (onnx.checker refuses them, and
+    # a runtime can bind only one): we refuse the file.
+    ("duplicate-initializer", ("onnx",), False, r"is defined twice in one graph"),
     # numpy.dtype reads spellings np.save never writes ('<V,' is a record format list); we read
     # the descriptors numpy writes and their one-letter forms.
     ("descr-spellings", ("npy", "npz"), False, r"descr .* is not a dtype numpy knows"),

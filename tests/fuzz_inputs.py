@@ -232,18 +232,19 @@ def _h5_listing(data: bytes) -> Inventory | str:
     return out
 
 
-def _in_pool(function: Callable[[bytes], Inventory | str], data: bytes) -> Inventory | str:
+def _in_pool(function: Callable[[bytes], Inventory | str], data: bytes, *, seconds: float = REFERENCE_SECONDS,
+             library: str = "h5py: no answer after {seconds:g} s (libhdf5 spins)") -> Inventory | str:
     import multiprocessing
 
     global _H5_POOL
     if _H5_POOL is None:
         _H5_POOL = multiprocessing.get_context("fork").Pool(1)
     try:
-        return _H5_POOL.apply_async(function, (data,)).get(REFERENCE_SECONDS)
+        return _H5_POOL.apply_async(function, (data,)).get(seconds)
     except multiprocessing.TimeoutError:
         _H5_POOL.terminate()
         _H5_POOL = None
-        return f"h5py: no answer after {REFERENCE_SECONDS:g} s (libhdf5 spins)"
+        return library.format(seconds=seconds)
 
 
 def reference_hdf5(data: bytes) -> Inventory | str:
@@ -346,6 +347,9 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     # list: torch.load fills it with uninitialised memory; we refuse the file.
     Known("stricter-storage", _TORCH, False,
           r"shorter than its|missing from the storage list|runs past"),
+    # Never silent: storages that no tensor of the pickle uses are CG001 when no tensor is read at
+    # all; torch.load returns the object without them (an empty dict, a number).
+    Known("storages-without-tensors", _TORCH, False, r"storage\(s\) but no tensor"),
     # The legacy magic is checked byte for byte (the sniffer), torch parses it as a pickle.
     Known("stricter-magic", ("torch-legacy",), False, r"not a safetensors, torch|magic number"),
     # msgpack decodes any value; a flax state dict is a map of str keys with array leaves.
@@ -552,3 +556,23 @@ FILE_NAMES.update(FILE_NAMES_A)
 REFERENCES.update(REFERENCES_A)
 _SAMPLERS.update(SAMPLERS_A)
 KNOWN_DISAGREEMENTS += tuple(Known(*known) for known in KNOWN_A)
+
+
+# ------------------------------------------------------------------ torch.export .pt2 (fuzz_formats_export)
+
+from fuzz_formats_export import FILE_NAMES_EXPORT, KNOWN_EXPORT, REFERENCES_EXPORT, SAMPLERS_EXPORT  # noqa: E402
+
+FILE_NAMES.update(FILE_NAMES_EXPORT)
+REFERENCES.update(REFERENCES_EXPORT)
+_SAMPLERS.update(SAMPLERS_EXPORT)
+KNOWN_DISAGREEMENTS += tuple(Known(*known) for known in KNOWN_EXPORT)
+
+
+# ------------------------------------------------------------------ TF bundle indexes, TFLite (fuzz_formats_tf)
+
+from fuzz_formats_tf import FILE_NAMES_TF, KNOWN_TF, REFERENCES_TF, SAMPLERS_TF  # noqa: E402
+
+FILE_NAMES.update(FILE_NAMES_TF)
+REFERENCES.update(REFERENCES_TF)
+_SAMPLERS.update(SAMPLERS_TF)
+KNOWN_DISAGREEMENTS += tuple(Known(*known) for known in KNOWN_TF)

@@ -93,11 +93,14 @@ SCAN_MODULES = {
     "guard", "guard.catalogue", "guard.cli", "guard.cli.flags", "guard.cli.run", "guard.config",
     "guard.dtypes", "guard.errors", "guard.findings", "guard.inventory", "guard.inventory.conventions",
     "guard.inventory.discovery", "guard.inventory.model", "guard.inventory.names", "guard.inventory.pipelines",
+    "guard.inventory.package_dirs",  # IR pairs and Core ML packages are found by name in every directory
+    "guard.inventory.tf_dirs",  # TF bundles and SavedModel folders, likewise (stdlib only)
     "guard.inventory.sets",
     "guard.inventory.stats", "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.records",
     "guard.report",
     "guard.reporters", "guard.reporters.inert", "guard.reporters.text", "guard.rules", "guard.rules.config_dtype",
-    "guard.rules.copies", "guard.rules.dtype_policy", "guard.rules.formats", "guard.rules.shards", "guard.rules.targets",
+    "guard.rules.copies", "guard.rules.dtype_policy", "guard.rules.formats", "guard.rules.no_tensors",
+    "guard.rules.shards", "guard.rules.targets",
     "guard.rules.training", "guard.rules.variants", "guard.scan", "guard.sources", "guard.tensors",
 }
 HEAVY = ("click", "dataclasses", "inspect", "typing", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",

@@ -83,6 +83,9 @@ def test_row_agrees_with_transformers_classes(model_type: str, pt_name: str, fla
     for tied in pt_cls._tied_weights_keys or ():
         rest, fam, _cfg = family_for(tied, model_type, config)
         assert matches(fam.tied + fam.always_tied, rest) or matches(fam.tied + fam.always_tied, tied), tied
+    saved_without = pt_cls._keys_to_ignore_on_save or ()  # the way back must not write these either
+    assert all(matches(family.unsaved.get(pt_name, ()), key) for key in saved_without), saved_without
+    assert bool(saved_without) == bool(family.unsaved.get(pt_name)), family.unsaved
     for pattern in pt_cls._keys_to_ignore_on_load_missing or ():
         if "embed_positions" in pattern:
             assert matches(family.computed, pattern.replace("\\", "")), pattern
@@ -191,4 +194,5 @@ def test_every_pair_converts_both_ways(tmp_path: Path, monkeypatch: pytest.Monke
     assert {k: back[k] for k in original if k in back} == {k: v for k, v in original.items() if k in back}
     heads = next((d["tensors"] for d in figures["decisions"] if d["kind"] == "head"), [])
     assert set(original) - set(back) == set(heads)  # dropped with a warning, and named
+    assert set(back) - set(original) == set()  # exactly what save_pretrained of the class holds, no more
     torch_load_check(tmp_path / "b", pt_name, model_type)

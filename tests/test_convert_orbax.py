@@ -187,3 +187,23 @@ def test_metadata_without_use_ocdbt_follows_the_manifest_as_the_scanner_does(tmp
     assert not (raw / "manifest.ocdbt").exists()
     assert convert(raw, "--to", "flax", "--layout", "orbax", "--out", tmp_path / "again") == 0
     assert {k: bits(v) for k, v in restore(tmp_path / "again").items()} == {k: bits(v) for k, v in tree.items()}
+
+
+def test_convert_reads_metadata_through_the_scanners_reader_and_its_limit(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """One size limit for _METADATA and .zarray, scan and convert alike (guard.readers.orbax.MAX_JSON)."""
+    from guard.convert.io_orbax import read_leaf, read_tree
+    from guard.errors import MalformedCheckpoint
+    from guard.readers import orbax
+
+    src = tmp_path / "ckpt"
+    save_with_orbax(src, {("w",): np.ones(3, np.float32)}, use_ocdbt=False)
+    keys, ocdbt, zarr3 = read_tree(src)
+    assert keys == [("w",)] and not ocdbt and not zarr3
+    assert read_leaf(src, ("w",), ocdbt=False, zarr3=False).shape == (3,)
+    monkeypatch.setattr(orbax, "MAX_JSON", (src / "w" / ".zarray").stat().st_size - 1)
+    with pytest.raises(MalformedCheckpoint, match="metadata limit"):
+        read_leaf(src, ("w",), ocdbt=False, zarr3=False)
+    monkeypatch.setattr(orbax, "MAX_JSON", 8)
+    with pytest.raises(MalformedCheckpoint, match="_METADATA is .* over the 8-byte metadata limit"):
+        read_tree(src)

@@ -11,9 +11,12 @@ from fuzz_inputs import assert_well_behaved, bounded_scan
 FUZZ = Path(__file__).resolve().parent.parent / "fuzz"
 # target folder -> file name the dispatcher sees (content sniffing decides; the name breaks ties)
 NAMES = {"safetensors": "model.safetensors", "torch_zip": "pytorch_model.bin",
-         "torch_legacy": "pytorch_model.bin", "flax_msgpack": "flax_model.msgpack",
+         "torch_legacy": "pytorch_model.bin", "torch_export": "model.pt2", "executorch": "model.pte",
+         "torchscript": "model.pt", "flax_msgpack": "flax_model.msgpack",
          "torch_pickle": "data.pkl", "gguf": "model.gguf", "onnx": "model.onnx", "npy": "weights.npy",
-         "npz": "weights.npz", "hdf5": "model.weights.h5", "keras": "model.keras", "orbax_metadata": "_METADATA"}
+         "npz": "weights.npz", "hdf5": "model.weights.h5", "keras": "model.keras", "orbax_metadata": "_METADATA", "tf_bundle": "variables.index", "tflite": "model.tflite",
+         "openvino": "openvino_model.xml", "coreml": "weight.bin",
+         "coreml_spec": "model.mlmodel"}
 FILES = sorted(p for kind in ("corpus", "regressions") for p in (FUZZ / kind).glob("*/*")
                if p.is_file() and not p.name.startswith("."))
 

@@ -277,8 +277,9 @@ def test_differential_agreement_rate(fmt: str) -> None:
     assert not unexplained, unexplained[:3]
     agreement = tally["agree"] / sum(tally.values())
     # .keras: most bytes of a small h5 member are padding no reader looks at, but they are under
-    # its CRC-32 (category data-crc-not-read)
-    assert agreement >= {"keras": 0.6}.get(fmt, 0.85), tally
+    # its CRC-32 (category data-crc-not-read); .pt2: most bytes of a small export are its graph,
+    # models/model.json, which a scan does not parse (program-not-read)
+    assert agreement >= {"keras": 0.6, "torch-export": 0.7}.get(fmt, 0.85), tally
 
 
 def test_known_disagreements_are_documented() -> None:

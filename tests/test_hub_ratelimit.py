@@ -82,6 +82,16 @@ def test_backoff_doubles_with_jitter_and_stops_at_the_deadline() -> None:
     assert not policy.allows(5, 0.0, started=started)
 
 
+def test_a_failed_jobs_next_attempt_is_the_same_schedule_never_past_its_cap() -> None:
+    """The reviewer's job retries wait by the client's Backoff: doubling from retry_backoff, jittered down."""
+    from guard.hub.reviewer import JOB_RETRY_CAP
+
+    policy = Backoff(base=30.0, cap=JOB_RETRY_CAP, jitter=(0.5, 1.0))
+    for attempt, step in ((1, 30.0), (2, 60.0), (8, 3600.0), (20, 3600.0)):
+        waits = [policy.wait(attempt) for _ in range(200)]
+        assert step * 0.5 <= min(waits) and max(waits) <= step
+
+
 def test_the_rate_limiter_is_shared_by_threads() -> None:
     limiter = RateLimiter(200)
     stamps: list[float] = []

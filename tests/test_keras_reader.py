@@ -185,9 +185,10 @@ def test_cli_policy_that_disagrees_with_the_weights_is_cg103(written: tuple[Path
     out, _ = written
     data = (out / "seq_float32.keras").read_bytes()
     config = json.loads(zipfile.ZipFile(io.BytesIO(data)).read("config.json"))
-    config["config"]["dtype"]["config"]["name"] = "bfloat16"  # planted: policy bf16, variables F32
+    for layer in config["config"]["layers"][1:]:  # planted: the layers' policies bf16, variables F32
+        layer["config"]["dtype"]["config"]["name"] = "bfloat16"
     (tmp_path / "model.keras").write_bytes(_rezip(data, replace={"config.json": json.dumps(config).encode()}))
-    assert "CG103" in _report(tmp_path, str(tmp_path / "model.keras"))[1]
+    assert "CG103" in _report(tmp_path, str(tmp_path / "model.keras"))[1]  # tests/test_keras_policies.py: more
 
 
 def test_cli_truncated_keras_is_cg001(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """ONNX reader: models written by torch.onnx.export and onnx read back as onnx.load reads them; hostile ones.
 
 The reference is ``onnx.load(..., load_external_data=False)``: names, data types and
-dims of every initializer (graph, sparse, subgraphs of If/Loop).  External data
+dims of every weight (``onnx_reference.onnx_weights``; Constant nodes, functions and
+deeper nests are in tests/test_onnx_weights.py).  External data
 written by ``onnx.save(save_as_external_data=True)`` is placed in its own file and
 checked by ``external_data_findings`` against real sizes.  Hostile protobuf is
 hand-made: lengths past the end, 11-byte varints, subgraphs nested 10,000 deep.
@@ -14,10 +15,12 @@ from typing import Any
 
 import pytest
 from fuzz_inputs import assert_refused, assert_well_behaved, bounded_scan
+from onnx_reference import len_field as _len_field
+from onnx_reference import onnx_weights
+from onnx_reference import varint as _varint
 
 from guard.readers import scan_file
 from guard.readers.onnx import external_data_findings
-from guard.readers.onnx_schema import DATA_TYPES
 from guard.sources import BytesSource, LocalFile
 
 np = pytest.importorskip("numpy")
@@ -31,22 +34,7 @@ def _scan(path: Path, name: str | None = None):  # noqa: ANN202
 
 
 def reference(model: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
-    out = {}
-
-    def walk(graph: Any) -> None:
-        for t in graph.initializer:
-            out[t.name] = (DATA_TYPES[t.data_type], tuple(t.dims))
-        for s in graph.sparse_initializer:
-            out[s.values.name] = (DATA_TYPES[s.values.data_type], tuple(s.dims))
-        for node in graph.node:
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    walk(attr.g)
-                for g in attr.graphs:
-                    walk(g)
-
-    walk(model.graph)
-    return out
+    return {name: (code, shape) for name, code, shape in onnx_weights(model)}
 
 
 @pytest.fixture(scope="module")
@@ -177,19 +165,6 @@ def test_fp16_conversion_with_fp32_io_is_visible_in_the_metadata(inline: Path) -
 
 
 # ---------------------------------------------------------------- hostile protobuf (hand-made)
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
 
 def _nested_subgraphs(depth: int) -> bytes:
     graph = b""

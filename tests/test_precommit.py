@@ -190,11 +190,11 @@ def test_a_commit_of_one_variant_file_scans_that_component(tmp_path, hook_repo, 
     the hook through its `files:` pattern, and the component's default copy is read from disk."""
     target = user_repo(tmp_path / "u", {"unet/diffusion_pytorch_model.safetensors": GOOD,
                                          "unet/diffusion_pytorch_model.fp16.safetensors": GOOD})
-    (target / "unet" / "model.tflite").write_bytes(b"\0" * 1024)
+    (target / "unet" / "model.caffemodel").write_bytes(b"\0" * 1024)
     git(target, "add", "-A")
     git(target, "commit", "-q", "-m", "variant")
     result = try_repo(target, hook_repo, pre_commit_home, "--files", "unet/diffusion_pytorch_model.fp16.safetensors",
-                      "unet/model.tflite")
+                      "unet/model.caffemodel")
     out = result.stdout + result.stderr
     assert result.returncode == 1 and "CG108" in out and "CG006" in out and "CG102" not in out, out
 
@@ -202,7 +202,10 @@ def test_a_commit_of_one_variant_file_scans_that_component(tmp_path, hook_repo, 
 @pytest.mark.parametrize("name, selected", [
     ("model.safetensors.index.fp16.json", True), ("unet/diffusion_pytorch_model.safetensors.fp16.index.json", True),
     ("model.fp16-00001-of-00002.safetensors", True), ("llama-q4_k_m.gguf", True), ("model.onnx", True),
-    ("tf_model.h5", True), ("model_index.json", True), ("weights.npz", True), ("ckpt/100/_METADATA", True),
+    ("tf_model.h5", True), ("model_index.json", True), ("exported.pt2", True), ("model.pte", True),
+    ("scripted.jit", True), ("mobile.ptl", True),
+    ("saved/variables/variables.index", True), ("ckpt-3.data-00000-of-00001", True), ("m.tflite", True), ("weights.npz", True), ("ckpt/100/_METADATA", True),
+    ("openvino_model.xml", True), ("m.mlpackage/Data/com.apple.CoreML/weights/weight.bin", True), ("pom.xml", False),
     ("README.md", False),
     ("tokenizer.json", False), ("special_tokens_map.json", False),
 ])

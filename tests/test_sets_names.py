@@ -41,6 +41,7 @@ EXAMPLES: dict[str, tuple[str, str]] = {  # row pattern's example -> (expected r
     "training_args.bin": ("training-state file -", "test_sets_training::trainer_checkpoints"),
     "pytorch_model_fsdp.bin": ("weights file -", "accelerate FSDP (multi-GPU only): torch.save of the state dict"),
     "last.ckpt": ("weights file -", "test_sets_training::lightning_checkpoint"),
+    "openvino_model.xml": ("weights file -", "test_openvino_reader::optimum_intel_style_folder"),
 }
 
 
@@ -137,7 +138,7 @@ def test_consolidated_parts_are_one_set(tmp_path: Path, capsys) -> None:
     assert code == 0 and list(sets_of(report, tmp_path.name)) == ["consolidated.*.pth"]
 
 
-@pytest.mark.parametrize("name", ["model.tflite", "weights.mlmodel", "model.pdparams"])
+@pytest.mark.parametrize("name", ["model.ot", "model.caffemodel", "model.pdparams"])  # .tflite is read now
 def test_weights_no_reader_handles_are_cg006_never_a_silent_pass(tmp_path: Path, capsys, name: str) -> None:
     (tmp_path / name).write_bytes(b"\x00" * 4096)
     code, report = json_scan(capsys, str(tmp_path))

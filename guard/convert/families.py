@@ -14,6 +14,8 @@ Fields (regexes are searched against the PyTorch name, anchored at the end):
 - ``buffers``: buffers PyTorch holds or older versions saved, which the Flax class never does
   (non-persistent buffers, ``_keys_to_ignore_on_load_unexpected``, old rotary ``inv_freq``).
 - ``computed``: frozen sinusoidal tables PyTorch stores and Flax computes; rebuilt on the way back.
+- ``unsaved``: per class, tensors its ``save_pretrained`` leaves out (``_keys_to_ignore_on_save``):
+  the way back writes exactly what that save would hold, so these are not rebuilt.
 - ``pt_only``: per class, tensors the PyTorch class holds and its Flax twin has no place for.
 - ``tied``: aliases of another tensor (output embeddings); ``always`` ones tie whatever the config says.
 - ``tie_default``: the config class's ``tie_word_embeddings`` default.
@@ -34,6 +36,7 @@ class Family:
     norm_weight: bool = False
     buffers: tuple[str, ...] = ()
     computed: tuple[str, ...] = ()
+    unsaved: dict[str, tuple[str, ...]] = field(default_factory=dict)
     pt_only: dict[str, tuple[str, ...]] = field(default_factory=dict)
     tied: tuple[str, ...] = ()
     always_tied: tuple[str, ...] = ()
@@ -141,7 +144,8 @@ FAMILIES: dict[str, Family] = {
                      buffers=T5_BUFFERS, tied=SEQ2SEQ_TIED, always_tied=SHARED_INPUTS),
     "marian": Family("model", ("MarianModel", "MarianMTModel"), BART_ROOTS, tied=SEQ2SEQ_TIED,
                      always_tied=SHARED_INPUTS,
-                     computed=(r"(^|\.)(encoder|decoder)\.embed_positions\.weight",)),
+                     computed=(r"(^|\.)(encoder|decoder)\.embed_positions\.weight",),
+                     unsaved={"MarianMTModel": (r"^model\.(encoder|decoder)\.embed_positions\.weight",)}),
     "mbart": Family("model", _named("MBart", ("Model", "ForConditionalGeneration", "ForQuestionAnswering",
                                                 "ForSequenceClassification")), BART_ROOTS, tied=SEQ2SEQ_TIED,
                     always_tied=SHARED_INPUTS),

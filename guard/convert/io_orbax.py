@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard import dtypes
 from guard.errors import MalformedCheckpoint
+from guard.sources import LocalFile
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,7 +45,6 @@ ZARR_DTYPES = {
     "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
     "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
 }
-MAX_METADATA_BYTES = 256 * 2**20
 _SAFE_PART = re.compile(r"^[^/\\\x00]+$")
 
 
@@ -102,18 +102,11 @@ def read_tree(root: Path) -> tuple[list[Key], bool, bool]:
     Checked as the scanner's Orbax reader checks them (orbax 0.12's entry format, no leaf outside
     the directory, no two leaves on one array), and each name refused by ``array_dir`` as well.
     """
-    from guard.readers.orbax import ARRAY_TYPES, leaf_params
+    from guard.readers.orbax import ARRAY_TYPES, leaf_params, read_metadata_json, tree_metadata
 
-    path = root / METADATA
-    if path.stat().st_size > MAX_METADATA_BYTES:
-        raise MalformedCheckpoint(f"{METADATA} is over {MAX_METADATA_BYTES} bytes")
-    try:
-        meta = json.loads(path.read_bytes())
-    except ValueError as exc:
-        raise MalformedCheckpoint(f"{METADATA} is not JSON: {exc}"[:300]) from None
-    tree = meta.get("tree_metadata") if isinstance(meta, dict) else None
-    if not isinstance(tree, dict):
-        raise MalformedCheckpoint(f"{METADATA} has no tree_metadata object")
+    with LocalFile(root / METADATA, name=METADATA) as source:  # the scanner's read: its size limit, its checks
+        meta = read_metadata_json(source, METADATA)
+    tree = tree_metadata(meta, METADATA)
     leaf_params(tree)  # raises MalformedCheckpoint for anything orbax or the scanner would refuse
     keys = [tuple(k["key"] for k in entry["key_metadata"]) for entry in tree.values()
             if entry["value_metadata"]["value_type"] in ARRAY_TYPES]
@@ -135,9 +128,7 @@ def read_leaf(root: Path, key: Key, *, ocdbt: bool, zarr3: bool) -> OrbaxLeaf:
         meta_path = root / name / ".zarray"
         if not meta_path.is_file():
             raise MalformedCheckpoint(f"{'/'.join(key)}: {name}/.zarray is missing")
-        if meta_path.stat().st_size > 2**20:
-            raise MalformedCheckpoint(f"{name}/.zarray is over 1 MiB")
-        plain = _plain_chunk(meta_path.read_bytes(), name)
+        plain = _plain_chunk(_metadata_bytes(meta_path, f"{name}/.zarray"), name)
         if plain is not None:
             code, shape = plain
             chunk = root / name / chunk_name(len(shape))
@@ -153,12 +144,12 @@ def read_leaf(root: Path, key: Key, *, ocdbt: bool, zarr3: bool) -> OrbaxLeaf:
 
 def _plain_chunk(meta: bytes, name: str) -> tuple[str, tuple[int, ...]] | None:
     """(code, shape) when the array is one raw C-order chunk; None when tensorstore must decode it."""
-    from guard.readers.orbax import parse_zarr_metadata
+    from guard.readers.orbax import zarr_dtype_shape, zarr_json
 
-    code, shape = parse_zarr_metadata(meta, zarr3=False, param=name)  # the scanner's checks, and its dtype
+    fields = zarr_json(meta, param=name)
+    code, shape = zarr_dtype_shape(fields, zarr3=False, param=name)  # the scanner's checks, and its dtype
     if code not in ZARR_DTYPES:
         raise MalformedCheckpoint(f"{name}: dtype {code} is not one convert can carry")
-    fields = json.loads(meta)
     single = all(c >= d for c, d in zip(fields["chunks"], shape))
     # raw only in the byte order and spelling convert writes: ">f4" parses as F32 but is big-endian
     raw = (fields["compressor"] is None and not fields["filters"] and fields["order"] == "C"
@@ -202,6 +193,13 @@ class TensorStoreLoader:
         except ValueError as exc:
             raise MalformedCheckpoint(f"{info.name}: tensorstore cannot read it: {str(exc)[:200]}") from None
         return np.ascontiguousarray(array).reshape(info.shape)
+
+
+def _metadata_bytes(path: Path, name: str) -> bytes:
+    from guard.readers.orbax import read_metadata_bytes
+
+    with LocalFile(path, name=name) as source:
+        return read_metadata_bytes(source, name)
 
 
 def _inside(root: Path, path: Path) -> bool:

@@ -5,14 +5,18 @@
   value), PyTorch's ``from_pretrained`` finds nothing missing.
 - Marian, Pegasus and RoFormer store a frozen sinusoidal position table that Flax computes.
   It is rebuilt with transformers' formula (float64 sin/cos, first half sin, second half cos,
-  rounded to float32), which reproduces the saved table bit for bit.
+  rounded to float32), which reproduces the saved table bit for bit, but only where the target
+  class's ``save_pretrained`` holds it: MarianMTModel leaves its tables out
+  (``_keys_to_ignore_on_save``) and computes them on load, so the way back writes none.
 The report lists both.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
+from guard.convert.families import FAMILIES
 from guard.convert.mapped import Mapped, Mapping
 from guard.convert.source import SourceTensor
 from guard.tensors import TensorInfo
@@ -67,9 +71,12 @@ class SinusoidalTable:
 
 def restore_tables(mapping: Mapping, config: dict[str, Any], *, dtype: str) -> None:
     """The frozen sinusoidal tables of Marian, Pegasus and RoFormer, beside the stacks that use them."""
-    plan = SINUSOIDAL.get(str(config.get("model_type")))
+    model_type = str(config.get("model_type"))
+    plan = SINUSOIDAL.get(model_type)
     if plan is None:
         return
+    family = FAMILIES.get(model_type)
+    unsaved = family.unsaved.get(mapping.architecture or "", ()) if family else ()
     stacks, layers, size = plan
     try:
         shape = tuple(int(n) for n in size(config))
@@ -80,7 +87,8 @@ def restore_tables(mapping: Mapping, config: dict[str, Any], *, dtype: str) -> N
     loader = SinusoidalTable()
     for base in sorted(bases):
         name = ".".join((*base, "embed_positions", "weight"))
-        if any(".".join(m.target) == name for m in mapping.tensors):
+        held = any(".".join(m.target) == name for m in mapping.tensors)
+        if held or any(re.search(p + "$", name) for p in unsaved):
             continue
         restored = SourceTensor(TensorInfo(name, dtype, shape, mapping.tensors[0].source.info.file), loader)
         mapping.tensors.append(Mapped(restored, tuple(name.split(".")), None))

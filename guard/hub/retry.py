@@ -43,8 +43,11 @@ MAX_ASKED_TO_WAIT = 100  # attempts after which even a server that keeps sending
 
 @dataclass(frozen=True)
 class Backoff:
-    """Attempts, the first wait (doubling after, capped, +-50 % jitter) and a total deadline.
+    """Attempts, the first wait (doubling after, capped, jittered) and a total deadline.
 
+    The one back-off schedule of the Hub code: ``HubClient.call`` waits by it between
+    attempts of a request (+-50 % jitter), the reviewer between attempts of a failed job
+    (``jitter=(0.5, 1.0)``: never past the cap, which is an hour there).
     ``attempts`` bounds the failures we time ourselves; a server that says when
     to come back (Retry-After) is bounded by the deadline instead.
     """
@@ -53,14 +56,15 @@ class Backoff:
     base: float = 0.5
     cap: float = 30.0
     deadline: float = 300.0
+    jitter: tuple[float, float] = (0.5, 1.5)  # the factor's range
 
     def wait(self, attempt: int, *, retry_after: float | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
         if retry_after is not None:
             # The server's own figure is a floor; a little jitter spreads the threads that met it.
             return retry_after + random.uniform(0.0, min(0.1 * retry_after, 1.0))
-        step = min(self.cap, self.base * 2 ** (attempt - 1))
-        return step * random.uniform(0.5, 1.5)
+        step = min(self.cap, self.base * 2 ** (max(attempt, 1) - 1))
+        return step * random.uniform(*self.jitter)
 
     def allows(self, attempt: int, wait: float, *, started: float, asked: bool = False) -> bool:
         """Whether another attempt after ``wait`` seconds stays within the attempts and the deadline.

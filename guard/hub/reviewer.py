@@ -30,10 +30,12 @@ from guard.hub.answer import LeaseLost, answer_push
 from guard.hub.client import HubClient
 from guard.hub.metrics import Metrics
 from guard.hub.queue import PR_REF, Job, JobQueue, QueuedJob, QueueError
-from guard.hub.queue.base import PENDING, retry_delay
+from guard.hub.queue.base import PENDING
+from guard.hub.retry import Backoff
 
 __all__ = ["PR_REF", "Job", "ReviewSettings", "Reviewer"]
 log = logging.getLogger("ckpt-guard.reviewer")
+JOB_RETRY_CAP = 3600.0  # seconds: the longest a failed job waits for its next attempt
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class Reviewer:
         self.queue = queue
         self.settings = settings or ReviewSettings()
         self.metrics = metrics or Metrics()
+        # a failed job's next attempt: the Hub client's schedule, from retry_backoff, never past an hour
+        self._job_backoff = Backoff(base=self.settings.retry_backoff, cap=JOB_RETRY_CAP, jitter=(0.5, 1.0))
         client.observe = lambda status: self.metrics.inc("ckpt_guard_hub_requests_total", status)
         # Who claims: this process, then one number per claim (two threads never share a claim).
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -219,7 +223,7 @@ class Reviewer:
     def _attempt_failed(self, item: QueuedJob, error: str, *, retryable: bool, fields: dict[str, Any]) -> str:
         try:
             if retryable and item.attempts < self.settings.max_attempts:
-                delay = retry_delay(item.attempts, self.settings.retry_backoff)
+                delay = self._job_backoff.wait(item.attempts)
                 self.queue.retry(item.id, str(item.worker), error=error, delay=delay)
                 log.warning("job %d failed (%s); retry in %.1f s", item.id, error, delay,
                             extra={**fields, "error": error, "retry_in": round(delay, 3)})

@@ -25,6 +25,9 @@ from guard.inventory import (
     scan_weight,
 )
 from guard.inventory.discovery import head_is_weights, may_be_weights
+from guard.hub.packages import fold_packages, package_scanner
+from guard.inventory import tf_dirs
+from guard.inventory.package_dirs import ir_members
 from guard.inventory.pipelines import Pipeline, listed_pipelines
 from guard.report import Report
 from guard.scan import scan_inventories
@@ -110,6 +113,8 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
         result.sha = info.sha or revision or "main"
         siblings = info.siblings or []
         listed: dict[str, int | None] = {s.rfilename: _size(s) for s in siblings}
+        siblings, packages = fold_packages(siblings)  # each Core ML package one entry (guard.hub.packages)
+        scan_one = package_scanner(packages, _scan_weight, RemoteFileStat)
         checkpoints = orbax_checkpoints(siblings)  # each an inventory of its own, below
         groups = _group_by_directory(siblings, inside=tuple(checkpoints))
         indexes = {s.rfilename: pool.submit(_fetch_json, client, repo_id, result.sha, s.rfilename, _size(s))
@@ -117,7 +122,7 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
         orbax = [(root, pool.submit(_scan_orbax, client, repo_id, result.sha, root, files))
                  for root, files in checkpoints.items()]
         pending = [
-            (directory, [pool.submit(_scan_weight, client, repo_id, result.sha, name, size)
+            (directory, [pool.submit(scan_one, client, repo_id, result.sha, name, size)
                          for name, size in weights],
              {name: pool.submit(_fetch_json, client, repo_id, result.sha, name, size)
               for name, size in jsons})
@@ -134,7 +139,7 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
                 continue  # only files that turned out not to be weights (the same rule as the local scan)
             path = _display(repo_id, directory) if directory else repo_id
             result.inventories.append(build_inventory(
-                path, scans, json_files=json_files,
+                path, tf_dirs.rebase_companions(scans, path), json_files=json_files,
                 companion_size=lambda name, d=directory: _listed_size(listed, posixpath.join(d, name) if d else name)))
         for scan in checkpoint_scans.values():  # a checkpoint with nothing beside it
             result.inventories.append(build_inventory(scan.path, [scan], json_files={}))
@@ -161,14 +166,18 @@ def _group_by_directory(siblings: Sequence[Any], *, inside: tuple[str, ...] = ()
     as weights (never sniffed: those are the checkpoint's own) and config.json stay in the root's model.
     """
     groups: dict[str, tuple[list[tuple[str, int | None]], list[tuple[str, int | None]]]] = {}
+    irs, ir_data = ir_members(s.rfilename for s in siblings)  # an IR's .bin is its .xml's, never read alone
+    tf = tf_dirs.hub_listing(s.rfilename for s in siblings)
     for sibling in sorted(siblings, key=lambda s: s.rfilename):
         name: str = sibling.rfilename
-        directory = posixpath.dirname(name)
+        if name in ir_data or name in tf.members or (name.endswith(".index") and name not in tf.indexes):
+            continue  # TF data shards and SavedModel graphs are their set's; other .index files not weights
+        directory = tf.indexes.get(name, posixpath.dirname(name))  # variables/ is its SavedModel's
         if any(directory != root and (not root or name.startswith(root + "/")) for root in inside):
             continue
         base = posixpath.basename(name)
         size = _size(sibling)
-        if is_weight_file(base) or (directory not in inside and may_be_weights(base, size)):
+        if is_weight_file(base) or name in irs or name in tf.indexes or (directory not in inside and may_be_weights(base, size)):
             groups.setdefault(directory, ([], []))[0].append((name, size))
         elif base == CONFIG_NAME or is_index_file(base):
             groups.setdefault(directory, ([], []))[1].append((name, size))
@@ -246,7 +255,8 @@ def _scan_weight(client: HubClient, repo_id: str, sha: str, filename: str,
         extra = 1
     source = HubFile(client, repo_id=repo_id, revision=sha, filename=filename, size=size,
                      name=_display(repo_id, filename))
-    if not is_weight_file(posixpath.basename(filename)):  # no weight suffix: weights only by its magic bytes
+    # no weight suffix: weights only by its magic bytes (an .xml is listed here only as an OpenVINO IR)
+    if not is_weight_file(posixpath.basename(filename)) and not filename.lower().endswith((".xml", ".index")):
         if not head_is_weights(source.read_at(0, min(16, size))):
             return None, RemoteFileStat(filename, size, source.requests + extra, source.bytes_read)
     try:

@@ -78,17 +78,25 @@ CONVENTIONS: tuple[Convention, ...] = (
                "FSDP_MODEL_NAME", numbered=True),
     # PyTorch Lightning: weights under state_dict, training state beside them in the same file
     Convention("{stem*}.{ext}", None, frozenset({"ckpt"}), "weights", "file", "lightning", "lightning"),
+    # optimum-intel's OpenVINO IR exports (the .bin of the same stem is the .xml's data): a set each, an
+    # export beside the PyTorch weights rather than a copy of them (layout "openvino", not compared by CG107)
+    Convention("{stem}.{ext}", frozenset({"openvino_model", "openvino_encoder_model", "openvino_decoder_model",
+                                          "openvino_decoder_with_past_model", "openvino_text_encoder_model",
+                                          "openvino_language_model", "openvino_vision_embeddings_model",
+                                          "openvino_text_embeddings_model"}),
+               frozenset({"xml"}), "weights", "file", "openvino", "optimum-intel (OV_XML_FILE_NAME, ...)"),
 )
 
 # Suffix -> the set's format family.  Readers report the exact file format (torch-zip, ...).
 EXTENSION_FORMATS: dict[str, str] = {
-    "safetensors": "safetensors", "bin": "torch", "pt": "torch", "pth": "torch", "ckpt": "torch",
+    "safetensors": "safetensors", "bin": "torch", "pt": "torch", "pth": "torch", "ckpt": "torch", "jit": "torch",
+    "ptl": "torch", "pt2": "torch", "pte": "executorch",
     "msgpack": "flax", "h5": "hdf5", "hdf5": "hdf5", "keras": "keras", "gguf": "gguf", "onnx": "onnx",
-    "npz": "numpy", "npy": "numpy",
+    "npz": "numpy", "npy": "numpy", "mlpackage": "coreml", "mlmodel": "coreml", "tflite": "tflite",
 }
 # Weight files that no reader handles yet: CG006, named, never skipped in silence.
 UNSUPPORTED_SUFFIXES: dict[str, str] = {
-    "gguf": "GGUF", "onnx": "ONNX", "npz": "NumPy", "npy": "NumPy", "tflite": "TensorFlow Lite", "ot": "tch (Rust) / libtorch", "mlmodel": "Core ML",
+    "gguf": "GGUF", "onnx": "ONNX", "npz": "NumPy", "npy": "NumPy", "ot": "tch (Rust) / libtorch",
     "pdparams": "PaddlePaddle", "caffemodel": "Caffe", "nemo": "NeMo", "engine": "TensorRT",
     "plan": "TensorRT", "llamafile": "llamafile", "pb": "TensorFlow graph",
 }
@@ -96,8 +104,9 @@ UNSUPPORTED_SUFFIXES: dict[str, str] = {
 LIGHTNING_STATE_KEYS = ("optimizer_states", "lr_schedulers", "callbacks", "loops", "native_amp_scaling_state",
                         "MixedPrecision", "hparams", "hyper_parameters")
 # Set format order for the primary set: safetensors first, then PyTorch, then Flax, then the rest.
-FORMAT_ORDER = ("safetensors", "torch", "flax", "hdf5", "keras", "orbax", "onnx", "gguf", "numpy")
-LAYOUT_ORDER = ("hf", "original", "fsdp", "peft", "lightning", "file", "trainer")
+FORMAT_ORDER = ("safetensors", "torch", "flax", "hdf5", "keras", "orbax", "onnx", "gguf", "numpy", "openvino",
+                "coreml", "tensorflow", "tflite", "executorch")
+LAYOUT_ORDER = ("hf", "original", "fsdp", "peft", "lightning", "openvino", "file", "trainer")
 
 
 # Spellings of a dtype in file names, as whole name parts (split at '.', '-', '_').

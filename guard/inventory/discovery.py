@@ -9,7 +9,9 @@ from pathlib import Path
 
 from guard.catalogue import make_finding
 from guard.errors import UsageError
+from guard.inventory import tf_dirs
 from guard.inventory.conventions import UNSUPPORTED_SUFFIXES
+from guard.inventory.package_dirs import enclosing_package, is_package, local_weights, scan_local_package
 from guard.inventory.model import (
     CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
 )
@@ -28,6 +30,7 @@ _NOT_WEIGHTS = frozenset({
     "gitattributes", "gitignore", "html", "ipynb", "sh", "lock", "zip", "tar", "gz", "xz", "bz2", "zst",
     "pdf", "mp4", "webm", "mov", "ttf", "otf", "woff", "woff2",
     "data", "onnx_data",  # external data of an ONNX model: raw bytes its model file places and checks
+    "xml",  # an OpenVINO IR is found by its pair (guard.inventory.package_dirs), never sniffed
 })
 _WEIGHT_MAGIC = (b"GGUF", b"\x89HDF\r\n\x1a\n", b"\x93NUMPY", bytes.fromhex("80028a0a6cfc9c46f9206aa850192e"))
 
@@ -74,11 +77,14 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
         path = Path(raw)
         if not path.exists() and not path.is_symlink():
             raise UsageError(f"{os.fspath(raw)}: no such file or directory")
-        if path.is_dir():
+        package = enclosing_package(path)  # a Core ML package, or a file in one, stands for the package
+        if package is not None:
+            directories.setdefault(package.parent, set()).add(package.name)
+        elif path.is_dir():
             for directory in _walk(path):
-                directories.setdefault(directory, set())
+                directories.setdefault(tf_dirs.model_dir(directory), set())  # variables/ is its SavedModel's
         else:
-            directories.setdefault(path.parent, set()).add(path.name)
+            directories.setdefault(tf_dirs.model_dir(path.parent), set()).add(path.name)
     models = []
     for directory, named in directories.items():
         model = _local_model(directory, named)
@@ -90,7 +96,7 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
 
 def _walk(root: Path) -> Iterator[Path]:
     for current, dirnames, _files in os.walk(root, onerror=_raise_unreadable):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not is_package(d))
         yield Path(current)
 
 
@@ -114,6 +120,8 @@ def _local_model(directory: Path, named: set[str]) -> LocalModel:
             weights.append(Path(entry.path))
     orbax = _orbax(directory, entries)  # a named _METADATA is the checkpoint's, not weights
     weights = [w for w in weights if is_weight_file(w.name)] if orbax else weights
+    weights = local_weights(directory, entries, weights)  # IR pairs and Core ML packages
+    weights = tf_dirs.local_weights(directory, entries, weights)  # TF bundles and SavedModels
     return LocalModel(directory, tuple(weights), tuple(jsons), orbax)
 
 
@@ -160,6 +168,7 @@ def load_local_model(model: LocalModel) -> ModelInventory:
 
         scans += [scan_local_orbax(d, name=display_path(d)) for d in model.orbax]
     json_files = {display_path(p): read_small_file(p) for p in model.json_files}
+    scans = tf_dirs.rebase_companions(scans, display_path(model.directory))  # a SavedModel's variables/
     return build_inventory(display_path(model.directory), scans, json_files=json_files,
                            companion_size=lambda name: _size(model.directory / name))
 
@@ -173,6 +182,8 @@ def _size(path: Path) -> int | None:
 
 def scan_local_file(path: Path) -> FileScan:
     name = display_path(path)
+    if is_package(path.name):
+        return scan_local_package(path, name=name)
     try:
         source = LocalFile(path, name=name)
     except OSError as exc:

@@ -77,8 +77,10 @@ class ModelInventory:
                 method = self.config["quantization_config"].get("quant_method", "quantized")
                 return str(method)
         ws = ws if ws is not None else self.primary
+        declared = next((s.metadata["quantization"] for s in ws.files if "quantization" in s.metadata), None) \
+            if ws is not None else None  # a reader that sees the quantization in the file (NNCF in an IR)
         low = ws.quantized_codes() if ws is not None else []
-        return "+".join(dtypes.display_name(c) for c in low) if low else None
+        return declared or ("+".join(dtypes.display_name(c) for c in low) if low else None)
 
     @property
     def is_diffusers(self) -> bool:
@@ -166,10 +168,14 @@ def build_inventory(
 def companion_findings(files: Iterable[FileScan], sizes: Mapping[str, int | None]) -> Iterator[Finding]:
     """A companion that is missing or too short for what its file places in it (CG004)."""
     for scan in files:
-        if scan.companions and scan.format == "onnx":
+        if scan.companions and scan.format in ("onnx", "openvino"):  # an IR's .bin: checked as external data
             from guard.readers.onnx_tensors import external_data_findings  # only where ONNX files are
 
             yield from external_data_findings(scan, sizes)
+        elif scan.companions and scan.format == "tf-bundle":  # the data shards of a TF bundle index
+            from guard.readers.tf_bundle import shard_findings
+
+            yield from shard_findings(scan, sizes)
 
 
 def _parse_json(name: str, data: bytes | None, findings: list[Finding]) -> tuple[object | None, str]:

@@ -7,6 +7,7 @@ no convention claims is a loose file of its own set.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 
 from guard.inventory.conventions import (
@@ -45,7 +46,11 @@ def classify(path: str, *, weights: bool = False) -> FileRole:
 
     ``weights``: the file was read as weights, so it is never an index, whatever its name says.
     """
-    name = posixpath.basename(path)
+    return _classify(posixpath.basename(path), weights)
+
+
+@functools.lru_cache(maxsize=4096)  # discovery, the sets, the shard and variant rules all ask per file
+def _classify(name: str, weights: bool) -> FileRole:
     parts = name.split(".")
     for template, conv in _PARSED:
         found = _match(template, parts, conv)

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator, Sequence
+from math import prod
 
 from guard import dtypes
 from guard.inventory.conventions import DTYPE_VARIANTS, FORMAT_ORDER, LAYOUT_ORDER, LIGHTNING_STATE_KEYS
 from guard.inventory.names import FileRole, claimed_dtype, classify
-from guard.inventory.stats import DtypeStats, ShardIndex, dtype_summary
+from guard.inventory.stats import DtypeStats, ShardIndex, dtype_summary, grouped_dtype_summary
 from guard.records import record
 from guard.tensors import FileScan, TensorInfo
 
 # What a reader's file format means for the set's format family (names that say nothing).
-_READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "flax-msgpack": "flax"}
+_READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "torchscript": "torch", "torch-export": "torch",
+                    "flax-msgpack": "flax", "tf-bundle": "tensorflow"}
 _DIFFUSERS_STEMS = ("diffusion_pytorch_model", "diffusion_flax_model")
 
 
@@ -69,11 +71,53 @@ class WeightSet:
                 seen.add(key)
             yield tensor
 
+    def by_dtype(self) -> dict[str, tuple[TensorInfo, ...]]:
+        """The set's tensors by dtype code, codes in order of first appearance, tensors in file order.
+
+        Built once per set: every rule asks for some dtypes of the set, and most ask for a few
+        (F64, BF16/F16, a target's unsupported codes), so they look up groups instead of walking
+        every tensor again.
+        """
+        return self._tally()[0]
+
+    def parameters_by_dtype(self) -> dict[str, int]:
+        """Elements per dtype code over ``tensors`` (tied aliases included), in ``by_dtype`` order."""
+        return self._tally()[1]
+
     def dtype_summary(self) -> dict[str, DtypeStats]:
         summary = self.memo.get("dtype_summary")
         if summary is None:
-            summary = self.memo["dtype_summary"] = dtype_summary(self.counted_tensors)
+            groups, totals, shared = self._tally()
+            if shared:  # a storage can hold tied aliases, to be counted once
+                summary = dtype_summary(self.counted_tensors)
+            else:  # every tensor counts: the groups already hold the sums
+                summary = grouped_dtype_summary(groups, totals)
+            self.memo["dtype_summary"] = summary
         return summary  # type: ignore[return-value]
+
+    def _tally(self) -> tuple[dict[str, tuple[TensorInfo, ...]], dict[str, int], bool]:
+        """One walk of the set's tensors: the groups by dtype, their elements, whether any has a storage."""
+        tally = self.memo.get("tally")
+        if tally is None:
+            groups: dict[str, list[TensorInfo]] = {}
+            totals: dict[str, int] = {}
+            shared = False
+            lightning = self.layout == "lightning"
+            for scan in self.files:
+                for tensor in scan.tensors:
+                    if lightning and tensor.name.split(".", 1)[0] in LIGHTNING_STATE_KEYS:
+                        continue  # what ``tensors`` leaves out
+                    code = tensor.dtype
+                    group = groups.get(code)
+                    if group is None:
+                        group = groups[code] = []
+                        totals[code] = 0
+                    group.append(tensor)
+                    totals[code] += prod(tensor.shape)
+                    if tensor.storage is not None:
+                        shared = True
+            tally = self.memo["tally"] = ({code: tuple(group) for code, group in groups.items()}, totals, shared)
+        return tally  # type: ignore[return-value]
 
     @property
     def parameters(self) -> int:
@@ -84,7 +128,7 @@ class WeightSet:
         return sum(t.nbytes or 0 for t in self.counted_tensors)
 
     def quantized_codes(self) -> list[str]:
-        return sorted({t.dtype for t in self.tensors} & dtypes.QUANTIZED_CODES)
+        return sorted(self.by_dtype().keys() & dtypes.QUANTIZED_CODES)
 
 
 def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list[WeightSet]:

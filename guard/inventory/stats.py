@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from math import prod
 
+from guard import dtypes
 from guard.records import record
 from guard.tensors import TensorInfo
 
@@ -42,3 +44,18 @@ def dtype_summary(tensors: Iterable[TensorInfo]) -> dict[str, DtypeStats]:
         row[2] += tensor.nbytes or 0
     order = sorted(stats, key=lambda code: -stats[code][1])
     return {code: DtypeStats(*stats[code]) for code in order}
+
+
+def grouped_dtype_summary(groups: Mapping[str, Sequence[TensorInfo]],
+                          parameters: Mapping[str, int]) -> dict[str, DtypeStats]:
+    """``dtype_summary`` of tensors already grouped by dtype, with their element sums (a weight set's)."""
+    stats: dict[str, DtypeStats] = {}
+    for code in sorted(groups, key=lambda c: -parameters[c]):  # stable: first appearance breaks ties
+        group, elements = groups[code], parameters[code]
+        info = dtypes.ALL_DTYPES.get(code)
+        if info is not None and info.block is None and info.bits and info.bits % 8 == 0:
+            size = elements * info.bits // 8  # whole bytes per element: the sum needs no per-tensor rounding
+        else:  # sub-byte codes round up per tensor, block types per block; unknown codes have no size
+            size = sum(dtypes.nbytes(code, prod(t.shape)) or 0 for t in group)
+        stats[code] = DtypeStats(len(group), elements, size)
+    return stats

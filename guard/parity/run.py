@@ -3,9 +3,9 @@
 Runs, each loading one model at a time:
 - fp32 on both sides (stored weights upcast bit-exactly): judged by the fp32 bound.
   For bf16/fp16 weights this is the sharpest check of the conversion itself.
-- for bf16/fp16 weights, also each side in its stored dtype, compared with each other
-  and each with the fp32 reference: judged by that dtype's bound plus top-1 agreement.
-Tolerances and their sources: ``guard.parity.metrics`` and docs/parity.md.
+- for bf16/fp16 weights, also each side in its stored dtype: Flax's error against the PyTorch
+  fp32 reference is judged against PyTorch's own error in that dtype (``guard.parity.verdict``).
+Tolerances and their sources: ``guard.parity.metrics``, ``guard.parity.relative``, docs/parity.md.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from guard.inventory import discover_models, display_path, load_local_model
 from guard.parity.inputs import make_inputs
 from guard.parity.runs import Failed as _Failed
 from guard.parity.runs import Unavailable as _Unavailable
+from guard.parity.verdict import comparison_findings, compare_runs, low_dtype
 
-LOW_PRECISION = ("BF16", "F16")
 # transformers' auto mappings that name Flax classes; the PyTorch twin has the same name minus "Flax".
 FLAX_MAPPINGS = (
     "FLAX_MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "FLAX_MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
@@ -36,10 +36,9 @@ FLAX_MAPPINGS = (
     "FLAX_MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "FLAX_MODEL_MAPPING_NAMES",
 )
 
+
 def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[Finding], dict[str, Any]]:
     _require_extras()
-    from guard.parity import metrics as pm
-
     torch_dir, flax_dir = Path(torch_dir), Path(flax_dir)
     where = display_path(flax_dir)
     figures: dict[str, Any] = {"torch_dir": display_path(torch_dir), "flax_dir": where, "seed": seed,
@@ -68,73 +67,10 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[
     except _Failed as exc:
         figures["passed"] = False
         return [exc.finding], figures
-    layers = _layer_count(config)
-    findings: list[Finding] = []
-    for label, ref, other, codes in _plan(stored):
-        if ref not in runs or other not in runs:
-            continue
-        tol = pm.tolerance_for(codes, layers=layers)
-        outputs = {name: pm.compare_output(name, runs[ref][name], runs[other][name], tol)
-                   for name in runs[ref] if name in runs[other]}
-        failures = pm.judge(outputs, tol)
-        figures["comparisons"].append({
-            "name": label, "reference": ref, "other": other, "passed": not failures,
-            "tolerance": {"dtype": tol.dtype, "max_rel": tol.max_rel, "top1": tol.top1, "source": tol.source},
-            "outputs": outputs,
-            "failures": [{"output": o, "metric": m, "value": v, "threshold": t} for o, m, v, t in failures],
-        })
-        if failures:
-            output, metric, value, threshold = failures[0]
-            relation = "below" if metric.startswith("top1") else "exceeds"
-            findings.append(make_finding("CG302", where, (
-                f"{label} ({ref} vs {other}): {metric} = {value:.3g} on {output!r} {relation} {threshold:.3g} "
-                f"({tol.dtype} bound: {tol.source}); {len(failures)} failing output(s)")))
-    findings = flax_precision_facts(findings, figures["comparisons"], model_type=config["model_type"])
+    figures["comparisons"] = compare_runs(runs, stored, layers=_layer_count(config))
+    findings = comparison_findings(figures["comparisons"], where=where)
     figures["passed"] = not any(f.severity is Severity.error for f in findings)
     return findings, figures
-
-
-FLAX_ONLY_DRIFT = ("stored dtype", "flax vs fp32 reference")
-
-
-def flax_precision_facts(findings: list[Finding], comparisons: list[dict[str, Any]], *,
-                         model_type: str) -> list[Finding]:
-    """Failures that are facts about the frameworks, not the conversion, become warnings that say so:
-    - the fp32 run agrees and PyTorch's own low-precision run stays within bounds, but Flax's drifts
-      (ResNet's avg_pool sums in bf16);
-    - a bf16/fp16 Marian or Pegasus: PyTorch holds its sinusoidal position table as stored, rounded,
-      and Flax computes it in fp32, so only the fp32 run differs and every stored-dtype run agrees."""
-    from guard.convert.families import FAMILIES
-
-    passed = {c["name"]: c["passed"] for c in comparisons}
-    low = len(passed) > 1
-    flax_drift = passed.get("fp32") and passed.get("torch vs fp32 reference", False)
-    table = (low and not passed.get("fp32") and all(v for k, v in passed.items() if k != "fp32")
-             and bool(getattr(FAMILIES.get(model_type), "computed", ())))
-    facts = []
-    for finding in findings:
-        if flax_drift and finding.message.startswith(FLAX_ONLY_DRIFT):
-            finding = finding._replace(severity=Severity.warning, message=(
-                f"{finding.message}; the fp32 run agrees and PyTorch's own low-precision run stays within "
-                "bounds, so this is Flax's low-precision arithmetic drifting, not the conversion"))
-        elif table and finding.message.startswith("fp32 "):
-            finding = finding._replace(severity=Severity.warning, message=(
-                f"{finding.message}; {model_type} keeps its sinusoidal position table in the stored dtype in "
-                "PyTorch while Flax computes it in fp32, and every stored-dtype comparison passes: a "
-                "difference of the frameworks, not of the conversion"))
-        facts.append(finding)
-    return facts
-
-
-def _plan(stored: dict[str, str]) -> list[tuple[str, str, str, tuple[str, ...]]]:
-    """(label, reference run, other run, dtypes that set the bound)."""
-    plan = [("fp32", "torch:fp32", "flax:fp32", ("F32",))]
-    if stored["torch"] in LOW_PRECISION or stored["flax"] in LOW_PRECISION:
-        codes = (stored["torch"], stored["flax"])
-        plan += [("stored dtype", "torch:stored", "flax:stored", codes),
-                 ("torch vs fp32 reference", "torch:fp32", "torch:stored", codes),
-                 ("flax vs fp32 reference", "torch:fp32", "flax:stored", codes)]
-    return plan
 
 
 def _run_all(pt_cls: Any, flax_cls: Any, torch_dir: Path, flax_dir: Path, inputs: dict[str, Any],
@@ -143,14 +79,11 @@ def _run_all(pt_cls: Any, flax_cls: Any, torch_dir: Path, flax_dir: Path, inputs
 
     runs = {"torch:fp32": run_torch(pt_cls, torch_dir, "F32", inputs),
             "flax:fp32": run_flax(flax_cls, flax_dir, "F32", inputs)}
-    if stored["torch"] in LOW_PRECISION or stored["flax"] in LOW_PRECISION:
-        runs["torch:stored"] = run_torch(pt_cls, torch_dir, _compute(stored["torch"]), inputs)
-        runs["flax:stored"] = run_flax(flax_cls, flax_dir, _compute(stored["flax"]), inputs)
+    low = low_dtype(stored)
+    if low is not None:  # both in the narrower dtype: PyTorch's own error is the yardstick for Flax's
+        runs["torch:stored"] = run_torch(pt_cls, torch_dir, low, inputs)
+        runs["flax:stored"] = run_flax(flax_cls, flax_dir, low, inputs)
     return runs
-
-
-def _compute(code: str) -> str:
-    return code if code in LOW_PRECISION else "F32"
 
 
 def find_pair(config: dict[str, Any]) -> tuple[str, str]:

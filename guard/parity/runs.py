@@ -47,6 +47,8 @@ def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> 
     if problems:
         raise Failed(make_finding("CG304", where, f"{cls.__name__}: " + "; ".join(problems)))
     model.eval()
+    if dtype == "F32":
+        tables_in_fp32(model)
     accepted = inspect.signature(model.forward).parameters
     kwargs: dict[str, Any] = {}
     for name, value in inputs.items():
@@ -61,6 +63,19 @@ def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> 
     except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
         raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
     return {name: value.detach().float().numpy() for name, value in _flatten(out)}
+
+
+def tables_in_fp32(model: Any) -> None:
+    """The fp32 reference computes its frozen sinusoidal tables in fp32, as Flax does.
+
+    Marian, Pegasus and RoFormer store the table as a weight, so a bf16 checkpoint holds it
+    rounded to bf16, and upcasting that copy is not PyTorch in fp32 (Flax computes it from the
+    config in fp32: 1.8e-3 of the output's scale apart at layer 0).  transformers' own
+    ``_init_weight`` rebuilds it in the model's dtype; for an fp32 checkpoint that is the saved
+    table bit for bit.  Flax never holds these tables, so no converted weight is bypassed."""
+    for module in model.modules():
+        if type(module).__name__.endswith("SinusoidalPositionalEmbedding") and hasattr(module, "_init_weight"):
+            module._init_weight()
 
 
 def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> dict[str, Any]:

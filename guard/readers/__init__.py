@@ -27,6 +27,7 @@ READERS: dict[str, str] = {
     "safetensors": "guard.readers.safetensors:read_safetensors",
     "torch-zip": "guard.readers.torch_zip:read_torch_zip",
     "torch-legacy": "guard.readers.torch_legacy:read_torch_legacy",
+    "torch-export": "guard.readers.torch_export:read_torch_export",  # reached through torch-zip's dispatch
     "flax-msgpack": "guard.readers.flax_msgpack:read_flax_msgpack",
     "lfs-pointer": "guard.readers.lfs:read_lfs_pointer",
     # HDF5 / Keras / Orbax; h5py and tensorstore load only inside these readers
@@ -36,6 +37,12 @@ READERS: dict[str, str] = {
     "onnx": "guard.readers.onnx:read_onnx",
     "npy": "guard.readers.numpy_files:read_npy",
     "npz": "guard.readers.numpy_files:read_npz",
+    "tf-bundle": "guard.readers.tf_bundle:read_tf_bundle",  # the .index; its data shards are companions
+    "tflite": "guard.readers.tflite:read_tflite",
+    "openvino": "guard.readers.openvino:read_openvino",  # the .xml; its .bin is a companion
+    "coreml": "guard.readers.coreml:read_mil_blob_file",  # a weight.bin alone; packages: guard.inventory.package_dirs
+    "coreml-spec": "guard.readers.coreml_spec:read_mlmodel",  # .mlmodel: neural-network WeightParams
+    "executorch": "guard.readers.executorch:read_executorch",
 }
 
 
@@ -59,12 +66,15 @@ READ_FAILURES: tuple[type[BaseException], ...] = (
 )
 
 _ZIP_MAGIC = b"PK\x03\x04"
-_LEGACY_MAGIC = bytes.fromhex("80028a0a6cfc9c46f9206aa850192e")
+_LEGACY_MAGIC = bytes.fromhex("8a0a6cfc9c46f9206aa850192e")  # LONG1 0x1950a86a20f9469cfc6c, STOP
 _GGUF_MAGIC = b"GGUF"
 _NPY_MAGIC = b"\x93NUMPY"
+_MIL_BLOB_SENTINEL = b"\xef\xbe\xad\xde"
+_TABLE_MAGIC = bytes.fromhex("57fb808b247547db")  # LevelDB table footer (TF bundle index)
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".gguf", ".onnx", ".npy",
-                   ".npz", ".h5", ".hdf5", ".keras")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".jit", ".ptl", ".pt2", ".ckpt", ".msgpack", ".gguf", ".onnx",
+                   ".npy", ".npz", ".h5", ".hdf5", ".keras", ".tflite",
+                   ".pte")
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _HDF5_SUFFIXES = (".h5", ".hdf5")
 
@@ -79,20 +89,32 @@ def sniff_format(source: ByteSource) -> str | None:
     # (a user block moves the signature to 512, 1024, ...: the suffix decides, the reader checks)
     if name.endswith(".keras"):
         return "keras"
+    if name.endswith(".xml"):
+        return "openvino"  # an IR's .xml is text, never another format's file
     if head.startswith(_HDF5_MAGIC) or name.endswith(_HDF5_SUFFIXES):
         return "hdf5"
     if head.startswith(_GGUF_MAGIC):
         return "gguf"
+    if head[4:8] == b"ET12" or name.endswith(".pte"):
+        return "executorch"  # a flatbuffer's file identifier; the reader explains another one
+    if head[4:8] == b"TFL3":
+        return "tflite"  # a flatbuffer's file identifier
+    if name.endswith(".index") and source.size >= 48 and source.read_at(source.size - 8, 8) == _TABLE_MAGIC:
+        return "tf-bundle"  # a LevelDB table: its magic is the last 8 bytes
     if head.startswith(_NPY_MAGIC):
         return "npy"
     if name.endswith(".npz") and (head.startswith(_ZIP_MAGIC) or head.startswith(b"PK\x05\x06")):
         return "npz"  # a zip of .npy members, not a torch checkpoint
     if head.startswith(_ZIP_MAGIC) or (source.size == 22 and head.startswith(b"PK\x05\x06")):
         return "torch-zip"
-    if head.startswith(_LEGACY_MAGIC) or head[257:262] == b"ustar":
+    if head[4:8] == b"\x02\0\0\0" and head[64:68] == _MIL_BLOB_SENTINEL:
+        return "coreml"  # MIL blob storage (a Core ML package's weight.bin): version 2, then 0xDEADBEEF
+    if _is_legacy_torch(head) or head[257:262] == b"ustar":
         return "torch-legacy"  # the legacy reader explains the old tar variant itself
     if name.endswith(".onnx"):
         return "onnx"  # protobuf has no magic bytes
+    if name.endswith(".mlmodel"):
+        return "coreml-spec"  # a Core ML spec: protobuf too
     if name.endswith(".msgpack"):
         return "flax-msgpack"
     if name.endswith(".safetensors"):
@@ -100,6 +122,14 @@ def sniff_format(source: ByteSource) -> str | None:
     if len(head) >= 9 and head[8:9] == b"{":
         return "safetensors"
     return None
+
+
+def _is_legacy_torch(head: bytes) -> bool:
+    """The magic number pickled at protocol 2 or 3 (torch's), or 4-5 (after a FRAME)."""
+    if head[:1] != b"\x80" or head[1:2] not in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return False
+    body = head[11:] if head[1] >= 4 and head[2:3] == b"\x95" else head[2:]
+    return body.startswith(_LEGACY_MAGIC)
 
 
 def scan_file(source: ByteSource) -> FileScan:

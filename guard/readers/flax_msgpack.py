@@ -3,8 +3,9 @@
 ``flax.serialization`` writes a tree of maps whose array leaves are
 ``ExtType(1, packb([shape, dtype.name, C-order bytes]))`` (code 3: a numpy scalar,
 code 2: a Python complex); leaves over 2**30 bytes become a chunked-array map.
-There is no index, so we read every token but never a payload: the cursor reads
-64 KiB blocks and a skipped payload costs nothing, local or over HTTP ranges.
+There is no index, so we read every token but never a payload: the cursor reads through
+the readers' ``Window`` (64 KiB blocks that grow while the tokens run on, a jump past a
+large payload), so a skipped payload costs nothing, local or over HTTP ranges.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding
+from guard.readers.window import Window
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 
-BLOCK_SIZE = 64 * 1024
 MAX_DEPTH = 512  # flax trees are a few levels deep; the cap bounds hostile nesting
 MAX_KEY_BYTES = 64 * 1024
 MAX_ENTRIES = 250_000  # map/array entries per file: far beyond any model (~1 s to walk)
@@ -55,14 +56,16 @@ class _Head(NamedTuple):
 
 
 class _Cursor:
-    """Sequential reads through 64 KiB blocks; ``skip`` seeks without reading."""
+    """Sequential reads through the readers' one buffered ``Window``; ``skip`` seeks without reading."""
 
     def __init__(self, source: ByteSource) -> None:
         self.source = source
+        self.win = Window(source)
         self.pos = 0
-        self.bytes_read = 0
-        self._block = b""
-        self._block_start = 0
+
+    @property
+    def bytes_read(self) -> int:
+        return self.win.bytes_read
 
     @property
     def remaining(self) -> int:
@@ -70,17 +73,9 @@ class _Cursor:
 
     def take(self, n: int) -> bytes:
         self._need(n)
-        offset = self.pos - self._block_start
-        if 0 <= offset and offset + n <= len(self._block):
-            data = self._block[offset:offset + n]
-        elif n > BLOCK_SIZE:
-            data = self._fetch(self.pos, n)
-        else:
-            self._block = self._fetch(self.pos, min(BLOCK_SIZE, self.remaining))
-            self._block_start = self.pos
-            data = self._block[:n]
+        at = self.win.need(self.pos, n, "msgpack data")
         self.pos += n
-        return data
+        return self.win.data[at:at + n]
 
     def skip(self, n: int) -> None:
         self._need(n)
@@ -94,10 +89,6 @@ class _Cursor:
             raise MalformedCheckpoint(
                 f"{n:,} bytes needed at offset {self.pos:,} but only {self.remaining:,} remain: truncated?"
             )
-
-    def _fetch(self, offset: int, n: int) -> bytes:
-        self.bytes_read += n
-        return self.source.read_at(offset, n)
 
 
 def _read_head(cur: _Cursor) -> _Head:

@@ -147,7 +147,7 @@ def read_gguf(source: ByteSource) -> FileScan:
     if tensor_count and data_start > source.size:
         raise MalformedCheckpoint(f"the data section would start at {data_start:,}, past the end of the file")
     tensors, findings = _place_tensors(source, infos, data_start, alignment, located=endian == "<")
-    metadata = _metadata(kept, version, endian)
+    metadata = {**_metadata(kept, version, endian), "declared_tensors": str(tensor_count)}  # CG007 / CG001
     return FileScan(path=source.name, format="gguf", size=source.size, tensors=tuple(tensors),
                     findings=tuple(findings), metadata=metadata, bytes_read=win.bytes_read)
 

@@ -16,7 +16,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.sources import ByteSource
+from guard.sources import ByteSource, CountingSource
 from guard.tensors import FileScan, TensorInfo
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -60,8 +60,9 @@ def walk_hdf5(source: ByteSource, *, fmt: str = "hdf5", path: str | None = None)
 
     if source.size < len(HDF5_MAGIC):
         raise MalformedCheckpoint(f"file is {source.size} bytes, too short for HDF5")
-    result = walk_in_worker(source)
-    return file_scan(result, source, fmt=fmt, path=path or source.name)
+    counted = CountingSource(source)  # what the walk asked for: the FileScan's bytes_read
+    result = walk_in_worker(counted)
+    return file_scan(result, counted, fmt=fmt, path=path or source.name)
 
 
 def file_scan(result: dict[str, Any], source: ByteSource, *, fmt: str, path: str) -> FileScan:

@@ -10,13 +10,16 @@ The model's dtype policy is the declared dtype (``metadata["declared_dtype"]``):
 the *variable* dtype of the policy, since that is what the weights hold:
 ``float32``, ``mixed_float16`` and ``mixed_bfloat16`` all store F32 variables
 (the mixed policies only compute in 16 bits); ``bfloat16`` / ``float16`` store
-BF16 / F16.  Quantized policies (``QuantizedDTypePolicy``) declare none.
+BF16 / F16.  Quantized policies (``QuantizedDTypePolicy``) declare none.  Each
+layer's own policy is a declaration about its variables too
+(``metadata["keras_layer_dtypes"]``, ``layer_policies``), judged by CG103 in
+``guard.rules.config_dtype``.
 """
 
 from __future__ import annotations
 
 import json
-import struct
+import re
 import zlib
 from collections import Counter
 
@@ -24,7 +27,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.readers.hdf5 import INSTALL_HINT, have_h5py, walk_hdf5
-from guard.readers.torch_zip import ZipEntry, read_zip_directory
+from guard.readers.zipdir import MemberSource, ZipEntry, open_member, read_member, read_zip_directory
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan
 
@@ -32,25 +35,12 @@ WEIGHTS_MEMBER = "model.weights.h5"
 MAX_ENTRIES = 10_000  # config, metadata, weights and assets/
 MAX_JSON = 8 * 1024 * 1024  # a large Keras model's config.json is a few hundred KB
 MAX_INFLATED_WEIGHTS = 64 * 1024 * 1024
-_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+MAX_NESTED_MODELS = 32  # models inside models in config.json: a hostile config is not walked deeper
 # policy name -> the dtype its variables are stored in
 POLICY_VARIABLE_DTYPES: dict[str, str] = {
     "float32": "F32", "mixed_float16": "F32", "mixed_bfloat16": "F32",
     "float16": "F16", "bfloat16": "BF16", "float64": "F64",
 }
-
-
-class MemberSource:
-    """A stored zip member as a ByteSource of its own (reads go to the archive)."""
-
-    def __init__(self, parent: ByteSource, start: int, size: int, name: str) -> None:
-        self.parent, self.start, self.size, self.name = parent, start, size, name
-
-    def read_at(self, offset: int, size: int) -> bytes:
-        if offset < 0 or size < 0 or offset + size > self.size:
-            raise MalformedCheckpoint(
-                f"read of {size} bytes at offset {offset} runs past the end of {self.name} ({self.size} bytes)")
-        return self.parent.read_at(self.start + offset, size)
 
 
 def read_keras(source: ByteSource) -> FileScan:
@@ -68,7 +58,7 @@ def read_keras(source: ByteSource) -> FileScan:
     if not have_h5py():
         return _unsupported(source, f"a .keras archive; reading its {WEIGHTS_MEMBER} needs h5py: "
                                     f"{INSTALL_HINT}", metadata)
-    start = _data_offset(source, entry)
+    start = open_member(source, entry, zipfile_checks=True)
     if entry.method == 0:
         view: ByteSource = MemberSource(source, start, entry.size, f"{source.name}!{WEIGHTS_MEMBER}")
     elif max(entry.size, entry.compressed_size) > MAX_INFLATED_WEIGHTS:
@@ -76,7 +66,7 @@ def read_keras(source: ByteSource) -> FileScan:
                                     f"{MAX_INFLATED_WEIGHTS // 2**20} MiB in-memory bound); Keras writes it "
                                     "stored: re-save the model with Keras", metadata)
     else:
-        view = BytesSource(_member_bytes(source, entry, start),
+        view = BytesSource(read_member(source, entry, limit=MAX_INFLATED_WEIGHTS, zipfile_checks=True),
                            name=f"{source.name}!{WEIGHTS_MEMBER}")
     scan = walk_hdf5(view, fmt="keras", path=source.name)
     return FileScan(path=source.name, format="keras", size=source.size, tensors=scan.tensors,
@@ -104,6 +94,9 @@ def _keras_metadata(source: ByteSource, entries: dict[str, ZipEntry]) -> dict[st
     if not isinstance(config, dict):
         raise MalformedCheckpoint("config.json is not a JSON object")
     out.update(declared_policy(config))
+    layers = layer_policies(config)
+    if layers:  # per layer, for CG103 (guard.rules.config_dtype.keras_layer_findings)
+        out["keras_layer_dtypes"] = json.dumps(layers, separators=(",", ":"))
     return out
 
 
@@ -131,6 +124,48 @@ def declared_policy(config: dict[str, object]) -> dict[str, str]:
     return {"declared_dtype": code, "declared_dtype_source": source}
 
 
+def layer_policies(config: dict[str, object], prefix: str = "layers/", depth: int = 0) -> dict[str, list[str]]:
+    """{h5 group of a layer ("layers/dense/"): [its name, its policy, the dtype its variables are built in]}.
+
+    Keras 3 builds each layer's variables in its own policy's variable dtype and casts stored
+    values to it on load, so each layer's policy is a declaration about its variables.  The
+    groups are named as ``saving_lib._save_container_state`` names them: the snake-cased class
+    name, ``_1``, ``_2``, ... for repeats, in the order of the config's layers; a nested model's
+    layers sit under ``<group>/layers/``; sublayers (MultiHeadAttention's ``query_dense``) share
+    their layer's group prefix and policy.  Quantized and unknown policies declare nothing.
+    """
+    inner = config.get("config")
+    layers = inner.get("layers") if isinstance(inner, dict) else None
+    out: dict[str, list[str]] = {}
+    if not isinstance(layers, list) or depth > MAX_NESTED_MODELS:
+        return out
+    used: dict[str, int] = {}
+    for layer in layers:
+        if not isinstance(layer, dict) or not isinstance(layer.get("class_name"), str):
+            continue
+        group = _snake_case(layer["class_name"])
+        if group in used:
+            used[group] += 1
+            group = f"{group}_{used[group]}"
+        else:
+            used[group] = 0
+        path = f"{prefix}{group}/"
+        out.update(layer_policies(layer, f"{path}layers/", depth + 1))
+        cfg = layer.get("config")
+        name = _policy_name(cfg.get("dtype")) if isinstance(cfg, dict) else None
+        code = POLICY_VARIABLE_DTYPES.get(name or "") or dtypes.parse_dtype_name(name or "")
+        if layer["class_name"] != "InputLayer" and name and not name.startswith("quantized:") and code:
+            out[path] = [str(cfg.get("name", group))[:100], name[:50], code]  # type: ignore[union-attr]
+    return out
+
+
+def _snake_case(name: str) -> str:
+    """keras.src.utils.naming.to_snake_case."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
 def _policy_name(value: object) -> str | None:
     if isinstance(value, str):
         return value
@@ -146,53 +181,10 @@ def _policy_name(value: object) -> str | None:
 def _json_member(source: ByteSource, entry: ZipEntry) -> object:
     if max(entry.size, entry.compressed_size) > MAX_JSON:
         raise MalformedCheckpoint(f"{entry.name} declares {entry.size:,} bytes, over the {MAX_JSON:,}-byte limit")
-    start, crc = _local_header(source, entry)
-    raw = _member_bytes(source, entry, start)
-    if crc is not None and zlib.crc32(raw) != crc:  # small members are read whole: check them
+    raw = read_member(source, entry, limit=MAX_JSON, zipfile_checks=True)
+    if zlib.crc32(raw) != entry.crc:  # small members are read whole: check them, as zipfile does
         raise MalformedCheckpoint(f"bad CRC-32 for {entry.name}")
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedCheckpoint(f"{entry.name} is not valid JSON: {str(exc)[:100]}") from None
-
-
-def _data_offset(source: ByteSource, entry: ZipEntry) -> int:
-    start, _crc = _local_header(source, entry)
-    return start
-
-
-def _local_header(source: ByteSource, entry: ZipEntry) -> tuple[int, int | None]:
-    """(data offset, CRC-32 from the local header, None if a data descriptor holds it)."""
-    if entry.flags & 0x1:
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} is encrypted")
-    if entry.method not in (0, 8):
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} uses compression method {entry.method}")
-    if entry.method == 0 and entry.size != entry.compressed_size:
-        raise MalformedCheckpoint(f"stored zip entry {entry.name!r} has two different sizes")
-    sig, _v, flags, _m, _t, _d, crc, _cs, _us, nlen, elen = _LOCAL.unpack(
-        source.read_at(entry.header_offset, _LOCAL.size))
-    if sig != b"PK\x03\x04":
-        raise MalformedCheckpoint(f"bad zip local header for {entry.name!r}")
-    name = source.read_at(entry.header_offset + _LOCAL.size, nlen).decode("utf-8", "replace")
-    if name != entry.name:
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} is named {name!r} in its local header")
-    start = entry.header_offset + _LOCAL.size + nlen + elen
-    if start + entry.compressed_size > source.size:
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} runs past the end of the archive")
-    return start, None if flags & 0x08 else crc
-
-
-def _member_bytes(source: ByteSource, entry: ZipEntry, start: int) -> bytes:
-    """A member's bytes, inflated to at most its declared size (the callers bound that) + 1 byte:
-    a zip bomb that lies about its size stops there (CG001)."""
-    data = source.read_at(start, entry.compressed_size)
-    if entry.method == 0:
-        return data
-    inflater = zlib.decompressobj(-15)
-    try:
-        out = inflater.decompress(data, entry.size + 1)
-    except zlib.error as exc:
-        raise MalformedCheckpoint(f"cannot inflate {entry.name!r}: {exc}") from None
-    if inflater.unconsumed_tail or len(out) != entry.size:
-        raise MalformedCheckpoint(f"{entry.name!r} does not inflate to its declared {entry.size:,} bytes")
-    return out

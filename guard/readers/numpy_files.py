@@ -25,13 +25,12 @@ import posixpath
 import re
 import struct
 import tokenize
-import zlib
 
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.zipdir import ZipEntry, local_data_offset, read_zip_archive
+from guard.readers.zipdir import MemberPrefix, ZipEntry, open_member, read_zip_archive
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan, TensorInfo
 
@@ -234,52 +233,22 @@ def read_npz(source: ByteSource) -> FileScan:
 
 def _member_data(source: ByteSource, entry: ZipEntry, limit: int) -> int:
     """Where a member's bytes start, after the checks zipfile makes when it opens the member."""
-    if entry.flags & 0x1:
-        raise MalformedCheckpoint(f"member {entry.name!r} is encrypted")
     if entry.version_needed & 0xFF > 63:  # zipfile's MAX_EXTRACT_VERSION (the low byte; the high one is an OS)
         raise MalformedCheckpoint(f"member {entry.name!r} needs zip version {(entry.version_needed & 0xFF) / 10} "
                                   "to extract")
-    if entry.method not in (0, 8):
-        raise MalformedCheckpoint(f"member {entry.name!r} uses compression method {entry.method}")
-    if entry.method == 0 and entry.size != entry.compressed_size:
-        raise MalformedCheckpoint(f"stored member {entry.name!r} has two different sizes")
-    head = source.read_at(entry.header_offset, min(30 + len(entry.raw_name), limit - entry.header_offset))
-    data_at = local_data_offset(source, entry, head)
-    if head[30:] != entry.raw_name:
-        raise MalformedCheckpoint(f"member {entry.name!r} has another name in its local header")
-    if data_at + entry.compressed_size > limit:
-        raise MalformedCheckpoint(f"member {entry.name!r} overlaps the next entry or the directory")
-    return data_at
+    return open_member(source, entry, end=limit, zipfile_checks=True)
 
 
 def _member_header(source: ByteSource, entry: ZipEntry, data_at: int) -> NpyHeader:
+    """The member's .npy header; of a deflated member, only the bytes up to its end are inflated."""
     if entry.method == 0:
         return read_npy_header(source, data_at, data_at + entry.compressed_size)
-    prefix = _inflate_header(source, data_at, entry.compressed_size)
-    return read_npy_header(BytesSource(prefix), 0)
-
-
-def _inflate_header(source: ByteSource, at: int, size: int) -> bytes:
-    """The inflated bytes of a deflated member up to the end of its .npy header, and no further.
-
-    Input is read 1 KiB, then 4 KiB, ... at a time: a header is a few hundred bytes.
-    """
-    inflater = zlib.decompressobj(-15)
-    out, pos, chunk, want = b"", 0, 1024, 12
-    while len(out) < want and (pos < size or inflater.unconsumed_tail):
-        data = b""
-        if pos < size:
-            data = source.read_at(at + pos, min(chunk, size - pos))
-            pos, chunk = pos + len(data), chunk * 4
-        try:
-            out += inflater.decompress(inflater.unconsumed_tail + data, want - len(out))
-        except zlib.error as exc:
-            raise MalformedCheckpoint(f"cannot inflate a member at offset {at:,}: {exc}") from None
-        if want == 12 and len(out) >= 12:
-            start, length = header_length(out)
-            want = start + min(length, 4 * MAX_HEADER + 1)
-        if inflater.eof:
-            break
-    if len(out) < want:
-        raise MalformedCheckpoint(f"the member at offset {at:,} ends inside its .npy header")
-    return out
+    member = MemberPrefix(source, entry, data_at)
+    prefix = member.read(12)
+    if len(prefix) == 12:
+        start, length = header_length(prefix)
+        want = start + min(length, 4 * MAX_HEADER + 1)
+        prefix = member.read(want)
+        if len(prefix) == want:
+            return read_npy_header(BytesSource(prefix), 0)
+    raise MalformedCheckpoint(f"member {entry.name!r} ends inside its .npy header")

@@ -1,31 +1,59 @@
-"""ONNX models (``.onnx``): a protobuf walk of ModelProto for its initializers; ``onnx`` is not imported.
+"""ONNX models (``.onnx``): a protobuf walk of ModelProto for every weight it holds; ``onnx`` is not imported.
 
-What is read: the graph's initializers and sparse initializers, and those of every
-subgraph held in a node attribute (If's branches, Loop and Scan bodies), each
-with its name, dims and data type, inline (``raw_data`` skipped by its length, or
-typed fields) or external (``data_location`` and ``external_data``: a file beside
-the model, an offset and a length).  The graph's inputs' and outputs' element
-types, the opsets, IR version and producer go into the metadata.  Everything else
-is parsed only as far as protobuf would parse it, so a file ``onnx.load`` refuses
-is CG001 here too; the inline checks are ``numpy_helper.to_array``'s.
-Initializers of training graphs and tensors held by Constant nodes are not
-weights in this sense and are not listed.
+Weights live in five places, all read (``onnx.load(..., load_external_data=False)``
+walking each of them is the reference):
+
+- ``graph.initializer`` and ``graph.sparse_initializer``;
+- ``Constant`` nodes (paddle2onnx writes every weight so, and older ``torch.onnx``
+  exports many): attribute ``value`` (a TensorProto) or ``sparse_value`` with their
+  own data type; ``value_float`` / ``value_floats`` are F32 and ``value_int`` /
+  ``value_ints`` I64 by the operator's definition (``value_string(s)`` STRING), a
+  0-d or 1-d tensor like any other: a float constant is computed in F32 whatever
+  the rest of the graph is, so it counts as a weight like an F32 initializer;
+- subgraphs held in node attributes of type GRAPH or GRAPHS (If's branches, Loop
+  and Scan bodies), to any depth protobuf parses;
+- the bodies of ``model.functions`` (FunctionProto nodes).
+
+Each tensor has its name, dims and data type, inline (``raw_data`` skipped by its
+length, or typed fields) or external (``data_location`` and ``external_data``: a
+file beside the model, an offset and a length).  Graphs are walked from a work
+list, never by recursion; nesting stops at protobuf's limit of 100 messages, as
+``onnx.load`` does.  Names: an initializer keeps its own; a Constant is named by
+its first output (else the node's name, else ``Constant#<index>``), inside a
+subgraph or function after its path (``If_0/then_branch/``, ``Loop#3/body/``,
+``functions/<domain>.<name>/``) with ``%`` and ``/`` of each part escaped as
+``%25`` and ``%2F``; a name already taken gets ``#2``, ``#3``, ...  The graph's
+inputs' and outputs' element types, the opsets, IR version and producer go into
+the metadata.  Everything else is parsed only as far as protobuf would parse it,
+so a file ``onnx.load`` refuses is CG001 here too; the inline checks are
+``numpy_helper.to_array``'s.  Initializers of training graphs are not weights.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
 from guard.readers.onnx_schema import DATA_TYPES, SCHEMA
-from guard.readers.onnx_tensors import MAX_RANK, RawTensor, external_data_findings, tensor_info
-from guard.readers.protobuf import LEN, MAX_DEPTH, VARINT, Field, Wire
+from guard.readers.onnx_tensors import (
+    ConstantValue,
+    RawTensor,
+    Spans,
+    constant_info,
+    external_data_findings,
+    has_constant,
+    read_name,
+    read_sparse,
+    read_tensor,
+    read_text,
+    tensor_info,
+)
+from guard.readers.protobuf import FIXED32, LEN, MAX_DEPTH, VARINT, Field, Wire
 from guard.readers.window import Window
 from guard.sources import ByteSource
-
-MAX_NAME = 2**20  # bytes of a tensor name: a claimed 1 GB name is never read into memory
 from guard.tensors import FileScan, TensorInfo
 
 __all__ = ["external_data_findings", "read_onnx"]
@@ -37,11 +65,39 @@ MAX_TEXT = 200  # bytes of a producer name or an opset domain kept
 @dataclass
 class _Model:
     tensors: list[TensorInfo] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+    suffixes: dict[str, int] = field(default_factory=dict)  # name -> the next #n to try (unique)
     unknown: dict[str, list[str]] = field(default_factory=dict)
     companions: dict[str, None] = field(default_factory=dict)
     inputs: list[tuple[str, str]] = field(default_factory=list)
     outputs: list[tuple[str, str]] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Body:
+    """A graph (or a function's nodes) waiting in the work list."""
+
+    spans: Spans
+    depth: int
+    prefix: str = ""  # the path of a subgraph or function, escaped, ending in "/"
+    top: bool = False
+    function: bool = False
+
+
+@dataclass
+class _Attribute:
+    name: str = ""
+    graph: Spans = field(default_factory=list)  # g: an optional message sent twice is merged
+    graphs: list[Spans] = field(default_factory=list)  # graphs: numbered
+    tensor: Spans = field(default_factory=list)  # t
+    sparse: Spans = field(default_factory=list)  # sparse_tensor
+    reference: bool = False  # ref_attr_name: a function's attribute stands here, no value
+    value: ConstantValue = field(default_factory=ConstantValue)
+
+
+def escaped(part: str) -> str:
+    return part.replace("%", "%25").replace("/", "%2F")
 
 
 class _Walk:
@@ -50,18 +106,22 @@ class _Walk:
         self.win = Window(source)
         self.wire = Wire(self.win, SCHEMA)
         self.model = _Model()
+        self.queue: deque[_Body] = deque()
 
     def text(self, f: Field, limit: int | None = None) -> str:
-        end = f.end if limit is None else min(f.end, f.value + limit)
-        return self.win.read(f.value, end - f.value).decode("utf-8", "backslashreplace")
+        return read_text(self.wire, f, limit)
 
     def run(self) -> _Model:
-        graphs: list[tuple[int, int]] = []
+        graphs: Spans = []
+        functions: list[Field] = []
         opsets: list[str] = []
         known = SCHEMA["ModelProto"]
         for f in self.wire.fields(0, self.source.size, 0):
             if f.number == 7 and f.wire == LEN:
                 graphs.append((f.value, f.end))  # an optional message sent twice is merged
+                continue
+            if f.number == 25 and f.wire == LEN:
+                functions.append(f)
                 continue
             self.wire.validate_field(known.get(f.number), f, 0)
             if f.number == 8 and f.wire == LEN:
@@ -75,7 +135,11 @@ class _Walk:
             self.model.metadata["onnx.opset"] = ",".join(opsets[:MAX_LISTED])
         if not graphs:  # protobuf parses an empty file as an empty model; nothing can run it
             raise MalformedCheckpoint("ONNX model has no graph (an empty or cut file?)")
-        self.graph(graphs, 1, top=True)
+        self.queue.append(_Body(graphs, 1, top=True))
+        self.queue.extend(self.function(f) for f in functions)
+        while self.queue:  # breadth first: a 10,000-deep nest is a long list, never a deep stack
+            body = self.queue.popleft()
+            self.body(body)
         return self.model
 
     def opset(self, f: Field) -> str:
@@ -87,141 +151,154 @@ class _Walk:
                 version = g.value
         return f"{domain or 'ai.onnx'}:{version}"
 
-    def graph(self, spans: list[tuple[int, int]], depth: int, *, top: bool = False) -> None:
+    def function(self, f: Field) -> _Body:
+        """A FunctionProto: its nodes are walked as a graph's, its other fields validated now."""
+        known = SCHEMA["FunctionProto"]
+        label = {1: "", 10: "", 13: ""}
+        for g in self.wire.fields(f.value, f.end, 1):
+            if g.number in label and g.wire == LEN:
+                label[g.number] = self.text(g, MAX_TEXT)
+            elif g.number != 7 or g.wire != LEN:
+                self.wire.validate_field(known.get(g.number), g, 1)
+        name = f"{label[10]}.{label[1]}" + (f"@{label[13]}" if label[13] else "")
+        return _Body([(f.value, f.end)], 1, f"functions/{escaped(name)}/", function=True)
+
+    def body(self, body: _Body) -> None:
+        depth = body.depth
         if depth > MAX_DEPTH:  # If/Loop bodies nest graph > node > attribute > graph ...
             raise MalformedCheckpoint(f"protobuf messages nest more than {MAX_DEPTH} deep (subgraphs)")
-        known = SCHEMA["GraphProto"]
+        known = SCHEMA["FunctionProto" if body.function else "GraphProto"]
+        node_field = 7 if body.function else 1
         names: set[str] = set()
         io: list[tuple[int, Field]] = []
-        for start, end in spans:
+        constants: list[tuple[TensorInfo, bool, RawTensor | None]] = []  # named at the graph's end
+        nodes = 0
+        for start, end in body.spans:
             for f in self.wire.fields(start, end, depth):
-                if f.wire != LEN or f.number not in (1, 5, 15, 11, 12):
+                if f.wire != LEN:
                     self.wire.validate_field(known.get(f.number), f, depth)
-                elif f.number == 1:
-                    self.node(f, depth + 1)
+                elif f.number == node_field:
+                    constant = self.node(f, depth + 1, nodes, body.prefix)
+                    if constant is not None:
+                        info, unknown, raw = constant_info(constant[1], constant[0], self.source.name)
+                        constants.append((info, unknown, raw if raw and raw.data_location == 1 else None))
+                    nodes += 1
+                elif body.function:
+                    continue  # validated by function()
                 elif f.number in (5, 15):
                     self.initializer(f, depth + 1, names, sparse=f.number == 15)
-                else:
+                elif f.number in (11, 12):
                     self.wire.validate("ValueInfoProto", f.value, f.end, depth + 1)
                     io.append((f.number, f))
-        if top:
+                else:
+                    self.wire.validate_field(known.get(f.number), f, depth)
+        for info, unknown, raw in constants:  # after the graph's initializers, which keep their names
+            self.add(info._replace(name=self.unique(info.name)), unknown, raw)
+        if body.top:
             for number, f in io:
                 name, elem = self.value_info(f, depth + 1)
                 if number == 12 or name not in names:  # old exporters list initializers as inputs too
                     (self.model.inputs if number == 11 else self.model.outputs).append((name, elem))
 
-    def node(self, f: Field, depth: int) -> None:
-        known = SCHEMA["NodeProto"]
-        for a in self.wire.fields(f.value, f.end, depth):
-            if a.number == 5 and a.wire == LEN:
-                self.attribute(a, depth + 1)
-            else:
-                self.wire.validate_field(known.get(a.number), a, depth)
+    def unique(self, name: str) -> str:
+        """``name``, else the first free ``name#2``, ``name#3``, ...; where to look next is kept per name,
+        so 100,000 Constants of one name cost linear time, not quadratic."""
+        if name not in self.model.names:
+            return name
+        n = self.model.suffixes.get(name, 2)
+        while f"{name}#{n}" in self.model.names:
+            n += 1
+        self.model.suffixes[name] = n + 1
+        return f"{name}#{n}"
 
-    def attribute(self, f: Field, depth: int) -> None:
-        known = SCHEMA["AttributeProto"]
-        merged: list[tuple[int, int]] = []
+    def add(self, info: TensorInfo, unknown: bool, raw: RawTensor | None = None) -> None:
+        if unknown:
+            self.model.unknown.setdefault(info.dtype, []).append(info.name)
+        if raw is not None and raw.location is not None:
+            self.model.companions[raw.location] = None
+        self.model.names.add(info.name)
+        self.model.tensors.append(info)
+
+    def node(self, f: Field, depth: int, index: int, prefix: str) -> tuple[str, ConstantValue] | None:
+        """Queue the node's subgraphs; a Constant's name and value."""
+        known = SCHEMA["NodeProto"]
+        text = {2: "", 3: "", 4: "", 7: ""}  # first output, name, op_type, domain
+        outputs = 0
+        attributes: list[_Attribute] = []
         for a in self.wire.fields(f.value, f.end, depth):
-            if a.number == 6 and a.wire == LEN:
-                merged.append((a.value, a.end))
-            elif a.number == 11 and a.wire == LEN:
-                self.graph([(a.value, a.end)], depth + 1)
+            if a.wire == LEN and a.number == 5:
+                attributes.append(self.attribute(a, depth + 1))
+            elif a.wire == LEN and a.number in text:
+                if a.number != 2 or not outputs:
+                    text[a.number] = read_name(self.wire, a)
+                outputs += a.number == 2
             else:
                 self.wire.validate_field(known.get(a.number), a, depth)
-        if merged:
-            self.graph(merged, depth + 1)
+        output, name, op_type, domain = text[2], text[3], text[4], text[7]
+        constant = op_type == "Constant" and domain in ("", "ai.onnx")
+        label = escaped(name or f"{op_type}#{index}")
+        value = None
+        for attr in attributes:
+            part = escaped(attr.name)
+            subgraphs = [(part, attr.graph)] if attr.graph else []
+            subgraphs += [(f"{part}[{k}]", spans) for k, spans in enumerate(attr.graphs)]
+            for where, spans in subgraphs:
+                self.queue.append(_Body(spans, depth + 2, f"{prefix}{label}/{where}/"))
+            if constant and value is None and not attr.reference:
+                attr.value.kind = attr.name
+                if attr.name == "value" and attr.tensor:
+                    attr.value.tensor, attr.tensor = read_tensor(self.wire, attr.tensor, depth + 2), []
+                elif attr.name == "sparse_value" and attr.sparse:
+                    attr.value.tensor, attr.value.dims = read_sparse(self.wire, attr.sparse, depth + 2,
+                                                                     self.source.name)
+                    attr.sparse = []
+                value = attr.value if has_constant(attr.value) else None
+            for start, end in attr.tensor:
+                self.wire.validate("TensorProto", start, end, depth + 2)
+            for start, end in attr.sparse:
+                self.wire.validate("SparseTensorProto", start, end, depth + 2)
+        if value is None:
+            return None
+        base = output or name or f"Constant#{index}"
+        return (f"{prefix}{escaped(base)}" if prefix else base), value
+
+    def attribute(self, f: Field, depth: int) -> _Attribute:
+        """The attribute's name, subgraphs and tensors (spans, for node to walk), and scalar values."""
+        known = SCHEMA["AttributeProto"]
+        out = _Attribute()
+        value = out.value
+        for a in self.wire.fields(f.value, f.end, depth):
+            if a.wire == LEN and a.number in (1, 5, 6, 11, 22):
+                if a.number == 1:
+                    out.name = read_name(self.wire, a)
+                elif a.number == 11:
+                    out.graphs.append([(a.value, a.end)])
+                else:
+                    {5: out.tensor, 6: out.graph, 22: out.sparse}[a.number].append((a.value, a.end))
+            elif a.number in (7, 8, 9):
+                kind = known[a.number]
+                if a.wire == LEN and kind != "bytes*":
+                    count = self.wire.packed_count(kind.rstrip("*"), a.value, a.end)
+                else:
+                    count = int(self.wire.number_kind(kind, a) or (kind == "bytes*" and a.wire == LEN))
+                value.counts[a.number] = value.counts.get(a.number, 0) + count
+            else:
+                self.wire.validate_field(known.get(a.number), a, depth)
+                if a.number == 21 and a.wire == LEN:
+                    out.reference = True
+                elif a.number in (2, 3, 4) and a.wire == (FIXED32, VARINT, LEN)[a.number - 2]:
+                    value.present.add(a.number)
+        return out
 
     def initializer(self, f: Field, depth: int, names: set[str], *, sparse: bool) -> None:
         if sparse:
-            raw, dims = self.sparse(f, depth)
+            raw, dims = read_sparse(self.wire, [(f.value, f.end)], depth, self.source.name)
         else:
-            raw = self.tensor([(f.value, f.end)], depth)
-            dims = None
-        info, unknown = tensor_info(raw, self.source.name, dims=dims)
-        if info.name in names:
-            raise MalformedCheckpoint(f"initializer {shown(info.name)} is defined twice in one graph")
-        names.add(info.name)
-        if unknown:
-            self.model.unknown.setdefault(info.dtype, []).append(info.name)
-        if raw.location is not None:
-            self.model.companions[raw.location] = None
-        self.model.tensors.append(info)
-
-    def sparse(self, f: Field, depth: int) -> tuple[RawTensor, tuple[int, ...]]:
-        values: list[tuple[int, int]] = []
-        indices: list[tuple[int, int]] = []
-        dims: list[int] = []
-        for g in self.wire.fields(f.value, f.end, depth):
-            if g.number in (1, 2) and g.wire == LEN:
-                (values if g.number == 1 else indices).append((g.value, g.end))
-            elif g.number == 3:
-                dims.extend(self.dims(g, len(dims)))
-        if not values:
-            raise MalformedCheckpoint("sparse initializer without values")
-        if indices:
-            tensor_info(self.tensor(indices, depth + 1), self.source.name)  # checked, not listed
-        return self.tensor(values, depth + 1), tuple(dims)
-
-    def dims(self, f: Field, have: int) -> list[int]:
-        """Signed int64 values of a repeated varint field, packed or not; no more than one past MAX_RANK
-        in all, which the shape check refuses (a packed field of 100 MB would be 100 M Python ints)."""
-        if f.wire == VARINT:
-            values = [f.value]
-        elif f.wire == LEN:
-            values, pos = [], f.value
-            while pos < f.end and have + len(values) <= MAX_RANK:
-                value, pos = self.wire.varint(pos, f.end)
-                values.append(value)
-        else:
-            return []
-        return [v - (1 << 64) if v >= 1 << 63 else v for v in values]
-
-    def tensor(self, spans: list[tuple[int, int]], depth: int) -> RawTensor:
-        if depth > MAX_DEPTH:
-            raise MalformedCheckpoint(f"protobuf messages nest more than {MAX_DEPTH} deep")
-        t = RawTensor()
-        known = SCHEMA["TensorProto"]
-        for start, end in spans:
-            for f in self.wire.fields(start, end, depth):
-                kind = known.get(f.number)
-                if f.number == 1:
-                    t.dims.extend(self.dims(f, len(t.dims)))
-                elif f.number == 2 and f.wire == VARINT:
-                    value = f.value & 0xFFFFFFFF
-                    t.data_type = value - (1 << 32) if value >= 1 << 31 else value
-                elif f.number == 3 and f.wire == LEN:
-                    self.wire.validate("TensorProto.Segment", f.value, f.end, depth + 1)
-                    t.segment = True
-                elif f.number in (4, 5, 7, 10, 11) and kind is not None:
-                    if f.wire == LEN:
-                        t.counts[f.number] = t.counts.get(f.number, 0) + self.wire.packed_count(
-                            kind.rstrip("*"), f.value, f.end)
-                    elif self.wire.number_kind(kind, f):
-                        t.counts[f.number] = t.counts.get(f.number, 0) + 1
-                elif f.number == 6 and f.wire == LEN:
-                    t.counts[6] = t.counts.get(6, 0) + 1
-                elif f.number == 8 and f.wire == LEN:
-                    if f.end - f.value > MAX_NAME:
-                        raise MalformedCheckpoint(f"a tensor name of {f.end - f.value:,} bytes (over {MAX_NAME:,})")
-                    t.name = self.text(f)
-                elif f.number == 9 and f.wire == LEN:
-                    t.raw = (f.value, f.end)
-                elif f.number == 13 and f.wire == LEN:
-                    t.external.append(self.entry(f, depth + 1))
-                elif f.number == 14 and f.wire == VARINT:
-                    if f.value in (0, 1):  # a closed proto2 enum: other values are kept as unknown
-                        t.data_location = f.value
-                else:
-                    self.wire.validate_field(kind, f, depth)
-        return t
-
-    def entry(self, f: Field, depth: int) -> tuple[str, str]:
-        key = value = ""
-        for g in self.wire.fields(f.value, f.end, depth):
-            if g.number in (1, 2) and g.wire == LEN:
-                text = self.text(g, 4096)
-                key, value = (text, value) if g.number == 1 else (key, text)
-        return key, value
+            raw, dims = read_tensor(self.wire, [(f.value, f.end)], depth), None
+        if raw.name in names:
+            raise MalformedCheckpoint(f"initializer {shown(raw.name)} is defined twice in one graph")
+        names.add(raw.name)
+        self.add(*tensor_info(raw, self.source.name, dims=dims), raw)
 
     def value_info(self, f: Field, depth: int) -> tuple[str, str]:
         name, elem = "", "?"
@@ -254,7 +331,7 @@ def read_onnx(source: ByteSource) -> FileScan:
             metadata[f"onnx.{key[:-1]}_dtypes"] = ",".join(sorted({e for _n, e in listed}))
     findings: list[Finding] = [
         make_finding("CG005", source.name, f"unknown ONNX data type {code.split(':')[1]} on "
-                     f"{len(names):,} initializer(s), e.g. {shown(names[0])}", tensor=names[0])
+                     f"{len(names):,} tensor(s), e.g. {shown(names[0])}", tensor=names[0])
         for code, names in model.unknown.items()
     ]
     return FileScan(path=source.name, format="onnx", size=source.size, tensors=tuple(model.tensors),

@@ -105,9 +105,7 @@ def _read(files: Mapping[str, int], open_file: OpenFile, local_root: str | None,
     for item in items:
         prefix = f"{item}/" if item else ""
         tree = _json(files, open_file, prefix + METADATA)
-        if not isinstance(tree, dict) or not isinstance(tree.get("tree_metadata"), dict):
-            raise MalformedCheckpoint(f"{prefix}{METADATA} has no tree_metadata object")
-        params = leaf_params(tree["tree_metadata"])
+        params = leaf_params(tree_metadata(tree, prefix + METADATA))
         ocdbt = tree.get("use_ocdbt", f"{prefix}manifest.ocdbt" in files) is True
         zarr3 = tree.get("use_zarr3") is True
         meta_name = "zarr.json" if zarr3 else ".zarray"
@@ -117,8 +115,8 @@ def _read(files: Mapping[str, int], open_file: OpenFile, local_root: str | None,
             blobs = read_ocdbt_values(prefix, files, open_file, list(keys.values()),
                                       local_root=f"{local_root}/{item}" if local_root and item else local_root)
         else:
-            blobs = {k: _bytes(open_file(prefix + k), files[prefix + k], k) if prefix + k in files else None
-                     for k in keys.values()}
+            blobs = {k: read_metadata_bytes(open_file(prefix + k), k, size=files[prefix + k])
+                     if prefix + k in files else None for k in keys.values()}
         for param, key in keys.items():
             blob = blobs.get(key)
             if blob is None:
@@ -176,13 +174,30 @@ def _check_inside(param: str) -> None:
             f"{METADATA} leaf {shown(param)} names a path outside the checkpoint (absolute or '..')")
 
 
+def tree_metadata(meta: object, name: str) -> dict[str, object]:
+    """``_METADATA``'s ``tree_metadata`` object (its entries are ``leaf_params``'s to check)."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("tree_metadata"), dict):
+        raise MalformedCheckpoint(f"{name} has no tree_metadata object")
+    return meta["tree_metadata"]  # type: ignore[no-any-return]
+
+
 def parse_zarr_metadata(blob: bytes, *, zarr3: bool, param: str) -> tuple[str, tuple[int, ...]]:
+    return zarr_dtype_shape(zarr_json(blob, param=param), zarr3=zarr3, param=param)
+
+
+def zarr_json(blob: bytes, *, param: str) -> dict[str, object]:
+    """A ``.zarray`` / ``zarr.json`` parsed: an object, or MalformedCheckpoint."""
     try:
         meta = json.loads(blob.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise MalformedCheckpoint(f"zarr metadata of {shown(param)} is not JSON") from None
     if not isinstance(meta, dict):
         raise MalformedCheckpoint(f"zarr metadata of {shown(param)} is not an object")
+    return meta
+
+
+def zarr_dtype_shape(meta: dict[str, object], *, zarr3: bool, param: str) -> tuple[str, tuple[int, ...]]:
+    """dtype code and shape of parsed zarr metadata, after the fields tensorstore requires are checked."""
     raw = meta.get("data_type" if zarr3 else "dtype")
     shape = meta.get("shape")
     if not isinstance(raw, str) or not isinstance(shape, list) or len(shape) > MAX_RANK or not all(
@@ -233,7 +248,7 @@ def read_ocdbt_values(prefix: str, files: Mapping[str, int], open_file: OpenFile
         if files[name] > SMALL_FILE or copied + files[name] > COPY_BUDGET:
             skipped += 1
             continue
-        memory[name[len(prefix):]] = _bytes(open_file(name), files[name], name)
+        memory[name[len(prefix):]] = read_metadata_bytes(open_file(name), name, size=files[name])
         copied += files[name]
     try:
         values = _ocdbt_read(ts, {"driver": "memory"}, context, keys)
@@ -269,13 +284,25 @@ def _ts_reason(exc: BaseException) -> str:
 def _json(files: Mapping[str, int], open_file: OpenFile, name: str) -> object:
     if name not in files:
         raise MalformedCheckpoint(f"no {name}")
+    return read_metadata_json(open_file(name), name, size=files[name])
+
+
+def read_metadata_json(source: ByteSource, name: str, *, size: int | None = None) -> object:
+    """A metadata file (``_METADATA``, ``_CHECKPOINT_METADATA``) parsed, within the one size limit.
+
+    ``size`` is the listing's figure where there is one (a Hub listing): the limit applies to it
+    before anything is read.  Conversion reads a checkpoint's metadata through this too.
+    """
     try:
-        return json.loads(_bytes(open_file(name), files[name], name).decode("utf-8"))
+        return json.loads(read_metadata_bytes(source, name, size=size).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedCheckpoint(f"{name} is not valid JSON ({str(exc)[:100]})") from None
 
 
-def _bytes(source: ByteSource, size: int, name: str) -> bytes:
+def read_metadata_bytes(source: ByteSource, name: str, *, size: int | None = None) -> bytes:
+    """A metadata file's bytes (JSON, zarr metadata), refused past ``MAX_JSON``."""
+    size = source.size if size is None else size
     if size > MAX_JSON:
         raise MalformedCheckpoint(f"{name} is {size:,} bytes, over the {MAX_JSON:,}-byte metadata limit")
     return source.read_at(0, min(size, source.size))
+

@@ -44,6 +44,11 @@ class Wire:
         self.schema = schema
 
     def varint(self, pos: int, end: int) -> tuple[int, int]:
+        at = pos - self.win.start
+        if pos < end and 0 <= at < len(self.win.data):  # one buffered byte: most tags and lengths
+            byte = self.win.data[at]
+            if byte < 0x80:
+                return byte, pos + 1
         n = min(10, end - pos)
         at = self.win.need(pos, n, "varint")
         data = self.win.data

@@ -14,7 +14,6 @@ import struct
 from guard.errors import MalformedCheckpoint
 from guard.readers.torch_pickle import (
     ITEMSIZES,
-    MAX_LINE,
     MAX_PICKLE_BYTES,
     DictDesc,
     PickleWalker,
@@ -27,65 +26,12 @@ from guard.readers.torch_tensors import (
     torch_file_scan,
     unsafe_and_unreadable,
 )
+from guard.readers.window import WindowStream
 from guard.sources import ByteSource
 from guard.tensors import FileScan
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
-# Pickles are read ahead in chunks that double from 64 KiB to 1 MiB: a typical state-dict
-# pickle (tens of KB) costs one ranged read, a huge one few reads, memory stays bounded.
-_FIRST_CHUNK = 64 * 1024
-_CHUNK = 1024 * 1024
-
-
-class SourceStream:
-    """A read-ahead file view of a ByteSource, for the pickle walker.
-
-    Reads never go past ``limit``: a 2^40 length field fails at once instead of
-    fetching the rest of the file.
-    """
-
-    def __init__(self, source: ByteSource, offset: int, limit: int) -> None:
-        self._source = source
-        self._pos = offset
-        self._limit = limit
-        self._buf = b""
-        self._buf_at = offset
-        self._chunk = _FIRST_CHUNK
-
-    def tell(self) -> int:
-        return self._pos
-
-    def _fill(self, end: int) -> None:
-        buf_end = self._buf_at + len(self._buf)
-        if end <= buf_end:
-            return
-        want = min(max(end - buf_end, self._chunk), self._limit - buf_end)
-        self._chunk = min(self._chunk * 2, _CHUNK)
-        fresh = self._source.read_at(buf_end, want) if want > 0 else b""
-        self._buf = self._buf[self._pos - self._buf_at :] + fresh
-        self._buf_at = self._pos
-
-    def read(self, size: int = -1, /) -> bytes:
-        if size < 0 or self._pos + size > self._limit:
-            raise MalformedCheckpoint(
-                f"pickle asks for {size:,} bytes at byte {self._pos}, past the end of the pickle data"
-            )
-        self._fill(self._pos + size)
-        start = self._pos - self._buf_at
-        self._pos += size
-        return self._buf[start : start + size]
-
-    def readline(self, size: int = -1, /) -> bytes:
-        size = MAX_LINE if size < 0 else min(size, MAX_LINE)
-        end = min(self._pos + size, self._limit)
-        self._fill(end)
-        start = self._pos - self._buf_at
-        newline = self._buf.find(b"\n", start, start + (end - self._pos))
-        stop = start + (end - self._pos) if newline < 0 else newline + 1
-        line = self._buf[start:stop]
-        self._pos += len(line)
-        return line
 
 
 def read_torch_legacy(source: ByteSource) -> FileScan:
@@ -94,17 +40,26 @@ def read_torch_legacy(source: ByteSource) -> FileScan:
         raise MalformedCheckpoint("legacy tar-format torch checkpoint is not supported")
     storages: dict[str, str] = {}  # key -> torch dtype of its elements
     declared: dict[str, int] = {}  # key -> bytes of the root storage, as its persistent id says
+    views: dict[object, StorageRef] = {}  # view key -> the view torch.load made the first time
 
     def persistent_load(pid: object) -> object:
+        if isinstance(pid, tuple) and len(pid) >= 2 and pid[0] in ("module", b"module"):
+            # torch.save(model) before 1.6: ('module', class, source file, source) per nn.Module
+            # class; torch.load returns the class (CG003 already names it), weights_only refuses it
+            return pid[1]
         ref = storage_from_pid(pid)
         if isinstance(ref, StorageRef):
             storages.setdefault(ref.key, ref.dtype)
             declared.setdefault(ref.key, pid[4] * ITEMSIZES[ref.dtype])  # type: ignore[index]
+            view = pid[5] if len(pid) == 6 else None  # type: ignore[arg-type]
+            if isinstance(view, tuple) and isinstance(view[0], (str, bytes, int)):
+                # torch.load keeps the first view it made under a view key
+                ref = views.setdefault(view[0], ref)
         return ref
 
     walker = PickleWalker(persistent_load)
     limit = min(source.size, MAX_PICKLE_BYTES)
-    stream = SourceStream(counted, 0, limit)
+    stream = WindowStream(counted, 0, limit)  # read ahead from 64 KiB: a typical pickle is one read
     try:
         if walker.walk(stream) != LEGACY_MAGIC:
             raise MalformedCheckpoint("legacy torch magic number is wrong")
@@ -117,7 +72,7 @@ def read_torch_legacy(source: ByteSource) -> FileScan:
         spans = _declared_spans(counted, stream.tell(), _key_list(keys), storages, declared) \
             or _storage_spans(counted, stream.tell(), _key_list(keys), storages)
         return torch_file_scan(source, "torch-legacy", walker, root, lambda storage: _span(spans, storage),
-                               bytes_read=counted.bytes_read)
+                               bytes_read=counted.bytes_read, storages=len(spans))
     except MalformedCheckpoint as exc:
         if not walker.unsafe:
             raise

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pickletools
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING  # pure data tables, as pickle uses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from guard.errors import MalformedCheckpoint
@@ -55,6 +55,10 @@ _REBUILDERS = (
 )
 _TENSOR_TYPES = ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
 _UNTYPED_STORAGES = ("torch.storage.UntypedStorage", "torch.storage.TypedStorage")
+# TorchScript's pickler tags lists and dicts with their static type through these
+# (torch/jit/_pickle.py); each returns its first argument unchanged.
+SCRIPT_PASS_THROUGH = frozenset(f"torch.jit._pickle.{name}" for name in (
+    "restore_type_tag", "build_intlist", "build_tensorlist", "build_doublelist", "build_boollist"))
 
 # Mirrors torch._weights_only_unpickler._get_allowed_globals (torch 2.13); a test
 # checks this is a subset of torch's own list.
@@ -87,9 +91,16 @@ class Global:
 
 @dataclass(frozen=True, slots=True)
 class Unsafe:
-    """What a call or instance of a non-allowlisted global would have produced."""
+    """A non-allowlisted global, or what a call of it would have produced.
+
+    ``parts`` keeps what the pickle gave the object (call arguments, BUILD state,
+    appended items): never used to build it, only walked for the tensors inside, so
+    a whole pickled ``nn.Module`` (or a TorchScript ``__torch__`` object) lists its
+    parameters.
+    """
 
     origin: str
+    parts: list[object] = field(default_factory=list, compare=False, hash=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +169,19 @@ _OPCODES = {
 
 
 class PickleWalker:
-    """Walks one or more pickles; ``unsafe`` collects non-allowlisted globals in order."""
+    """Walks one or more pickles; ``unsafe`` collects non-allowlisted globals in order.
 
-    def __init__(self, persistent_load: Callable[[object], object]) -> None:
+    ``torchscript``: the pickle is a TorchScript archive's.  Its ``__torch__.*`` classes
+    are compiled from the archive's own ``code/`` by the TorchScript runtime (no Python
+    class is imported): they become opaque records, listed in ``opaque``, not ``unsafe``;
+    the ``torch.jit._pickle`` helpers that only tag a value's type pass it through.
+    """
+
+    def __init__(self, persistent_load: Callable[[object], object], *, torchscript: bool = False) -> None:
         self.persistent_load = persistent_load
+        self.torchscript = torchscript
         self.unsafe: dict[str, None] = {}
+        self.opaque: dict[str, None] = {}
         self.opcodes = 0
 
     def walk(self, stream: PickleStream) -> object:
@@ -207,6 +226,11 @@ class PickleWalker:
                     arg = reader(stream)
                 except (ValueError, OverflowError) as exc:
                     raise _bad(f"bad {name} argument before byte {stream.tell()}: {exc}") from None
+                if name in ("SHORT_BINSTRING", "BINSTRING"):  # a Python 2 str: torch.load decodes it as UTF-8
+                    try:
+                        arg = arg.encode("latin-1").decode("utf-8")  # type: ignore[union-attr]
+                    except UnicodeDecodeError:
+                        raise _bad(f"Python 2 string before byte {stream.tell()} is not UTF-8") from None
                 if name in _PUSH_ARG:
                     if len(stack) >= MAX_STACK:
                         raise _bad("pickle stack exceeds the size limit")
@@ -311,8 +335,10 @@ class PickleWalker:
                     raise _bad("OBJ without a class")
                 stack.append(self._call(items[0], tuple(items[1:])))
             elif name == "BUILD":
-                pop()  # state: set on an object we never build
-                top()
+                state = pop()  # set on an object we never build; kept where tensors may hide in it
+                target = top()
+                if isinstance(target, Unsafe):
+                    target.parts.append(state)
             elif name == "BINPERSID":
                 stack.append(self.persistent_load(pop()))
             elif name == "PERSID":
@@ -344,16 +370,21 @@ class PickleWalker:
         elif module in IMPORT_MAPPING:
             module = IMPORT_MAPPING[module]
         glob = Global(module, name)
-        if glob.dotted in ALLOWED_GLOBALS:
+        if glob.dotted in ALLOWED_GLOBALS or (self.torchscript and glob.dotted in SCRIPT_PASS_THROUGH):
             return glob
-        self.unsafe.setdefault(glob.dotted)
+        if self.torchscript and (module == "__torch__" or module.startswith("__torch__.")):
+            self.opaque.setdefault(glob.dotted)
+        else:
+            self.unsafe.setdefault(glob.dotted)
         return Unsafe(glob.dotted)
 
     def _call(self, func: object, args: object) -> object:
         if isinstance(func, Unsafe):
-            return func
+            return Unsafe(func.origin, [args])  # one record per object, to hold its own state
         if not isinstance(func, Global):
             raise _bad(f"pickle calls a {type(func).__name__}, not a global")
+        if isinstance(args, list):  # REDUCE calls func(*args): a list does as well as a tuple
+            args = tuple(args)
         if not isinstance(args, tuple):
             if isinstance(args, Unsafe):
                 return args
@@ -376,10 +407,16 @@ class PickleWalker:
         if dotted in ("collections.OrderedDict", "collections.Counter"):
             out = DictDesc()
             if args and isinstance(args[0], list):
-                for pair in args[0]:
-                    if isinstance(pair, tuple) and len(pair) == 2:
-                        out.items.append(pair)
+                for pair in args[0]:  # Python 2's OrderedDict pickles its pairs as lists
+                    if isinstance(pair, (tuple, list)) and len(pair) == 2:
+                        out.items.append((pair[0], pair[1]))
             return out
+        if dotted == "builtins.set" and args and isinstance(args[0], list):  # protocol 2's sets
+            out_set = SetDesc()
+            out_set.items.extend(args[0])
+            return out_set
+        if dotted in SCRIPT_PASS_THROUGH:
+            return args[0] if args else Call(dotted)
         if dotted == "torch.Size" and args and isinstance(args[0], (tuple, list)):
             return tuple(args[0])
         if dotted == "_codecs.encode" and len(args) == 2 and all(isinstance(a, str) for a in args):
@@ -399,7 +436,9 @@ def _dict_from(items: list[object]) -> DictDesc:
 def _append(target: object, items: list[object]) -> None:
     if isinstance(target, list):
         target.extend(items)
-    elif not isinstance(target, (Unsafe, Call)):
+    elif isinstance(target, Unsafe):
+        target.parts.append(items)
+    elif not isinstance(target, Call):
         raise _bad(f"APPEND on a {type(target).__name__}, not a list")
 
 
@@ -408,7 +447,9 @@ def _setitems(target: object, items: list[object]) -> None:
         raise _bad("SETITEMS with an odd number of items")
     if isinstance(target, DictDesc):
         target.items.extend(zip(items[::2], items[1::2]))
-    elif not isinstance(target, (Unsafe, Call)):
+    elif isinstance(target, Unsafe):
+        target.parts.append(_dict_from(items))
+    elif not isinstance(target, Call):
         raise _bad(f"SETITEM on a {type(target).__name__}, not a dict")
 
 

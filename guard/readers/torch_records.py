@@ -19,12 +19,11 @@ from __future__ import annotations
 import zlib
 
 from guard.errors import MalformedCheckpoint
-from guard.readers.zipdir import _LOCAL, ZipArchive, ZipEntry, local_data_offset
+from guard.readers.zipdir import _LOCAL, ZipArchive, ZipEntry, open_member, read_member
 from guard.sources import ByteSource
 
 MIN_VERSION, MAX_VERSION = 1, 10  # caffe2/serialize/versions.h: kMin/kMaxSupportedFileFormatVersion
 MAX_SMALL_RECORD = 4096  # version, byteorder and the like are a few bytes
-_REFUSED_FLAGS = 0x1 | 0x20 | 0x40  # encrypted, compressed patch data, strong encryption
 _MASKED_HEADERS = 0x2000
 
 
@@ -51,14 +50,7 @@ def check_directory(archive: ZipArchive, prefix: str, size: int) -> None:
 
 def check_readable(source: ByteSource, entry: ZipEntry, head: bytes | None = None) -> int:
     """What torch checks before it reads a record: flags, method, local header; returns the data offset."""
-    if entry.flags & _REFUSED_FLAGS:
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} is encrypted")
-    if entry.method not in (0, 8):
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} uses compression method {entry.method}")
-    start = local_data_offset(source, entry, head)
-    if start + entry.compressed_size > source.size:
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} runs past the end of the file")
-    return start
+    return open_member(source, entry, head=head)
 
 
 def check_crc(entry: ZipEntry, data: bytes) -> None:
@@ -67,26 +59,8 @@ def check_crc(entry: ZipEntry, data: bytes) -> None:
 
 
 def read_record(source: ByteSource, entry: ZipEntry, *, limit: int) -> bytes:
-    """A record's bytes: local header and data in one read (a second only for a long extra field)."""
-    if entry.compressed_size > limit or (entry.method == 0 and entry.size > limit):
-        raise MalformedCheckpoint(f"{entry.name!r} is {entry.size:,} bytes, over the {limit:,}-byte limit")
-    want = min(source.size - entry.header_offset,
-               _LOCAL.size + len(entry.raw_name) + 128 + entry.compressed_size)
-    head = source.read_at(entry.header_offset, want)
-    start = check_readable(source, entry, head) - entry.header_offset
-    end = start + entry.compressed_size
-    if end > len(head):
-        head += source.read_at(entry.header_offset + len(head), end - len(head))
-    data = head[start:end]
-    if entry.method == 8:
-        inflater = zlib.decompressobj(-15)
-        try:
-            data = inflater.decompress(data, limit)
-        except zlib.error as exc:
-            raise MalformedCheckpoint(f"cannot inflate {entry.name!r}: {exc}") from None
-        if inflater.unconsumed_tail:
-            raise MalformedCheckpoint(f"{entry.name!r} inflates past {limit:,} bytes")
-    return data
+    """A record's bytes (zipdir's one member reader, with miniz's checks)."""
+    return read_member(source, entry, limit=limit)
 
 
 def check_small_records(source: ByteSource, entries: dict[str, ZipEntry], prefix: str) -> None:

@@ -14,6 +14,7 @@ from guard.readers.torch_pickle import (
     ITEMSIZES,
     MAX_NESTING,
     PickleWalker,
+    SetDesc,
     STORAGE_DTYPES,
     StorageRef,
     TensorRef,
@@ -21,7 +22,7 @@ from guard.readers.torch_pickle import (
     _UNTYPED_STORAGES,
     _bad,
 )
-from guard.sources import ByteSource
+from guard.sources import ByteSource, CountingSource  # noqa: F401  (CountingSource: the torch readers')
 from guard.tensors import FileScan, TensorInfo
 
 
@@ -63,24 +64,28 @@ def storage_from_pid(pid: object) -> StorageRef | Unsafe:
 
 
 def iter_named_tensors(root: object, *, budget: int) -> Iterator[tuple[str, TensorRef]]:
-    """(dotted name, tensor) for every tensor reachable through dicts, lists and tuples.
+    """(dotted name, tensor) for every tensor reachable through dicts, lists, tuples and the
+    state of objects that were not built.
 
     ``budget`` bounds the nodes visited, so memo-shared subtrees cannot expand
     exponentially (a "billion laughs" pickle).
     """
-    todo: list[tuple[object, tuple[str, ...], tuple[int, ...]]] = [(root, (), ())]
+    todo: list[tuple[object, tuple[str | None, ...], tuple[int, ...]]] = [(root, (), ())]
     while todo:
         node, path, ancestors = todo.pop()
         budget -= 1
         if budget < 0:
             raise _bad("pickle references expand to too many objects")
         if isinstance(node, TensorRef):
-            yield ".".join(path) if path else "<root>", node
+            named = [p for p in path if p is not None]
+            yield ".".join(named) if named else "<root>", node
             continue
         if isinstance(node, DictDesc):
             children = [(_component(k), v) for k, v in node.items]
         elif isinstance(node, (list, tuple)):
             children = [(str(i), v) for i, v in enumerate(node)]
+        elif isinstance(node, Unsafe):
+            children = _object_children(node)
         else:
             continue
         if id(node) in ancestors:
@@ -89,6 +94,42 @@ def iter_named_tensors(root: object, *, budget: int) -> Iterator[tuple[str, Tens
             raise _bad(f"pickle nests containers more than {MAX_NESTING} deep")
         inner = (*ancestors, id(node))
         todo.extend((v, (*path, k), inner) for k, v in reversed(children))
+
+
+# An nn.Module's __dict__ keeps its tensors in these; state_dict() names them without the slot.
+_MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
+
+
+def _object_children(node: Unsafe) -> list[tuple[str | None, object]]:
+    """An object we never build, named as its state names it (None adds no name component).
+
+    A pickled ``nn.Module`` gets ``state_dict()``'s names (``fc.weight``), its
+    non-persistent buffers left out as ``state_dict()`` leaves them.
+    """
+    children: list[tuple[str | None, object]] = []
+    for part in node.parts:
+        if not isinstance(part, DictDesc):
+            children.append((None, part))
+            continue
+        hidden = _non_persistent_buffers(part)
+        for key, value in part.items:
+            name = _component(key)
+            if name in _MODULE_SLOTS and isinstance(value, DictDesc):
+                if name == "_buffers" and hidden:
+                    kept = DictDesc()
+                    kept.items.extend(item for item in value.items if _component(item[0]) not in hidden)
+                    value = kept
+                children.append((None, value))
+            else:
+                children.append((name, value))
+    return children
+
+
+def _non_persistent_buffers(state: DictDesc) -> set[str]:
+    for key, value in state.items:
+        if key == "_non_persistent_buffers_set" and isinstance(value, SetDesc):
+            return {_component(item) for item in value.items}
+    return set()
 
 
 def _component(key: object) -> str:
@@ -165,16 +206,29 @@ def _is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 
 
 def torch_file_scan(source: ByteSource, fmt: str, walker: PickleWalker, root: object,
-                    locate: Locate, *, bytes_read: int) -> FileScan:
-    """The FileScan of a walked torch pickle: its tensors, plus CG003 for what was refused."""
+                    locate: Locate, *, bytes_read: int, storages: int = 0) -> FileScan:
+    """The FileScan of a walked torch pickle: its tensors, plus CG003 for what was refused.
+
+    ``storages``: how many storages the file's structure holds.  Storages and no tensor
+    read from them is CG001, never a silent empty file.
+    """
     budget = max(100_000, 4 * walker.opcodes)  # nodes visited: bounds memo-shared blow-ups
     tensors, findings = build_tensor_infos(iter_named_tensors(root, budget=budget), file=source.name,
                                            locate=locate)
     return FileScan(
         path=source.name, format=fmt, size=source.size, tensors=tensors,
-        findings=(*unsafe_findings(walker, source.name), *findings), metadata=pickle_metadata(walker),
-        bytes_read=bytes_read,
+        findings=(*unsafe_findings(walker, source.name), *findings,
+                  *no_tensor_findings(walker, source.name, storages=storages, tensors=len(tensors))),
+        metadata=pickle_metadata(walker), bytes_read=bytes_read,
     )
+
+
+def no_tensor_findings(walker: PickleWalker, path: str, *, storages: int, tensors: int) -> tuple[Finding, ...]:
+    if tensors or not storages:
+        return ()
+    through = f" (they are built through {', '.join(list(walker.unsafe)[:3])})" if walker.unsafe else ""
+    return (make_finding("CG001", path, f"unreadable checkpoint: the file holds {storages:,} storage(s) but no "
+                         f"tensor could be read from its pickle{through}"),)
 
 
 def pickle_metadata(walker: PickleWalker) -> dict[str, str]:
@@ -198,18 +252,3 @@ def unsafe_and_unreadable(
     return FileScan(path=source.name, format=fmt, size=source.size,
                     findings=(*unsafe_findings(walker, source.name), broken), bytes_read=bytes_read,
                     metadata=pickle_metadata(walker))
-
-
-class CountingSource:
-    """Counts what a reader asked for, for ``FileScan.bytes_read``."""
-
-    def __init__(self, source: ByteSource) -> None:
-        self.source = source
-        self.name = source.name
-        self.size = source.size
-        self.bytes_read = 0
-
-    def read_at(self, offset: int, size: int) -> bytes:
-        data = self.source.read_at(offset, size)
-        self.bytes_read += len(data)
-        return data

@@ -15,27 +15,17 @@ therefore leaves ``data_start``/``data_end`` as None; ``locate_torch_zip_storage
 
 from __future__ import annotations
 
-import io
-
 from guard.errors import MalformedCheckpoint
-from guard.readers.torch_pickle import (
-    MAX_PICKLE_BYTES,
-    PickleWalker,
-    StorageRef,
-)
+from guard.readers.torch_archive import locate_storages, storage_locator, walk_record
+from guard.readers.torch_pickle import PickleWalker
 from guard.readers.torch_tensors import (
     CountingSource,
     storage_from_pid,
     torch_file_scan,
     unsafe_and_unreadable,
 )
-from guard.readers.torch_records import (
-    check_crc,
-    check_directory,
-    check_readable,
-    check_small_records,
-    read_record,
-)
+from guard.readers.torch_export import is_export_archive, read_export_archive
+from guard.readers.torch_records import check_directory, check_small_records
 from guard.readers.zipdir import ZipEntry, read_zip_archive, read_zip_directory
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
@@ -59,19 +49,7 @@ def locate_torch_zip_storages(source: ByteSource) -> dict[str, tuple[int, int]]:
     and conversion, not for remote header scans.
     """
     entries = read_zip_directory(source)
-    return _locate(source, entries, _archive_prefix(entries))
-
-
-def _locate(source: ByteSource, entries: dict[str, ZipEntry], prefix: str
-            ) -> dict[str, tuple[int, int]]:
-    folder = f"{prefix}/data/"
-    spans: dict[str, tuple[int, int]] = {}
-    for name, entry in entries.items():
-        if not name.startswith(folder) or entry.method != 0:
-            continue
-        start = check_readable(source, entry)
-        spans[name[len(folder):]] = (start, start + entry.size)
-    return spans
+    return locate_storages(source, entries, _archive_prefix(entries))
 
 
 def read_torch_zip(source: ByteSource, *, locate_data: bool = False) -> FileScan:
@@ -84,38 +62,28 @@ def read_torch_zip(source: ByteSource, *, locate_data: bool = False) -> FileScan
     counted = CountingSource(source)
     archive = read_zip_archive(counted)
     entries = archive.entries
+    if is_export_archive(entries):  # torch.export.save: weights and constants configs, no data.pkl
+        return read_export_archive(source, counted, archive)
     prefix = _archive_prefix(entries)
     pickle_entry = entries.get(f"{prefix}/data.pkl")
     if pickle_entry is None:
         raise MalformedCheckpoint(f"zip has no {prefix}/data.pkl: not a torch checkpoint")
+    if f"{prefix}/constants.pkl" in entries:  # torch.load hands such an archive to torch.jit.load
+        from guard.readers.torchscript import read_torchscript
+
+        return read_torchscript(source, counted, archive, prefix, locate_data=locate_data)
     walker = PickleWalker(storage_from_pid)
     try:
-        pickle_bytes = read_record(counted, pickle_entry, limit=MAX_PICKLE_BYTES)
-        # the pickle first: an unsafe one is CG003 whatever else is wrong with the archive
-        try:
-            root = walker.walk(io.BytesIO(pickle_bytes))
-        except MalformedCheckpoint:
-            check_crc(pickle_entry, pickle_bytes)  # a pickle that fails its CRC is reported as corrupted
-            raise
-        check_crc(pickle_entry, pickle_bytes)
+        root = walk_record(counted, pickle_entry, walker)
         check_directory(archive, prefix, source.size)
         check_small_records(counted, entries, prefix)
         cheap = locate_data or isinstance(source, (LocalFile, BytesSource))
-        spans = _locate(counted, entries, prefix) if cheap else {}
-
-        def locate(storage: StorageRef) -> tuple[int, int] | None:
-            entry = entries.get(f"{prefix}/data/{storage.key}")
-            if entry is None:
-                raise MalformedCheckpoint(f"data.pkl names storage {storage.key!r}, "
-                                          f"which the zip does not hold")
-            if entry.size < storage.view_offset + storage.nbytes:
-                raise MalformedCheckpoint(f"storage {storage.key!r} is {entry.size} bytes, "
-                                          f"shorter than its {storage.nbytes} bytes")
-            if cheap and entry.method != 0:
-                check_readable(counted, entry)
-            return spans.get(storage.key) if locate_data else None
-
-        return torch_file_scan(source, "torch-zip", walker, root, locate, bytes_read=counted.bytes_read)
+        spans = locate_storages(counted, entries, prefix) if cheap else {}
+        locate = storage_locator(counted, entries, lambda key: f"{prefix}/data/{key}", cheap=cheap,
+                                 spans=spans if locate_data else None)
+        storages = sum(name.startswith(f"{prefix}/data/") for name in entries)
+        return torch_file_scan(source, "torch-zip", walker, root, locate, bytes_read=counted.bytes_read,
+                               storages=storages)
     except MalformedCheckpoint as exc:
         if not walker.unsafe:
             raise

@@ -1,8 +1,10 @@
 """A forward-reading window over a ByteSource, for headers that must be walked to be sized.
 
-GGUF and protobuf headers have no length up front: the reader learns where the
-header ends by walking it.  ``Window`` serves small reads from one buffered span
-and, on a miss, fetches the next span in one read.
+The readers' one buffered reader.  GGUF, protobuf (ONNX) and msgpack headers have no
+length up front, nor do the pickles of a legacy torch file: the reader learns where
+the header ends by walking it.  ``Window`` serves small reads from one buffered span
+and, on a miss, fetches the next span in one read; ``WindowStream`` is the same as a
+file for the pickle walker.  Both count what they fetch through ``CountingSource``.
 
 * A miss that continues where the buffer ends, or skips at most 4 KiB past it (a
   string the walker does not keep), grows the next fetch sixteenfold (64 KiB,
@@ -21,7 +23,7 @@ never holds more than one block plus one read.
 from __future__ import annotations
 
 from guard.errors import MalformedCheckpoint
-from guard.sources import ByteSource
+from guard.sources import ByteSource, CountingSource
 
 FIRST_BLOCK = 64 * 1024
 GROWTH = 16
@@ -30,16 +32,22 @@ SMALL_SKIP = 4096  # skipping this little is still walking a header (a string va
 
 
 class Window:
-    def __init__(self, source: ByteSource, *, first_block: int = FIRST_BLOCK) -> None:
-        self.source = source
-        self.size = source.size
+    def __init__(self, source: ByteSource, *, first_block: int = FIRST_BLOCK, end: int | None = None) -> None:
+        self.source = CountingSource(source)  # what this reader asked for: its FileScan.bytes_read
+        self.size = source.size if end is None else min(end, source.size)  # nothing past it is ever fetched
         self.first_block = first_block
         self.start = 0
         self.data = b""
         self._block = 0  # the size of the last fetch
         self._payloads = False  # walking records with payloads read through (see need)
-        self.bytes_read = 0
-        self.reads = 0
+
+    @property
+    def bytes_read(self) -> int:
+        return self.source.bytes_read
+
+    @property
+    def reads(self) -> int:
+        return self.source.reads
 
     @property
     def end(self) -> int:
@@ -71,8 +79,6 @@ class Window:
             fetch_at = pos
         fetch_end = min(self.size, max(pos + n, fetch_at + block))
         fetched = self.source.read_at(fetch_at, fetch_end - fetch_at)
-        self.reads += 1
-        self.bytes_read += len(fetched)
         self._block = max(block, len(fetched))
         data = keep + fetched
         if fetch_at < pos:  # a short skip: drop the bytes between the old end and pos
@@ -83,3 +89,48 @@ class Window:
     def read(self, pos: int, n: int, what: str = "header") -> bytes:
         at = self.need(pos, n, what)
         return self.data[at : at + n]
+
+
+class WindowStream:
+    """A read-only file over a Window, for the pickle walker: ``read``, ``readline``, ``tell``.
+
+    Reads never go past ``limit``: a 2^40 length field fails at once instead of fetching
+    the rest of the file, and no block is fetched beyond it.
+    """
+
+    def __init__(self, source: ByteSource, offset: int, limit: int) -> None:
+        self.win = Window(source, end=limit)
+        self._pos = offset
+        self._limit = self.win.size
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int = -1, /) -> bytes:
+        if size < 0 or self._pos + size > self._limit:
+            raise MalformedCheckpoint(
+                f"pickle asks for {size:,} bytes at byte {self._pos}, past the end of the pickle data"
+            )
+        at = self.win.need(self._pos, size, "pickle data")
+        self._pos += size
+        return self.win.data[at : at + size]
+
+    def readline(self, size: int = -1, /) -> bytes:
+        """Up to and including the next newline, within ``size`` bytes (64 KiB when not given)."""
+        size = MAX_LINE if size < 0 else min(size, MAX_LINE)
+        n = min(self._pos + size, self._limit) - self._pos
+        win = self.win
+        if win.start <= self._pos < win.end:  # a GLOBAL name in the buffer: no fetch of n bytes ahead
+            at = self._pos - win.start
+            newline = win.data.find(b"\n", at, at + n)
+            if newline >= 0:
+                self._pos += newline + 1 - at
+                return win.data[at : newline + 1]
+        at = self.win.need(self._pos, n, "pickle data")
+        newline = self.win.data.find(b"\n", at, at + n)
+        line = self.win.data[at : at + n if newline < 0 else newline + 1]
+        self._pos += len(line)
+        return line
+
+
+MAX_LINE = 64 * 1024  # a protocol-0 text argument: the pickle walker's own limit

@@ -1,6 +1,10 @@
-"""The zip container, read through a ByteSource: the end record, the central directory, local headers.
+"""The zip container, read through a ByteSource: the end record, the central directory, members.
 
-Shared by the torch zip and the NumPy ``.npz`` readers.  ``zipfile.ZipFile`` is
+Shared by the torch zip (and TorchScript), torch.export ``.pt2``, NumPy ``.npz``
+and Keras ``.keras`` readers: this module is their one way to place a member's
+data (``open_member``), read it whole under a size cap (``read_member``), read
+the start of it (``MemberPrefix``) or see a stored one as a ByteSource of its own
+(``MemberSource``).  ``zipfile.ZipFile`` is
 not used: through a remote source it would read more than the few ranges a scan
 needs.  Every entry is checked against the archive's layout (inside the file data,
 no two entries sharing bytes: the overlapping-entry "zip bomb"), duplicate names
@@ -10,6 +14,7 @@ are refused, and zip64 records are followed.
 from __future__ import annotations
 
 import struct
+import zlib
 from dataclasses import dataclass
 
 from guard.errors import MalformedCheckpoint
@@ -133,7 +138,9 @@ def _find_directory(source: ByteSource) -> tuple[int, int, int, int, int]:
     if eocd_at >= _ZIP64_LOCATOR.size:
         loc = (tail[found - _ZIP64_LOCATOR.size : found] if found >= _ZIP64_LOCATOR.size
                else source.read_at(eocd_at - _ZIP64_LOCATOR.size, _ZIP64_LOCATOR.size))
-        sig, _disk, z64_at, _disks = _ZIP64_LOCATOR.unpack(loc)
+        sig, _disk, z64_at, disks = _ZIP64_LOCATOR.unpack(loc)
+        if sig == b"PK\x06\x07" and disks > 1:  # miniz and zipfile refuse it, whatever the records say
+            raise MalformedCheckpoint(f"zip64 locator counts {disks:,} disks: multi-disk zip archives are not read")
         # miniz (torch) refuses a locator that points past the end; a zip64 record without its
         # signature is ignored, as miniz and zipfile ignore it: the 32-bit record then has to do.
         if sig == b"PK\x06\x07" and z64_at + _ZIP64_EOCD.size > source.size:
@@ -177,3 +184,106 @@ def _zip64_sizes(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int
     return fields[0], fields[1], fields[2]
 
 
+# ------------------------------------------------------------------ members
+
+REFUSED_FLAGS = 0x1 | 0x20 | 0x40  # encrypted, compressed patch data, strong encryption: miniz and zipfile refuse
+
+
+def open_member(source: ByteSource, entry: ZipEntry, *, end: int | None = None, head: bytes | None = None,
+                zipfile_checks: bool = False) -> int:
+    """Absolute offset of a member's data, after the checks every reader of a member makes.
+
+    Flags, method, local header signature, and data that ends before ``end`` (the next
+    entry or the directory for a reader that cares, else the end of the file).
+    ``zipfile_checks`` adds what Python's zipfile (and so numpy and Keras) checks
+    and miniz (torch) does not: the local header's name, and a stored member's two sizes.
+    ``head``: bytes already read from the local header on.
+    """
+    if entry.flags & REFUSED_FLAGS:
+        raise MalformedCheckpoint(f"zip entry {entry.name!r} is encrypted")
+    if entry.method not in (0, 8):
+        raise MalformedCheckpoint(f"zip entry {entry.name!r} uses compression method {entry.method}")
+    end = source.size if end is None else end
+    if zipfile_checks:
+        if entry.method == 0 and entry.size != entry.compressed_size:
+            raise MalformedCheckpoint(f"stored zip entry {entry.name!r} has two different sizes")
+        want = _LOCAL.size + len(entry.raw_name)
+        if head is None or len(head) < want:
+            head = source.read_at(entry.header_offset, max(0, min(want, end - entry.header_offset)))
+    start = local_data_offset(source, entry, head)
+    if zipfile_checks and head is not None:  # head is set and at least a local header long here
+        (nlen,) = struct.unpack_from("<H", head, 26)
+        if head[_LOCAL.size : _LOCAL.size + nlen] != entry.raw_name:
+            raise MalformedCheckpoint(f"zip entry {entry.name!r} has another name in its local header")
+    if start + entry.compressed_size > end:
+        what = "the end of the file" if end == source.size else "the next entry or the directory"
+        raise MalformedCheckpoint(f"zip entry {entry.name!r} runs past {what}")
+    return start
+
+
+def read_member(source: ByteSource, entry: ZipEntry, *, limit: int, zipfile_checks: bool = False) -> bytes:
+    """A member's bytes, inflated, at most ``limit`` of them: local header and data in one read
+    (a second only for a long extra field).  A deflated member must inflate to exactly its
+    declared size: a zip bomb that lies about its size stops one byte past it."""
+    if max(entry.size, entry.compressed_size) > limit:
+        raise MalformedCheckpoint(f"{entry.name!r} is {entry.size:,} bytes, over the {limit:,}-byte limit")
+    want = min(source.size - entry.header_offset, _LOCAL.size + len(entry.raw_name) + 128 + entry.compressed_size)
+    head = source.read_at(entry.header_offset, want)
+    start = open_member(source, entry, head=head, zipfile_checks=zipfile_checks) - entry.header_offset
+    end = start + entry.compressed_size
+    if end > len(head):
+        head += source.read_at(entry.header_offset + len(head), end - len(head))
+    data = head[start:end]
+    if entry.method == 0:
+        return data
+    inflater = zlib.decompressobj(-15)
+    try:
+        out = inflater.decompress(data, entry.size + 1)
+    except zlib.error as exc:
+        raise MalformedCheckpoint(f"cannot inflate {entry.name!r}: {exc}") from None
+    if inflater.unconsumed_tail or len(out) != entry.size:
+        raise MalformedCheckpoint(f"{entry.name!r} does not inflate to its declared {entry.size:,} bytes")
+    return out
+
+
+class MemberPrefix:
+    """The first bytes of a member, inflated as far as asked and no further.
+
+    Input is read 1 KiB, then 4 KiB, ... (at most 1 MiB) at a time, and the state is kept, so a reader
+    that learns from the first bytes how many more it needs (an ``.npy`` header) reads on.
+    """
+
+    def __init__(self, source: ByteSource, entry: ZipEntry, start: int) -> None:
+        self.source, self.entry, self.start = source, entry, start
+        self._inflater = zlib.decompressobj(-15) if entry.method == 8 else None
+        self._out, self._pos, self._chunk = b"", 0, 1024
+
+    def read(self, n: int) -> bytes:
+        """The first ``n`` bytes of the member's content (fewer where it ends first)."""
+        size = self.entry.compressed_size
+        if self._inflater is None:
+            return self.source.read_at(self.start, min(n, size))
+        inflater = self._inflater
+        while len(self._out) < n and not inflater.eof and (self._pos < size or inflater.unconsumed_tail):
+            data = b""
+            if self._pos < size:
+                data = self.source.read_at(self.start + self._pos, min(self._chunk, size - self._pos))
+                self._pos, self._chunk = self._pos + len(data), min(self._chunk * 4, 1024 * 1024)
+            try:
+                self._out += inflater.decompress(inflater.unconsumed_tail + data, n - len(self._out))
+            except zlib.error as exc:
+                raise MalformedCheckpoint(f"cannot inflate {self.entry.name!r}: {exc}") from None
+        return self._out[:n]
+
+
+class MemberSource:
+    """A stored member as a ByteSource of its own (reads go to the archive)."""
+
+    def __init__(self, parent: ByteSource, start: int, size: int, name: str) -> None:
+        self.parent, self.start, self.size, self.name = parent, start, size, name
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise MalformedCheckpoint(
+                f"read of {size} bytes at offset {offset} runs past the end of {self.name} ({self.size} bytes)")
+        return self.parent.read_at(self.start + offset, size)

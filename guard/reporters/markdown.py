@@ -64,6 +64,10 @@ def render_markdown(report: Report) -> str:
         f"in {len(report.models)} model(s), {files} file(s) (fail-on: `{md_escape(report.fail_on, limit=10)}`).",
         "",
     ]
+    if isinstance(report.extra.get("parity"), dict):
+        from guard.reporters.parity import parity_markdown
+
+        out += parity_markdown(report.extra["parity"], md_escape)
     out += _models_section(report)
     out += _pie_section(report)
     out += _findings_section(report)

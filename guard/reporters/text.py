@@ -37,8 +37,9 @@ def render_text(report: Report, *, color: bool = False) -> str:
     lines: list[str] = []
     if isinstance(report.extra.get("parity"), dict):
         lines.append(parity_summary(report.extra["parity"]))
+    flagged = {f.path for f in report.findings}
     for model in report.models:
-        lines.extend(_model_lines(model, color))
+        lines.extend(_model_lines(model, color, has_findings=_has_findings(model, flagged)))
     for finding in report.sorted_findings():
         where = inert_text(finding.path)
         if finding.line:
@@ -72,7 +73,13 @@ def render_text(report: Report, *, color: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _model_lines(model: ModelSummary, color: bool) -> list[str]:
+def _has_findings(model: ModelSummary, flagged: set[str]) -> bool:
+    inside = model.path.rstrip("/") + "/"
+    return any(f.path in flagged for f in model.files) or any(
+        p == model.path or p.startswith(inside) for p in flagged)
+
+
+def _model_lines(model: ModelSummary, color: bool, *, has_findings: bool) -> list[str]:
     """A header, then one row per weight set and one column per dtype (its share of the set)."""
     head = f"{inert_text(model.path)}  ({len(model.files)} file(s)"
     if len(model.sets) > 1:
@@ -84,7 +91,9 @@ def _model_lines(model: ModelSummary, color: bool) -> list[str]:
     lines = [_paint(head + ")", "1", color)]
     sets = model.all_sets
     if not any(ws.dtypes for ws in sets):
-        return [*lines, "  no tensors read (see the findings below)", ""]
+        # the pointer to findings only where there are some (CG007 makes one unless it is ignored)
+        why = "see the findings below" if has_findings else "its files hold none"
+        return [*lines, f"  no tensors read ({why})", ""]
     codes: list[str] = []
     for ws in sorted(sets, key=lambda ws: not ws.primary):
         codes += [code for code in ws.dtypes if code not in codes]
@@ -111,15 +120,7 @@ def _model_lines(model: ModelSummary, color: bool) -> list[str]:
 
 
 def parity_summary(figures: dict[str, object]) -> str:
-    """One line per comparison: its bound, the worst output and top-1 (the JSON has every figure)."""
-    lines = [f"parity {inert_text(str(figures.get('torch_dir')))} vs {inert_text(str(figures.get('flax_dir')))}"
-             f" ({inert_text(str(figures.get('torch_class', '-')))} / "
-             f"{inert_text(str(figures.get('flax_class', '-')))}, seed {figures.get('seed')})"]
-    for comp in figures.get("comparisons", []):
-        outputs = [o for o in comp["outputs"].values() if "max_rel" in o]
-        worst = max((o["max_rel"] for o in outputs), default=0.0)
-        top1 = [o["top1_tie_aware"] for o in outputs if "top1_tie_aware" in o]
-        tol = comp["tolerance"]
-        lines.append(f"  {comp['name']:<26} {'ok  ' if comp['passed'] else 'FAIL'} max rel {worst:.2e} "
-                     f"(bound {tol['max_rel']:.0e})" + (f", top-1 {min(top1):.1%}" if top1 else ""))
-    return "\n".join(lines) + "\n\n"
+    """Per comparison its rule and worst output; for bf16/fp16, per output both errors and their ratio."""
+    from guard.reporters.parity import parity_text
+
+    return parity_text(figures)

@@ -25,6 +25,7 @@ from guard.rules.dtype_policy import (
     check_unexpected_dtype,
 )
 from guard.rules.formats import check_declared_dtypes
+from guard.rules.no_tensors import no_tensor_findings
 from guard.rules.shards import check_shard_index
 from guard.rules.targets import check_target_support
 from guard.rules.training import file_findings
@@ -32,7 +33,8 @@ from guard.rules.variants import check_variant_dtype, check_variant_shards
 
 Check = Callable[[ModelInventory, Policy], Iterable[Finding]]
 
-# Reader-level codes (CG001-CG003, CG005, CG006) come from the readers and the inventory.
+# Reader-level codes (CG001-CG003, CG005, CG006) come from the readers and the inventory;
+# CG007 (and CG001 for a declared count none of which was read) from no_tensor_findings, per file.
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG004", check_shard_index),
     ("CG101", check_unexpected_dtype),
@@ -53,6 +55,7 @@ def check_model(inventory: ModelInventory, policy: Policy) -> list[Finding]:
     for ws in inventory.sets:
         for scan in ws.files:
             findings.extend(f._replace(set=ws.name) for f in file_findings(ws, scan))
+            findings.extend(f._replace(set=ws.name) for f in no_tensor_findings(ws, scan))
     owner = {index.path: ws.name for ws in inventory.sets for index in ws.indexes}
     owner.update((scan.path, ws.name) for ws in inventory.sets for scan in ws.files)
     findings.extend(f._replace(set=owner.get(f.path)) for f in inventory.findings)

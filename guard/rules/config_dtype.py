@@ -1,13 +1,23 @@
-"""CG103: config.json's declared dtype against the primary set.
+"""CG103: config.json's declared dtype against the primary set; a .keras file's layer policies.
 
 save_pretrained rewrites config.json on every save, so the last save wins: a
 config that matches a variant rather than the default weights says so.
 transformers v5 loads in the declared dtype by default, so a config narrower
 than the weights is a silent downcast (an error); the other way is a warning.
+
+The config.json inside a ``.keras`` archive gives each layer a dtype policy,
+and Keras 3 builds the layer's variables in that policy's variable dtype and
+casts the stored values to it on load (``keras.saving.load_model``): a layer
+whose policy is ``bfloat16`` over float32 variables loads in bfloat16 (a silent
+downcast: an error), ``float32`` over bfloat16 ones loads widened (a warning).
+``mixed_float16`` / ``mixed_bfloat16`` build float32 variables, so float32 is
+what they should hold.  The reader maps the layers to their h5 groups
+(``metadata["keras_layer_dtypes"]``, ``guard.readers.keras.layer_policies``).
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -15,9 +25,10 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.dtypes import display_name as dn
-from guard.findings import Finding, Severity
+from guard.findings import Finding, Severity, shown
 from guard.inventory import ConfigDtype, ModelInventory
 from guard.rules.dtype_policy import dominant_float, judged_sets
+from guard.tensors import FileScan
 
 
 def check_config_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
@@ -80,3 +91,37 @@ def _variant_holding(inv: ModelInventory, code: str, policy: Policy) -> str | No
         if ws.variant is not None and not ws.primary and dominant_float(inv, ws, policy) == code:
             return ws.variant
     return None
+
+
+def keras_layer_findings(scan: FileScan, policy: Policy) -> list[Finding]:
+    """CG103 per (policy, stored dtype): layers whose stored float variables are not their policy's dtype."""
+    try:
+        layers = json.loads(scan.metadata.get("keras_layer_dtypes", "{}"))
+    except ValueError:
+        return []
+    if not isinstance(layers, dict):
+        return []
+    prefixes = sorted(layers, key=len, reverse=True)  # a nested model's layers before the model
+    groups: dict[tuple[str, str, str], list[tuple[str, str]]] = defaultdict(list)
+    for tensor in scan.tensors:
+        if not dtypes.is_float(tensor.dtype) or tensor.dtype in dtypes.QUANTIZED_CODES:
+            continue
+        prefix = next((p for p in prefixes if tensor.name.startswith(p)), None)
+        if prefix is None:
+            continue
+        layer, name, code = layers[prefix]
+        if tensor.dtype == code or (tensor.dtype == "F32" and policy.keeps_fp32(tensor.name)):
+            continue
+        groups[name, code, tensor.dtype].append((layer, tensor.name))
+    findings = []
+    for (name, code, stored), found in sorted(groups.items()):
+        layer, example = found[0]
+        named = len({layer for layer, _ in found})
+        message = (f"config.json gives {named:,} layer(s) the Keras dtype policy {name!r}, which builds their "
+                   f"variables in {dn(code)}, but {len(found):,} stored variable(s) are {dn(stored)}; e.g. layer "
+                   f"{shown(layer)} ({shown(example)}). keras.saving.load_model casts them to {dn(code)} on load")
+        severity = Severity.error if _narrower(code, stored) else Severity.warning
+        if severity is Severity.error:
+            message += f": the {dn(stored)} values are silently rounded down"
+        findings.append(make_finding("CG103", scan.path, message, tensor=example)._replace(severity=severity))
+    return findings

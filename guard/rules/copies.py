@@ -53,10 +53,7 @@ def check_copies_agree(inv: ModelInventory, policy: Policy) -> Iterator[Finding]
 
 
 def _shares(ws: WeightSet) -> dict[str, float]:
-    totals: dict[str, int] = defaultdict(int)
-    for tensor in ws.tensors:
-        if dtypes.is_float(tensor.dtype):
-            totals[tensor.dtype] += tensor.numel
+    totals = {code: n for code, n in ws.parameters_by_dtype().items() if dtypes.is_float(code)}
     whole = sum(totals.values()) or 1
     return {code: n / whole for code, n in totals.items()}
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections import defaultdict
 from collections.abc import Iterator
+from math import prod
 
 from guard import dtypes
 from guard.catalogue import make_finding
-from guard.config import NORM_PATTERNS, Policy
+from guard.config import NORM_PATTERNS, Policy, fp32_keeper
 from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory, WeightSet
@@ -20,36 +20,59 @@ def judged_sets(inv: ModelInventory) -> Iterator[WeightSet]:
     return (ws for ws in inv.sets if ws.judged)
 
 
-def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) -> tuple[TensorInfo, ...]:
-    """Floating tensors of one set the dtype policy applies to (computed once per set and policy).
+def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tuple[TensorInfo, ...]]:
+    """Floating tensors of one set the dtype policy applies to, by dtype code (once per set and policy).
 
     Quantized payloads (F8/F6/F4, ggml block types) and their scales are quantization
     by design, not a mix; tensors matching keep-fp32 that *are* fp32 are allowed to be;
-    so are a GGUF file's 1-D F32 tensors.
+    so are a GGUF file's 1-D F32 tensors.  Codes keep the set's order of first appearance.
     """
     key = ("policed", policy)
     cached = ws.memo.get(key)
     if cached is None:
-        cached = ws.memo[key] = tuple(_policed(inv, ws, policy))
-    return cached  # type: ignore[no-any-return]
+        cached = ws.memo[key] = _policed(inv, ws, policy)
+    return cached  # type: ignore[return-value]
 
 
-def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> Iterator[TensorInfo]:
+def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tuple[TensorInfo, ...]]:
     quantized = inv.quantization(ws) is not None
     # GGUF file types are "mostly X, except 1-d tensors", which stay F32 by design
     gguf_files = {scan.path for scan in ws.files if scan.format == "gguf"}
-    for tensor in ws.tensors:
-        if not dtypes.is_float(tensor.dtype):
+    keeps_fp32 = fp32_keeper(policy.keep_fp32)
+    policed: dict[str, tuple[TensorInfo, ...]] = {}
+    for code, group in ws.by_dtype().items():
+        if not dtypes.is_float(code) or code in dtypes.QUANTIZED_CODES:
             continue
-        if tensor.file in gguf_files and tensor.dtype == "F32" and len(tensor.shape) <= 1:
-            continue
-        if tensor.dtype in dtypes.QUANTIZED_CODES:
-            continue
-        if quantized and "scale" in tensor.name.lower():
-            continue
-        if tensor.dtype == "F32" and policy.keeps_fp32(tensor.name):
-            continue
-        yield tensor
+        if code == "F32" and (gguf_files or quantized):
+            group = tuple(t for t in group if not (
+                (t.file in gguf_files and len(t.shape) <= 1) or (quantized and "scale" in t.name.lower())
+                or keeps_fp32(t.name)))
+        elif code == "F32":  # the common case: keep-fp32 alone decides
+            group = tuple(t for t in group if not keeps_fp32(t.name))
+        elif quantized:
+            group = tuple(t for t in group if "scale" not in t.name.lower())
+        if group:
+            policed[code] = group
+    whole = ws.by_dtype()
+    if any(group[0] is not whole[code][0] for code, group in policed.items()):
+        # a left-out tensor led its dtype: order the codes by their first policed tensor, as a walk
+        # of the set's tensors would meet them (ties in CG102's ranking and the dominant dtype go by it)
+        firsts = {id(group[0]): code for code, group in policed.items()}
+        order = [firsts[id(t)] for t in ws.tensors if id(t) in firsts]
+        policed = {code: policed[code] for code in order}
+    return policed
+
+
+def policed_parameters(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, int]:
+    """Elements per policed dtype; a code the policy kept whole reuses the set's own sum."""
+    key = ("policed parameters", policy)
+    cached = ws.memo.get(key)
+    if cached is None:
+        whole, totals = ws.by_dtype(), ws.parameters_by_dtype()
+        cached = ws.memo[key] = {
+            code: totals[code] if len(group) == len(whole[code]) else sum(prod(t.shape) for t in group)
+            for code, group in policed_float_tensors(inv, ws, policy).items()}
+    return cached  # type: ignore[return-value]
 
 
 def declared_dtype(inv: ModelInventory) -> str | None:
@@ -84,31 +107,33 @@ def check_unexpected_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Find
             continue
         allowed, how = expectation
         groups: dict[tuple[str, str], list[TensorInfo]] = defaultdict(list)
-        for tensor in policed_float_tensors(inv, ws, policy):
-            if tensor.dtype not in allowed:
-                groups[(tensor.file, tensor.dtype)].append(tensor)
+        for code, policed in policed_float_tensors(inv, ws, policy).items():
+            if code not in allowed:
+                for tensor in policed:
+                    groups[(tensor.file, code)].append(tensor)
         wanted = " or ".join(dn(code) for code in sorted(allowed))
+        # a writer that stores a lower dtype by default says so (OpenVINO IR, Core ML): the message names the cause
+        hints = {s.metadata["compressed"]: s.metadata.get("compressed.hint", "") for s in ws.files
+                 if "compressed" in s.metadata}
         for (file, code), tensors in sorted(groups.items()):
             params = sum(t.numel for t in tensors)
             yield make_finding(
                 "CG101", file,
                 f"{len(tensors)} floating tensor(s) ({params:,} parameters) are {dn(code)}, "
-                f"expected {wanted} ({how}); e.g. {shown(tensors[0].name)}",
+                f"expected {wanted} ({how}); e.g. {shown(tensors[0].name)}"
+                + (f". {hints[code]}" if hints.get(code) else ""),
                 tensor=tensors[0].name,
             )._replace(set=ws.name)
 
 
 def check_mixed_float_dtypes(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
     for ws in judged_sets(inv):
-        by_dtype: dict[str, list[TensorInfo]] = defaultdict(list)
-        for tensor in policed_float_tensors(inv, ws, policy):
-            by_dtype[tensor.dtype].append(tensor)
+        by_dtype = policed_float_tensors(inv, ws, policy)
         if len(by_dtype) < 2:
             continue
-        ranked = sorted(by_dtype.items(), key=lambda kv: -sum(t.numel for t in kv[1]))
-        parts = ", ".join(
-            f"{dn(code)}: {len(ts)} tensors / {sum(t.numel for t in ts):,} params" for code, ts in ranked
-        )
+        params = policed_parameters(inv, ws, policy)
+        ranked = sorted(by_dtype.items(), key=lambda kv: -params[kv[0]])
+        parts = ", ".join(f"{dn(code)}: {len(ts)} tensors / {params[code]:,} params" for code, ts in ranked)
         minority = ranked[-1][1][0]
         yield make_finding(
             "CG102", minority.file,
@@ -121,22 +146,20 @@ def check_mixed_float_dtypes(inv: ModelInventory, policy: Policy) -> Iterator[Fi
 def dominant_float(inv: ModelInventory, ws: WeightSet, policy: Policy) -> str | None:
     """The policed floating dtype holding the most parameters (once per set and policy: CG103 and
     CG108 both ask)."""
-    key = ("dominant", policy)
-    if key not in ws.memo:
-        totals: dict[str, int] = defaultdict(int)
-        for tensor in policed_float_tensors(inv, ws, policy):
-            totals[tensor.dtype] += tensor.numel
-        ws.memo[key] = max(totals, key=lambda code: totals[code]) if totals else None
-    return ws.memo[key]  # type: ignore[return-value]
+    totals = policed_parameters(inv, ws, policy)
+    return max(totals, key=totals.__getitem__) if totals else None
 
 
 def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
     for ws in judged_sets(inv):
         if ws.claimed_dtype in ("BF16", "F16"):
             continue  # a half-precision copy by name: its norms are half precision by design
+        if "BF16" not in ws.by_dtype() and "F16" not in ws.by_dtype():
+            continue
+        is_norm = fp32_keeper(NORM_PATTERNS)  # the same globs, matched the same way
         groups: dict[str, list[TensorInfo]] = defaultdict(list)
-        for tensor in ws.tensors:
-            if tensor.dtype in ("BF16", "F16") and _is_norm(tensor.name):
+        for tensor in ws.tensors:  # file order: a file's first norm is its example, whichever half dtype
+            if tensor.dtype in ("BF16", "F16") and is_norm(tensor.name):
                 groups[tensor.file].append(tensor)
         for file, tensors in sorted(groups.items()):
             kinds = sorted({dn(t.dtype) for t in tensors})
@@ -148,17 +171,11 @@ def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[F
             )._replace(set=ws.name)
 
 
-def _is_norm(name: str) -> bool:
-    lowered = name.lower()
-    return any(fnmatch.fnmatchcase(lowered, pattern) for pattern in NORM_PATTERNS)
-
-
 def check_float64(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
     for ws in judged_sets(inv):
         groups: dict[str, list[TensorInfo]] = defaultdict(list)
-        for tensor in ws.tensors:
-            if tensor.dtype == "F64":
-                groups[tensor.file].append(tensor)
+        for tensor in ws.by_dtype().get("F64", ()):
+            groups[tensor.file].append(tensor)
         for file, tensors in sorted(groups.items()):
             size = sum(t.nbytes or 0 for t in tensors)
             yield make_finding(

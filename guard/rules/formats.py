@@ -10,7 +10,8 @@
   falls back to other types where rows are not a whole number of 256-blocks:
   those are not held against the declaration.
 - CG103: a Keras file's dtype policy (``metadata["declared_dtype"]``, the dtype its
-  variables are stored in) against the floating weights it holds.
+  variables are stored in) against the floating weights it holds; layer by layer where
+  config.json lists the layers (``guard.rules.config_dtype.keras_layer_findings``).
 - Names that claim a dtype (``model_fp16.onnx``, ``*-bf16.gguf``) are the weight sets'
   ``claimed_dtype`` (``guard.inventory.conventions.name_claimed_dtype``), judged by CG108
   in ``guard.rules.variants``.
@@ -31,6 +32,7 @@ from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory
 from guard.inventory.conventions import NAME_DTYPES, name_claimed_dtype  # noqa: F401  (re-exported)
+from guard.rules.config_dtype import keras_layer_findings
 from guard.tensors import FileScan, TensorInfo
 
 # general.file_type -> the type llama.cpp quantizes weights to (llama-quant.cpp's default_type)
@@ -75,10 +77,14 @@ def gguf_file_type_findings(scan: FileScan) -> list[Finding]:
 
 def declared_dtype_findings(scan: FileScan, policy: Policy) -> list[Finding]:
     """CG103 for a file that declares its own dtype (a Keras dtype policy) and holds another."""
+    if "keras_layer_dtypes" in scan.metadata:  # a .keras with per-layer policies: judged layer by layer
+        return keras_layer_findings(scan, policy)
     declared = scan.metadata.get("declared_dtype")
+    if declared is None:  # most files declare nothing: no tensor to walk
+        return []
     floats = [t for t in scan.tensors if dtypes.is_float(t.dtype) and t.dtype not in dtypes.QUANTIZED_CODES
               and not (t.dtype == "F32" and declared != "F32" and policy.keeps_fp32(t.name))]
-    if declared is None or not floats:
+    if not floats:
         return []
     totals = _parameters(floats)
     dominant = max(totals, key=totals.__getitem__)

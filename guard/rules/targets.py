@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 from guard.catalogue import make_finding
 from guard.config import Policy
@@ -69,21 +69,20 @@ def check_target_support(inv: ModelInventory, policy: Policy) -> Iterator[Findin
         if ws.judged:
             for scan in ws.files:
                 yield from (f._replace(set=ws.name) for f in format_target_findings(scan))
-            yield from (f._replace(set=ws.name) for f in _check_set(ws.tensors, policy))
+            if all(scan.format in FORMAT_TARGETS for scan in ws.files):
+                continue  # an .onnx is run by its runtime, never converted: its I64 shape constants are not for JAX
+            yield from (f._replace(set=ws.name) for f in _check_set(ws.by_dtype(), policy))
 
 
-def _check_set(tensors: Iterable[TensorInfo], policy: Policy) -> Iterator[Finding]:
-    tensors = list(tensors)
+def _check_set(by_dtype: Mapping[str, Sequence[TensorInfo]], policy: Policy) -> Iterator[Finding]:
     for target in policy.targets:
         table = UNSUPPORTED.get(target.framework, {})
         groups: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for tensor in tensors:
-            if tensor.dtype in table and not (
-                target.framework in ("flax", "jax")
-                and tensor.dtype in ("I64", "U64")
-                and any(fnmatch.fnmatchcase(tensor.name, p) for p in _FLAX_DROPPED_BUFFERS)
-            ):
-                groups[(tensor.file, tensor.dtype)].append(tensor.name)
+        for code in by_dtype.keys() & table.keys():  # the few codes a target lacks, not every tensor
+            for tensor in by_dtype[code]:
+                if not (target.framework in ("flax", "jax") and code in ("I64", "U64")
+                        and any(fnmatch.fnmatchcase(tensor.name, p) for p in _FLAX_DROPPED_BUFFERS)):
+                    groups[(tensor.file, code)].append(tensor.name)
         for (file, code), names in sorted(groups.items()):
             yield make_finding(
                 "CG106", file,

@@ -101,7 +101,7 @@ def _located_tensors(inv: ModelInventory) -> Iterator[TensorInfo]:
     """The inventory's tensors; a torch zip scanned headers-only is re-read to place its storages."""
     for scan in inv.files:
         tensors = scan.tensors
-        if scan.format == "torch-zip" and any(t.data_start is None for t in tensors):
+        if scan.format in ("torch-zip", "torchscript") and any(t.data_start is None for t in tensors):
             tensors = _relocate_torch_zip(scan.path) or tensors
         yield from tensors
 

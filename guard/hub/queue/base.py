@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,11 +48,6 @@ class QueuedJob:
         return {"id": self.id, "repo": self.job.repo_id, "ref": self.job.ref, "sha": self.job.sha,
                 "state": self.state, "attempts": self.attempts, "enqueued_at": self.enqueued_at,
                 "updated_at": self.updated_at, "worker": self.worker, "error": self.error}
-
-
-def retry_delay(attempts: int, base: float, *, cap: float = 3600.0) -> float:
-    """Seconds before a failed job is tried again: doubling from ``base``, jittered, capped."""
-    return min(cap, base * 2 ** max(attempts - 1, 0)) * random.uniform(0.5, 1.0)
 
 
 class JobQueue(Protocol):

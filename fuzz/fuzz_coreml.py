@@ -1,0 +1,8 @@
+"""atheris target: the coreml reader (`make fuzz`, or `python fuzz/fuzz_coreml.py -help=1`)."""
+
+from __future__ import annotations
+
+from harness import main, reader_target
+
+if __name__ == "__main__":
+    main(reader_target("coreml"))

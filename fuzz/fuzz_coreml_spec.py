@@ -1,0 +1,8 @@
+"""atheris target: the Core ML spec reader (`make fuzz`, or `python fuzz/fuzz_coreml_spec.py -help=1`)."""
+
+from __future__ import annotations
+
+from harness import main, reader_target
+
+if __name__ == "__main__":
+    main(reader_target("coreml-spec"))

@@ -1,0 +1,8 @@
+"""atheris target: the ExecuTorch .pte reader (`make fuzz`, or `python fuzz/fuzz_executorch.py -help=1`)."""
+
+from __future__ import annotations
+
+from harness import main, reader_target
+
+if __name__ == "__main__":
+    main(reader_target("executorch"))
