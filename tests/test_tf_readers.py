@@ -87,7 +87,10 @@ def test_keras_export_and_checkpoints_pass_under_fp32(tf_samples: tuple[Path, di
     rc, report = scan_json(["keras_export", "train", "keras_train", "sharded"],
                            tmp_path / "r.json")
     assert rc == 0, report["findings"]
-    assert sorted(m["path"] for m in report["models"]) == ["keras_export", "keras_train", "sharded", "train"]
+    models = {m["path"]: m for m in report["models"]}
+    assert sorted(models) == ["keras_export", "keras_train", "sharded", "train"]
+    # Dense(16 -> 64) and Dense(64 -> 8): model.export stores each variable twice, counted once
+    assert models["keras_export"]["parameters"] == models["keras_train"]["parameters"] == 16 * 64 + 64 + 64 * 8 + 8
 
 
 @pytest.mark.parametrize(("folder", "dtype"), [("bf16_saved_model", "bf16"), ("fp16_ckpt", "fp16")])

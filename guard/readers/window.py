@@ -16,8 +16,12 @@ file for the pickle walker.  Both count what they fetch through ``CountingSource
   their data.
 * A longer skip is a jump: the next fetch starts at the asked offset, at 64 KiB.
 
-Nothing past the asked range is fetched beyond the current block, and the buffer
-never holds more than one block plus one read.
+Nothing past the asked range is fetched beyond the current block.  The block a fetch
+replaces is kept when it is at most ``KEEP`` bytes: a walk that reads a record's tail
+and then returns to its head (an ONNX Constant's attribute after its tensor's raw
+data, then the tensor) costs no second fetch, where it cost one per record (on the
+Hub, one ranged request).  The buffers never hold more than one block, one kept
+block and one read.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ FIRST_BLOCK = 64 * 1024
 GROWTH = 16
 MAX_BLOCK = 16 * 1024 * 1024
 SMALL_SKIP = 4096  # skipping this little is still walking a header (a string value it does not keep)
+KEEP = FIRST_BLOCK * GROWTH  # the largest replaced block kept for a walk that returns to it
 
 
 class Window:
@@ -40,6 +45,8 @@ class Window:
         self.data = b""
         self._block = 0  # the size of the last fetch
         self._payloads = False  # walking records with payloads read through (see need)
+        self._kept_start = 0  # the block the last fetch replaced (see the module's docstring)
+        self._kept = b""
 
     @property
     def bytes_read(self) -> int:
@@ -59,6 +66,11 @@ class Window:
             raise MalformedCheckpoint(
                 f"{what} at offset {pos:,} needs {n:,} bytes, past the end of the file ({self.size:,} bytes)")
         if self.start <= pos and pos + n <= self.end:
+            return pos - self.start
+        if self._kept and self._kept_start <= pos and pos + n <= self._kept_start + len(self._kept):
+            # back in the block before the last fetch: swap them (the callers index self.data)
+            leaving = self.data if len(self.data) <= KEEP else b""
+            self.start, self.data, self._kept_start, self._kept = self._kept_start, self._kept, self.start, leaving
             return pos - self.start
         if self.data and self.start <= pos <= self.end + SMALL_SKIP:
             # continues the buffer (a header that keeps going, past a short string it skips): keep its tail, grow
@@ -83,6 +95,8 @@ class Window:
         data = keep + fetched
         if fetch_at < pos:  # a short skip: drop the bytes between the old end and pos
             data = data[pos - fetch_at :]
+        if self.data and len(self.data) <= KEEP and not keep:  # a tail kept in the new block is not kept twice
+            self._kept_start, self._kept = self.start, self.data
         self.start, self.data = pos, data
         return 0
 
