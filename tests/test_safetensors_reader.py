@@ -14,6 +14,7 @@ from guard.errors import MalformedCheckpoint
 from guard.readers import scan_file
 from guard.readers.safetensors import parse_header
 from guard.sources import BytesSource, LocalFile
+from guard.tensors import TensorInfo
 
 DTYPES = {
     torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
@@ -154,3 +155,50 @@ def test_garbage_is_cg001(tmp_path: Path) -> None:
     path = tmp_path / "pytorch_model.bin"
     path.write_bytes(b"hello, this is not a checkpoint")
     assert [f.code for f in _scan(path).findings] == ["CG001"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": {}, "a": {}}',
+        b'{"a:b": {}, "a:b": {}}',  # a colon in a name: the fast count cannot decide, the hooked parse does
+        b'{"w": {"dtype": "F32", "dtype": "F16", "shape": [], "data_offsets": [0, 4]}}',
+        b'{"__metadata__": {"k": "v", "k": "w"}}',
+        b'{"w": {"x": {"y": 1, "y": 2}}}',  # deeper than the fast count looks
+        b'{"a": {"b": 1, "b": 2}, "c": [',  # a duplicate before a syntax error is the duplicate
+        b'[{"a": 1, "a": 2}]',
+    ],
+)
+def test_duplicates_anywhere_are_rejected(raw: bytes) -> None:
+    with pytest.raises(MalformedCheckpoint, match="duplicate"):
+        parse_header(raw)
+
+
+def test_fast_header_path_keeps_every_key() -> None:
+    header = {"__metadata__": {"format": "pt", "note": "a:b"},
+              "x:y": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    assert parse_header(json.dumps(header).encode()) == header
+
+
+def test_records_match_the_tensorinfo_constructor(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    save_file({"b": torch.ones(2, 3), "a": torch.zeros(4, dtype=torch.float16), "e": torch.zeros(0, 2)}, path)
+    scan = _scan(path)
+    assert not scan.findings
+    for t in scan.tensors:
+        assert type(t) is TensorInfo
+        assert t == TensorInfo(t.name, t.dtype, t.shape, t.file, t.data_start, t.data_end)
+        assert t.stride is None and t.storage is None and t.storage_offset is None
+
+
+def test_offsets_out_of_header_order_still_tile() -> None:
+    header = {"b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+              "z": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
+              "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    scan = scan_file(BytesSource(_file(header, b"\0" * 8), name="x.safetensors"))
+    assert not scan.findings and [t.name for t in scan.tensors] == ["b", "z", "a"]
+    header["a"]["data_offsets"] = [0, 3]
+    header["a"]["dtype"] = "U8"
+    header["a"]["shape"] = [3]
+    scan = scan_file(BytesSource(_file(header, b"\0" * 8), name="x.safetensors"))
+    assert [f.code for f in scan.findings] == ["CG001"] and "gap" in scan.findings[0].message

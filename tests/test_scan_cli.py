@@ -247,3 +247,17 @@ def test_python_dash_m_guard(tmp_path: Path) -> None:
     _model(tmp_path / "m", {"w": torch.randn(2, 2)})
     proc = subprocess.run([sys.executable, "-m", "guard", "scan", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0 and "passed" in proc.stdout
+
+
+def test_the_hook_process_ends_with_its_report_and_code(tmp_path: Path) -> None:
+    # the plain scan's process tunes its collector and skips teardown; a caller's main([...]) does neither
+    import gc
+
+    model = _model(tmp_path / "m", {"w": torch.ones(2, 2, dtype=torch.float16)})
+    before = (gc.get_threshold(), gc.get_freeze_count())
+    assert main(["scan", "--no-summary", "--expect", "fp32", str(model)]) == 1
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
+    proc = subprocess.run([sys.executable, "-m", "guard", "scan", "--no-summary", "--expect", "fp32", str(model)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "CG101" in proc.stdout and proc.stdout.rstrip().splitlines()[-1].startswith(
+        "ckpt-guard: FAILED")

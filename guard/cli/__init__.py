@@ -14,6 +14,7 @@ outside it imports from it but ``__main__``.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from collections.abc import Sequence
 
@@ -39,13 +40,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             gc.freeze()
         options, paths = fast
         try:
-            return run_scan(tuple(_paths(paths)), **options)  # type: ignore[arg-type]
+            code = run_scan(tuple(_paths(paths)), **options)  # type: ignore[arg-type]
         except GuardError as exc:
             print(f"ckpt-guard: error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print("ckpt-guard: interrupted", file=sys.stderr)
             return 130
+        if process:
+            # The report is written and flushed and nothing else is left to run: the OS takes the
+            # memory back at once, where the interpreter's teardown would free every object and
+            # module one by one (callgrind: 5 M instructions, about 1 ms of each hook call).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     from guard.cli.root import run
 
     return run(args)

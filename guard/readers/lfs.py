@@ -10,8 +10,9 @@ from guard.tensors import FileScan
 
 _PREFIX = b"version https://git-lfs.github.com/spec/"
 _MAX_POINTER = 1024  # the LFS spec caps pointer files well below this
-_OID = re.compile(rb"^oid sha256:([0-9a-f]{64})$", re.M)
-_SIZE = re.compile(rb"^size (\d+)$", re.M)
+# patterns, compiled on the first pointer (re caches them): every scan imports this module, few meet one
+_OID = rb"^oid sha256:([0-9a-f]{64})$"
+_SIZE = rb"^size (\d+)$"
 
 
 def is_lfs_pointer(head: bytes) -> bool:
@@ -20,8 +21,8 @@ def is_lfs_pointer(head: bytes) -> bool:
 
 def read_lfs_pointer(source: ByteSource) -> FileScan:
     data = source.read_at(0, min(source.size, _MAX_POINTER))
-    size = _SIZE.search(data)
-    oid = _OID.search(data)
+    size = re.search(_SIZE, data, re.M)
+    oid = re.search(_OID, data, re.M)
     detail = ""
     if size:
         detail = f" for a {int(size.group(1)):,}-byte object"

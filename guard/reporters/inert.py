@@ -7,6 +7,8 @@ MAX_SHOWN = 200  # characters of one name shown in a human view
 
 def inert_text(value: str, *, limit: int = MAX_SHOWN) -> str:
     """Escape control characters (newlines, ANSI ESC, BIDI overrides) and bound the length."""
+    if len(value) <= limit and value.isascii() and value.isprintable():
+        return value  # the common name: nothing to escape, no walk per character (C checks both)
     out = []
     for ch in value[: limit + 1]:
         code = ord(ch)
