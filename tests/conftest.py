@@ -93,6 +93,19 @@ def _guarded_connect_ex(self: socket.socket, address: object) -> int:
     return _real_connect_ex(self, address)
 
 
+# Python's own recursion limit, as a `ckpt-guard` process runs with it.  coremltools raises it to 5000 when
+# its TensorFlow frontend is imported, and tests that import coremltools share this process: the hostile-
+# nesting tests (a 2,000-deep safetensors header is "nested too deeply") must not depend on their order.
+_RECURSION_LIMIT = sys.getrecursionlimit()
+
+
+@pytest.fixture(autouse=True)
+def _default_recursion_limit() -> Iterator[None]:
+    sys.setrecursionlimit(_RECURSION_LIMIT)
+    yield
+    sys.setrecursionlimit(_RECURSION_LIMIT)
+
+
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
