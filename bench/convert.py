@@ -49,7 +49,7 @@ def make_model(directory: Path) -> int:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from guard.convert.io_torch import safetensors_header
+    from guard.write.framing import safetensors_header
 
     config = LlamaConfig(**CONFIG, architectures=["LlamaForCausalLM"])
     with torch.device("meta"):

@@ -38,7 +38,7 @@ def sweep(names: list[str], dtype: str, *, bases: bool) -> None:
     from tiny_pairs import pairs, tiny_config
 
     from guard.cli import main as cli
-    from guard.convert.families import ALIASES, FAMILIES
+    from guard.convert.map.families import ALIASES, FAMILIES
     from guard.parity.run import run_parity
 
     import jax.numpy as jnp

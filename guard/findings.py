@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+from guard.fixes import Fix
 from guard.records import record
 
 
@@ -46,6 +47,7 @@ class Finding:
     tensor: str | None = None
     line: int | None = None  # 1-based line inside a JSON file (index, config.json)
     set: str | None = None  # the weight set it was judged in (None: the model, a pipeline, a JSON file)
+    fix: Fix | None = None  # planned by the rule that raised it; None until guard.scan attaches the no-fix reason
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -56,6 +58,7 @@ class Finding:
             "message": self.message,
             "line": self.line,
             "set": self.set,
+            "fix": None if self.fix is None else self.fix.to_json(),
         }
 
     @classmethod
@@ -71,4 +74,5 @@ class Finding:
             tensor=None if tensor is None else str(tensor),
             line=line if isinstance(line, int) else None,
             set=None if judged_in is None else str(judged_in),
+            fix=Fix.from_json(obj.get("fix")),
         )

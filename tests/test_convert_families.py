@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from test_convert import convert, flax_params, safetensors_bits  # noqa: E402
 from tiny_pairs import pairs, reference_tree, tiny_config  # noqa: E402
 
-from guard.convert.families import ALIASES, FAMILIES, Family  # noqa: E402
+from guard.convert.map.families import ALIASES, FAMILIES, Family  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PAIRS = pairs()

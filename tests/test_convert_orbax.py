@@ -16,7 +16,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict  # noqa: E402
 from test_convert import _offline, convert, flax_params, safetensors_bits, tiny_mistral  # noqa: E402,F401
 
 from guard.cli import main  # noqa: E402
-from guard.convert.io_orbax import ZARR_DTYPES  # noqa: E402
+from guard.write.orbax_layout import ZARR_DTYPES  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ def test_checkpoint_written_by_orbax_converts_to_torch(tmp_path: Path, handler: 
 
 
 def test_every_dtype_and_nan_payloads_through_orbax(tmp_path: Path) -> None:
-    from guard.convert.bitviews import numpy_dtype
+    from guard.write.bitviews import numpy_dtype
 
     rng = np.random.default_rng(0)
     tree = {}
@@ -192,7 +192,7 @@ def test_metadata_without_use_ocdbt_follows_the_manifest_as_the_scanner_does(tmp
 def test_convert_reads_metadata_through_the_scanners_reader_and_its_limit(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """One size limit for _METADATA and .zarray, scan and convert alike (guard.readers.orbax.MAX_JSON)."""
-    from guard.convert.io_orbax import read_leaf, read_tree
+    from guard.convert.read.io_orbax import read_leaf, read_tree
     from guard.errors import MalformedCheckpoint
     from guard.readers import orbax
 

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from test_convert import convert  # noqa: E402
 from test_convert_families import PAIRS, T5_FAMILY, old_clip, save_tiny  # noqa: E402
 
-from guard.convert.families import FAMILIES  # noqa: E402
+from guard.convert.map.families import FAMILIES  # noqa: E402
 from guard.parity.run import run_parity  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,9 @@ import pytest
 np = pytest.importorskip("numpy")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 from guard import dtypes  # noqa: E402
-from guard.convert import transpose  # noqa: E402
-from guard.convert.bitviews import numpy_dtype  # noqa: E402
-from guard.convert.transpose import bit_view, permuted_bands, permuted_shape, reduce_perm  # noqa: E402
+from guard.write import transpose  # noqa: E402
+from guard.write.bitviews import numpy_dtype  # noqa: E402
+from guard.write.transpose import bit_view, permuted_bands, permuted_shape, reduce_perm  # noqa: E402
 
 CODES = sorted(code for code, info in dtypes.DTYPES.items() if info.numpy and info.bits >= 8)
 
@@ -118,7 +118,7 @@ def source_model(tmp_path: Path, arrays: dict[str, np.ndarray]):  # type: ignore
     """A model.safetensors written by the safetensors library, opened as convert opens a source."""
     from safetensors.numpy import save_file
 
-    from guard.convert.source import open_source
+    from guard.convert.read.source import open_source
 
     src = tmp_path / "src"
     src.mkdir()
@@ -128,8 +128,8 @@ def source_model(tmp_path: Path, arrays: dict[str, np.ndarray]):  # type: ignore
 
 def plan(model, perms: dict[str, tuple[int, ...] | None],  # type: ignore[no-untyped-def]
          casts: dict[str, str] | None = None):
-    from guard.convert.mapped import Mapped
-    from guard.convert.writer import OutputTensor
+    from guard.write.plan import Mapped
+    from guard.write.writer import OutputTensor
 
     out = []
     for tensor in model.tensors:
@@ -160,11 +160,11 @@ def test_streamed_msgpack_is_what_flax_reads(tmp_path: Path, monkeypatch: pytest
     from flax.serialization import msgpack_restore
     from flax.traverse_util import flatten_dict
 
-    from guard.convert import io_flax, produce
-    from guard.convert.verify import verify_output
-    from guard.convert.writer import write_output
+    from guard.write import framing, produce
+    from guard.write.verify import verify_output
+    from guard.write.writer import write_output
 
-    monkeypatch.setattr(io_flax, "MAX_CHUNK_SIZE", chunk)  # 1000: every big leaf becomes flax's chunked map
+    monkeypatch.setattr(framing, "MAX_CHUNK_SIZE", chunk)  # 1000: every big leaf becomes flax's chunked map
     monkeypatch.setattr(transpose, "BAND_BYTES", 2048)
     monkeypatch.setattr(produce, "BAND_BYTES", 2048)
     arrays = arrays_for_writer(np.random.default_rng(7))
@@ -183,9 +183,9 @@ def test_streamed_msgpack_is_what_flax_reads(tmp_path: Path, monkeypatch: pytest
 
 
 def test_casts_stream_in_bands_and_count_overflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from guard.convert import produce
-    from guard.convert.verify import verify_output
-    from guard.convert.writer import write_output
+    from guard.write import produce
+    from guard.write.verify import verify_output
+    from guard.write.writer import write_output
 
     monkeypatch.setattr(transpose, "BAND_BYTES", 512)
     monkeypatch.setattr(produce, "BAND_BYTES", 512)
@@ -207,9 +207,9 @@ def test_casts_stream_in_bands_and_count_overflow(tmp_path: Path, monkeypatch: p
 
 
 def test_verification_catches_a_wrong_transpose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from guard.convert import produce
-    from guard.convert.verify import verify_output
-    from guard.convert.writer import write_output
+    from guard.write import produce
+    from guard.write.verify import verify_output
+    from guard.write.writer import write_output
 
     real = produce.permuted_bands
 
@@ -230,8 +230,8 @@ def test_verification_catches_a_wrong_transpose(tmp_path: Path, monkeypatch: pyt
 
 
 def test_full_verification_catches_what_sampling_skips(tmp_path: Path) -> None:
-    from guard.convert.verify import verify_output
-    from guard.convert.writer import write_output
+    from guard.write.verify import verify_output
+    from guard.write.writer import write_output
 
     arrays = {"x.embedding": np.zeros((1000,), np.float32)}
     outputs = plan(source_model(tmp_path, arrays), {})
@@ -250,8 +250,8 @@ def test_full_verification_catches_what_sampling_skips(tmp_path: Path) -> None:
 
 def test_a_short_read_is_cg301_never_padded(tmp_path: Path) -> None:
     """A source truncated after the write: its missing zeros must not read back as zeros."""
-    from guard.convert.verify import verify_output
-    from guard.convert.writer import write_output
+    from guard.write.verify import verify_output
+    from guard.write.writer import write_output
 
     arrays = {"x.a": np.ones((4,), np.float32), "x.b": np.zeros((1000,), np.float32)}
     outputs = plan(source_model(tmp_path, arrays), {})
@@ -267,8 +267,8 @@ def test_a_short_read_is_cg301_never_padded(tmp_path: Path) -> None:
 
 
 def test_misplaced_bytes_are_cg301(tmp_path: Path) -> None:
-    from guard.convert.verify import verify_output
-    from guard.convert.writer import write_output
+    from guard.write.verify import verify_output
+    from guard.write.writer import write_output
 
     arrays = {"x.a": np.ones((4,), np.float32), "x.b": np.zeros((4,), np.float32)}
     outputs = plan(source_model(tmp_path, arrays), {})
@@ -281,9 +281,9 @@ def test_misplaced_bytes_are_cg301(tmp_path: Path) -> None:
 
 
 def test_reads_without_mmap_give_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from guard.convert import produce
-    from guard.convert.verify import verify_output
-    from guard.convert.writer import write_output
+    from guard.write import produce
+    from guard.write.verify import verify_output
+    from guard.write.writer import write_output
 
     arrays = arrays_for_writer(np.random.default_rng(5))
     outputs = plan(source_model(tmp_path, arrays), PERMS)
@@ -304,7 +304,7 @@ def test_reads_without_mmap_give_the_same_bytes(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.parametrize("perms", [{}, PERMS], ids=["copied", "transposed"])
 def test_a_source_deleted_mid_conversion_is_one_guard_error(tmp_path: Path,
                                                             perms: dict) -> None:  # type: ignore[type-arg]
-    from guard.convert.writer import write_output
+    from guard.write.writer import write_output
     from guard.errors import GuardError
 
     arrays = arrays_for_writer(np.random.default_rng(2))

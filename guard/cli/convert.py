@@ -76,14 +76,14 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
              allow_lossy: bool, run_parity: bool, strict: bool, fmt: str, output: Path | None, *,
              layout: str | None, verify: str, variant: str | None = None) -> int:
     from guard.cli.options import emit
-    from guard.convert.io_orbax import is_orbax_checkpoint
+    from guard.convert.read.io_orbax import is_orbax_checkpoint
     from guard.convert.run import output_layout
 
     output_layout(to, layout)  # a layout the target has not is the first thing to say
     if run_parity and (layout == "orbax" or is_orbax_checkpoint(src)):
         raise UsageError("--parity loads flax_model.msgpack with transformers; it cannot read an Orbax checkpoint "
                          "(convert with --layout msgpack for parity)")
-    from guard.convert.cast import DTYPE_CHOICES, CastPolicy
+    from guard.write.cast import DTYPE_CHOICES, CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
     from guard.report import Report
 
@@ -121,7 +121,7 @@ def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-de
     if (figures["from"] == "flax-msgpack") == (request.to == "flax"):
         raise UsageError("--parity compares a PyTorch and a Flax model; source and target are the same framework")
     require_extras(("transformers",), "parity")
-    from guard.convert.cast import CastPolicy
+    from guard.write.cast import CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
     from guard.parity.run import run_parity
 

@@ -10,14 +10,14 @@ from typing import Any
 
 from guard import dtypes
 from guard.convert.carry import carry_files, main_dtype, read_config
-from guard.convert.cast import CastPolicy
-from guard.convert.io_orbax import is_orbax_checkpoint
-from guard.convert.mapping import plan_mapping
-from guard.convert.publish import discard, make_temp_dir, publish
-from guard.convert.source import SourceModel, open_source
-from guard.convert.source_orbax import open_orbax
-from guard.convert.verify import verify_output
-from guard.convert.writer import LAYOUTS, OutputTensor, plan_shards, write_output
+from guard.write.cast import CastPolicy
+from guard.convert.read.io_orbax import is_orbax_checkpoint
+from guard.convert.map.mapping import plan_mapping
+from guard.write.publish import discard, make_temp_dir, publish
+from guard.convert.read.source import SourceModel, open_source
+from guard.convert.read.source_orbax import open_orbax
+from guard.write.verify import verify_output
+from guard.write.writer import LAYOUTS, OutputTensor, plan_shards, write_output
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
 from guard.findings import Finding, Severity
 from guard.progress import progress

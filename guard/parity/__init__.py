@@ -5,6 +5,6 @@ and calls one side at a time, ``metrics`` compares two outputs and holds the fp3
 ``relative`` judges a bf16/fp16 model against PyTorch's own error, ``verdict`` plans the
 comparisons and words the CG302 findings.  Needs the
 `parity` extra (torch, jax, flax, transformers 4.x), imported inside the functions; may import
-the inventory, catalogue, findings and ``guard.convert.families`` (which twins pair, which
+the inventory, catalogue, findings and ``guard.convert.map.families`` (which twins pair, which
 families compute tables), never the CLI.
 """

@@ -97,7 +97,7 @@ def find_pair(config: dict[str, Any]) -> tuple[str, str]:
     if model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
         raise _Unavailable(f"transformers does not know model_type {model_type!r}")
     flax_names = {getattr(modeling_flax_auto, m).get(model_type) for m in FLAX_MAPPINGS} - {None}
-    from guard.convert.families import FLAX_NAMES
+    from guard.convert.map.families import FLAX_NAMES
 
     for arch in config.get("architectures") or ():
         twin = FLAX_NAMES.get(arch, f"Flax{arch}") if isinstance(arch, str) else None

@@ -14,19 +14,29 @@ import queue
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from guard.convert.bitviews import numpy_dtype
-from guard.convert.cast import CastCheck
-from guard.convert.io_torch import read_into
-from guard.convert.sink import DEPTH, OutputStream
-from guard.convert.transpose import BAND_BYTES, bit_view, permuted_bands, reduce_perm
+from guard.write.bitviews import numpy_dtype
+from guard.write.cast import CastCheck
+from guard.write.sink import DEPTH, OutputStream
+from guard.write.transpose import BAND_BYTES, bit_view, permuted_bands, reduce_perm
 from guard.errors import GuardError
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from guard.convert.source import SourceTensor
+    from guard.write.plan import SourceTensor
 
 Piece = tuple[Any, ...]
+
+
+def read_into(fh: Any, view: memoryview) -> int:
+    """Fill ``view`` from ``fh``'s position; the bytes read, fewer only where the file ended."""
+    done = 0
+    while done < len(view):  # readinto may return short reads above 2 GiB
+        n = fh.readinto(view[done:])
+        if not n:
+            break
+        done += n
+    return done
 
 
 class BandPool:

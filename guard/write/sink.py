@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from guard.convert.publish import fsync_paths
+from guard.write.publish import fsync_paths
 from guard.errors import GuardError
 
 DEPTH = 3  # queued jobs: enough to keep the writer busy, few enough to bound memory

@@ -8,38 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from guard.catalogue import make_finding
 from guard.config import Policy
-from guard.convert.io_flax import FlaxWholeFileLoader
-from guard.convert.io_torch import RangeLoader, TorchBinLoader, UnsafePickle, torch_bin_tensors
+from guard.convert.read.io_flax import FlaxWholeFileLoader
+from guard.convert.read.io_torch import RangeLoader, TorchBinLoader, UnsafePickle, torch_bin_tensors
 from guard.errors import MalformedCheckpoint, UsageError
 from guard.findings import Finding
 from guard.inventory import build_inventory, read_small_file, scan_local_file
 from guard.rules.shards import check_shard_index
 from guard.tensors import FileScan, TensorInfo
-
-if TYPE_CHECKING:
-    import numpy as np
-
-
-
-class Loader(Protocol):
-    def load(self, info: TensorInfo) -> np.ndarray: ...
-
-
-@dataclass(frozen=True)
-class SourceTensor:
-    info: TensorInfo
-    loader: Loader
-
-    @property
-    def name(self) -> str:
-        return self.info.name
-
-    def load(self) -> np.ndarray:
-        return self.loader.load(self.info)
+from guard.write.plan import Loader, SourceTensor
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""PyTorch-side files: safetensors read by byte ranges and written as a stream; .bin via torch.load.
+"""PyTorch-side sources: safetensors read by byte ranges; .bin via torch.load.
 
 safetensors needs no framework at all: a tensor is a byte range, read with
 ``readinto`` into a fresh numpy buffer.  ``.bin`` files go through torch's
@@ -7,37 +7,24 @@ weights-only unpickler (memory-mapped for the zip format), one shard at a time.
 
 from __future__ import annotations
 
-import json
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from guard import dtypes
-from guard.convert.bitviews import dtype_code, numpy_dtype, torch_to_numpy
 from guard.errors import MalformedCheckpoint
 from guard.tensors import TensorInfo
+from guard.write.bitviews import dtype_code, numpy_dtype, torch_to_numpy
+from guard.write.produce import read_into
 
 if TYPE_CHECKING:
     import numpy as np
 
-ALIGNMENT = 8  # safetensors writers pad the header so the data buffer is 8-byte aligned
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
 class UnsafePickle(MalformedCheckpoint):
     """torch's weights-only unpickler refused the file (CG003)."""
-
-
-def read_into(fh: Any, view: memoryview) -> int:
-    """Fill ``view`` from ``fh``'s position; the bytes read, fewer only where the file ended."""
-    done = 0
-    while done < len(view):  # readinto may return short reads above 2 GiB
-        n = fh.readinto(view[done:])
-        if not n:
-            break
-        done += n
-    return done
 
 
 def read_range(info: TensorInfo) -> np.ndarray:
@@ -118,22 +105,3 @@ class RangeLoader:
         return read_range(info)
 
 
-def safetensors_header(entries: Sequence[tuple[str, str, tuple[int, ...]]],
-                       metadata: dict[str, str]) -> bytes:
-    """The header (length prefix, JSON, space padding) for tensors laid out in the given order."""
-    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
-    offset = 0
-    for name, code, shape in entries:
-        size = dtypes.nbytes(code, _numel(shape)) or 0
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    raw += b" " * (-len(raw) % ALIGNMENT)
-    return len(raw).to_bytes(8, "little") + raw
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

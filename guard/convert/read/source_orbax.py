@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 
 from guard.catalogue import make_finding
-from guard.convert.io_orbax import METADATA, OrbaxLeaf, TensorStoreLoader, read_leaf, read_tree
-from guard.convert.io_torch import RangeLoader
-from guard.convert.source import SourceModel, SourceTensor
+from guard.write.orbax_layout import METADATA
+from guard.convert.read.io_orbax import OrbaxLeaf, TensorStoreLoader, read_leaf, read_tree
+from guard.convert.read.io_torch import RangeLoader
+from guard.convert.read.source import SourceModel
+from guard.write.plan import SourceTensor
 from guard.errors import MalformedCheckpoint
 from guard.tensors import TensorInfo
 

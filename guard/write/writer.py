@@ -19,20 +19,45 @@ from pathlib import Path
 from typing import Any
 
 from guard import dtypes
-from guard.convert import io_orbax
-from guard.convert.bitviews import dtype_code, numpy_dtype
-from guard.convert.cast import CastCheck
-from guard.convert.io_flax import leaf_segments, msgpack_tree, walk_tree
-from guard.convert.io_torch import safetensors_header
-from guard.convert.mapped import Mapped
-from guard.convert.produce import BandPool, PieceCutter, SourceBuffer, body_pieces
-from guard.convert.publish import fsync_paths
-from guard.convert.sink import OutputStream
+from guard.write import orbax_layout
+from guard.write.bitviews import dtype_code, numpy_dtype
+from guard.write.cast import CastCheck
+from guard.write.framing import leaf_segments, msgpack_tree, walk_tree
+from guard.write.framing import safetensors_header
+from guard.write.plan import Mapped
+from guard.write.produce import BandPool, PieceCutter, SourceBuffer, body_pieces
+from guard.write.publish import fsync_paths
+from guard.write.sink import OutputStream
 from guard.errors import UsageError
 from guard.findings import Finding
 
 NAMES = {"safetensors": ("model", ".safetensors"), "msgpack": ("flax_model", ".msgpack")}
 LAYOUTS = {"torch": ("safetensors",), "flax": ("msgpack", "orbax")}
+
+
+@dataclass(frozen=True)
+class Naming:
+    """File names as transformers' and diffusers' save_pretrained give them: ``model.fp16.safetensors``,
+    ``model.fp16-00001-of-00002.safetensors``, ``model.safetensors.index.fp16.json``."""
+
+    stem: str
+    ext: str
+    variant: str | None = None
+
+    @classmethod
+    def default(cls, layout: str, variant: str | None = None) -> Naming:
+        stem, ext = NAMES[layout]
+        return cls(stem, ext, variant)
+
+    def shard_names(self, count: int) -> list[str]:
+        base = f"{self.stem}.{self.variant}" if self.variant else self.stem
+        if count == 1:
+            return [base + self.ext]
+        return [f"{base}-{i:05d}-of-{count:05d}{self.ext}" for i in range(1, count + 1)]
+
+    @property
+    def index_name(self) -> str:
+        return f"{self.stem}{self.ext}.index{'.' + self.variant if self.variant else ''}.json"
 
 
 @dataclass(frozen=True)
@@ -73,10 +98,7 @@ def plan_shards(tensors: Sequence[OutputTensor], max_shard_size: int) -> list[li
 
 
 def shard_names(layout: str, count: int) -> list[str]:
-    stem, ext = NAMES[layout]
-    if count == 1:
-        return [stem + ext]
-    return [f"{stem}-{i:05d}-of-{count:05d}{ext}" for i in range(1, count + 1)]
+    return Naming.default(layout).shard_names(count)
 
 
 def ordered_for_writing(shards: list[list[OutputTensor]], *, layout: str) -> list[list[OutputTensor]]:
@@ -93,8 +115,12 @@ def dtypes_code(dtype: Any) -> str:
 
 def write_output(directory: Path, shards: list[list[OutputTensor]], *, layout: str,
                  ticks: Callable[[Iterator[OutputTensor]], Iterator[OutputTensor]] = lambda it: it,
-                 checksum: bool = False) -> Written:
-    """Write every file of ``layout`` into ``directory``; all of it fsynced when this returns."""
+                 checksum: bool = False, naming: Naming | None = None) -> Written:
+    """Write every file of ``layout`` into ``directory``; all of it fsynced when this returns.
+
+    ``naming`` gives the files other names than convert's (``model.safetensors``, ``flax_model.msgpack``):
+    a variant's, or diffusers' ``diffusion_pytorch_model``.
+    """
     if layout == "orbax":
         shards = [[t for shard in shards for t in shard]]  # one tree; --max-shard-size does not apply
         _check_orbax_names(shards[0])
@@ -105,7 +131,7 @@ def write_output(directory: Path, shards: list[list[OutputTensor]], *, layout: s
         if layout == "orbax":
             _write_orbax(directory, shards[0], stream, emitter)
         else:
-            _write_files(directory, shards, layout, stream, emitter)
+            _write_files(directory, shards, layout, stream, emitter, naming or Naming.default(layout))
         stream.finish()
     except BaseException:
         stream.abort()
@@ -121,7 +147,7 @@ def _check_orbax_names(tensors: list[OutputTensor]) -> None:
     for tensor in tensors:
         where = f"{tensor.mapped.source.info.file}: {tensor.mapped.source.name}"
         try:
-            name = io_orbax.array_dir(tuple(tensor.name.split("/")))
+            name = orbax_layout.array_dir(tuple(tensor.name.split("/")))
         except ValueError as exc:
             raise UsageError(f"{where}: {exc}") from None
         if name in seen:
@@ -130,8 +156,8 @@ def _check_orbax_names(tensors: list[OutputTensor]) -> None:
 
 
 def _write_files(directory: Path, shards: list[list[OutputTensor]], layout: str, stream: OutputStream,
-                 emitter: _Emitter) -> None:
-    names = shard_names(layout, len(shards))
+                 emitter: _Emitter, naming: Naming) -> None:
+    names = naming.shard_names(len(shards))
     for name, shard in zip(names, shards):
         stream.open(directory / name)
         if layout == "safetensors":
@@ -149,10 +175,9 @@ def _write_files(directory: Path, shards: list[list[OutputTensor]], layout: str,
             walk_tree(msgpack_tree(list(by_key)), stream.write, leaf)
         stream.close()
     if len(shards) > 1:
-        stem, ext = NAMES[layout]
         index = {"metadata": {"total_size": sum(t.nbytes for s in shards for t in s)},
                  "weight_map": {t.name: n for n, s in zip(names, shards) for t in s}}
-        _small_file(stream, directory / f"{stem}{ext}.index.json",
+        _small_file(stream, directory / naming.index_name,
                     (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
 
 
@@ -160,19 +185,19 @@ def _write_orbax(directory: Path, tensors: list[OutputTensor], stream: OutputStr
     started = time.time_ns()
     for tensor in tensors:
         key = tuple(tensor.name.split("/"))
-        leaf_dir = io_orbax.array_dir(key)
+        leaf_dir = orbax_layout.array_dir(key)
         (directory / leaf_dir).mkdir()
-        _small_file(stream, directory / leaf_dir / ".zarray", io_orbax.zarray(tensor.dtype, tensor.shape))
-        chunk = f"{leaf_dir}/{io_orbax.chunk_name(len(tensor.shape))}"
+        _small_file(stream, directory / leaf_dir / ".zarray", orbax_layout.zarray(tensor.dtype, tensor.shape))
+        chunk = f"{leaf_dir}/{orbax_layout.chunk_name(len(tensor.shape))}"
         if tensor.nbytes:
             stream.open(directory / chunk)
         emitter.tensor(tensor, chunk, [(b"", tensor.nbytes)])
         if tensor.nbytes:
             stream.close()
     keys = [tuple(t.name.split("/")) for t in tensors]
-    _small_file(stream, directory / io_orbax.METADATA, io_orbax.tree_metadata(keys))
-    _small_file(stream, directory / io_orbax.CHECKPOINT_METADATA,
-                io_orbax.checkpoint_metadata(started, time.time_ns()))
+    _small_file(stream, directory / orbax_layout.METADATA, orbax_layout.tree_metadata(keys))
+    _small_file(stream, directory / orbax_layout.CHECKPOINT_METADATA,
+                orbax_layout.checkpoint_metadata(started, time.time_ns()))
 
 
 def _small_file(stream: OutputStream, path: Path, data: bytes) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from guard.catalogue import make_finding
-from guard.convert.mapped import Mapping
+from guard.convert.map.mapped import Mapping
 from guard.findings import Finding, Severity
 
 
@@ -12,7 +12,7 @@ def resolve_aliases(mapping: Mapping, *, to: str) -> None:
     tensor at all it is the only copy (BartForCausalLM's decoder embedding) and is kept; else CG304."""
     import numpy as np
 
-    from guard.convert.bitviews import bits
+    from guard.write.bitviews import bits
 
     # input embeddings before output projections: with no other copy, the embedding is the one kept
     for candidate in sorted(mapping.aliases, key=lambda m: m.target[-1] == "kernel"):

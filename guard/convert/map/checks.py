@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from guard.catalogue import make_finding
-from guard.convert.mapped import Mapped
+from guard.write.plan import Mapped
 from guard.findings import Finding
 
 NORM_MODULE = re.compile(r"(layer_?norm|^norm$|^ln_|_ln$|^ln$|layrnorm|_norm$)", re.IGNORECASE)

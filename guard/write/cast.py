@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from guard import dtypes
 from guard.catalogue import make_finding
-from guard.convert.bitviews import numpy_dtype
+from guard.write.bitviews import numpy_dtype
 from guard.findings import Finding
 
 if TYPE_CHECKING:

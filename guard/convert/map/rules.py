@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
-Key = tuple[str, ...]
-Perm = tuple[int, ...]
+from guard.write.plan import Key, Perm
+
 
 # Linear [out, in] -> [in, out]; Conv1d [O, I, k] -> [k, I, O]; Conv2d [O, I, kH, kW] -> [kH, kW, I, O]
 KERNEL_PERMS: dict[int, Perm] = {2: (1, 0), 3: (2, 1, 0), 4: (2, 3, 1, 0), 5: (2, 3, 4, 1, 0)}
@@ -24,10 +24,6 @@ COLLECTIONS = ("params", "batch_stats")
 
 def inverse(perm: Perm) -> Perm:
     return tuple(sorted(range(len(perm)), key=perm.__getitem__))
-
-
-def permuted(shape: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
-    return shape if perm is None else tuple(shape[i] for i in perm)
 
 
 def torch_to_flax(key: Key, ndim: int, *, norm_weight: bool) -> tuple[Key, Perm | None]:

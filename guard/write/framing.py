@@ -1,56 +1,49 @@
-"""Flax msgpack files, in the layout ``flax.serialization`` writes and transformers reads.
+"""The bytes around tensor bodies: a safetensors header, and the msgpack framing ``flax.serialization`` writes.
 
-A leaf is ``ExtType(1, packb([shape, dtype.name, C-order bytes]))``; leaves over
-``MAX_CHUNK_SIZE`` bytes become a chunked-array map.  The framing (map headers, keys,
-ext headers with 32-bit lengths) is computed from the planned shape and dtype alone,
-so the converter writes it around tensor bytes that stream past in bands: nothing
-is ever packed into a msgpack buffer.
+safetensors: an 8-byte length, the JSON header (offsets relative to the data buffer), space
+padding to 8 bytes.  Flax msgpack: a leaf is ``ExtType(1, packb([shape, dtype.name, C-order
+bytes]))``; leaves over ``MAX_CHUNK_SIZE`` bytes become a chunked-array map.  The framing (map
+headers, keys, ext headers with 32-bit lengths) is computed from the planned shape and dtype
+alone, so the writer puts it around tensor bytes that stream past in bands: nothing is ever
+packed into a msgpack buffer.
 """
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable, Sequence
 from math import prod
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from guard.convert.io_torch import OneFileCache
-from guard.errors import MalformedCheckpoint
-from guard.tensors import TensorInfo
+from guard import dtypes
 
-if TYPE_CHECKING:
-    import numpy as np
-
+Key = tuple[str, ...]
+ALIGNMENT = 8  # safetensors writers pad the header so the data buffer is 8-byte aligned
 MAX_CHUNK_SIZE = 2**30  # flax.serialization.MAX_CHUNK_SIZE
 CHUNKED_MARKER = "__msgpack_chunked_array__"
 EXT_NDARRAY = 1
 
-Key = tuple[str, ...]
+
+def safetensors_header(entries: Sequence[tuple[str, str, tuple[int, ...]]],
+                       metadata: dict[str, str]) -> bytes:
+    """The header (length prefix, JSON, space padding) for tensors laid out in the given order."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, code, shape in entries:
+        size = dtypes.nbytes(code, _numel(shape)) or 0
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * (-len(raw) % ALIGNMENT)
+    return len(raw).to_bytes(8, "little") + raw
 
 
-def _restore_file(path: Path) -> Any:
-    from flax.serialization import msgpack_restore
-
-    try:
-        return msgpack_restore(path.read_bytes())
-    except Exception as exc:  # msgpack raises a zoo of types on hostile bytes; all mean "unreadable"
-        raise MalformedCheckpoint(f"cannot decode msgpack: {exc}") from None
-
-
-class FlaxWholeFileLoader:
-    """For chunked leaves, which have no single byte range: decode the file once (one shard)."""
-
-    def __init__(self) -> None:
-        self._cache = OneFileCache(_restore_file)
-
-    def load(self, info: TensorInfo) -> np.ndarray:
-        import numpy as np
-
-        node = self._cache.get(Path(info.file))
-        for part in info.name.split("/"):
-            node = node[part]
-        return np.array(node, copy=True)
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def msgpack_tree(entries: Sequence[Key]) -> dict[str, Any]:
@@ -113,4 +106,3 @@ def _ext_header(shape: tuple[int, ...], dtype_name: str, nbytes: int, packer: An
     """``ExtType(1, packb([shape, dtype.name, data]))`` up to the data, with 32-bit lengths throughout."""
     inner = b"\x93" + packer.pack(list(shape)) + packer.pack(dtype_name) + b"\xc6" + struct.pack(">I", nbytes)
     return b"\xc9" + struct.pack(">I", len(inner) + nbytes) + bytes([EXT_NDARRAY]) + inner
-

@@ -16,9 +16,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from guard.convert.families import FAMILIES
-from guard.convert.mapped import Mapped, Mapping
-from guard.convert.source import SourceTensor
+from guard.convert.map.families import FAMILIES
+from guard.write.plan import Mapped
+from guard.convert.map.mapped import Mapping
+from guard.write.plan import SourceTensor
 from guard.tensors import TensorInfo
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class SinusoidalTable:
     def load(self, info: TensorInfo) -> np.ndarray:
         import numpy as np
 
-        from guard.convert.bitviews import numpy_dtype
+        from guard.write.bitviews import numpy_dtype
 
         n_pos, dim = info.shape
         j = np.arange(dim)

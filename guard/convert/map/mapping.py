@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from guard.convert.checks import check_shapes
-from guard.convert.decisions import head_findings, resolve_aliases
-from guard.convert.mapped import Mapping, Refusal
-from guard.convert.naming import map_tensors
-from guard.convert.restore import restore_counters, restore_tables
-from guard.convert.source import SourceModel
+from guard.convert.map.checks import check_shapes
+from guard.convert.map.decisions import head_findings, resolve_aliases
+from guard.convert.map.mapped import Mapping, Refusal
+from guard.convert.map.naming import map_tensors
+from guard.convert.map.restore import restore_counters, restore_tables
+from guard.convert.read.source import SourceModel
 from guard.findings import Finding
 
 

@@ -1,7 +1,7 @@
 """What this tool knows about each architecture that transformers 4.x has in both PyTorch and Flax.
 
 One row per ``model_type``, literal and greppable.  Together with the generic rules in
-``guard.convert.rules`` it gives every Flax name, nesting and shape without importing
+``guard.convert.map.rules`` it gives every Flax name, nesting and shape without importing
 transformers; ``tests/test_convert_families.py`` proves each row against transformers'
 own classes (the Flax ``params_shape_tree``, the PyTorch buffers and class attributes),
 so a row can only be right or a failing test.

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from guard.catalogue import make_finding
-from guard.convert.bitviews import numpy_dtype
-from guard.convert.cast import CastCheck
-from guard.convert.produce import ranged
-from guard.convert.transpose import bit_view
-from guard.convert.writer import NAMES, OutputTensor, Written
+from guard.write.bitviews import numpy_dtype
+from guard.write.cast import CastCheck
+from guard.write.produce import ranged
+from guard.write.transpose import bit_view
+from guard.write.writer import OutputTensor, Written
 from guard.findings import Finding
 from guard.readers import scan_file
 from guard.sources import LocalFile
@@ -47,7 +47,7 @@ CRC_BLOCK = 16 * 2**20
 
 def verify_output(directory: Path, outputs: list[OutputTensor], written: Written, *, layout: str,
                   full: bool = False) -> tuple[list[Finding], int]:
-    parsed, findings = _parse(directory, layout)
+    parsed, findings = _parse(directory, layout, written)
     for tensor in outputs:
         info = parsed.pop(".".join(tensor.name.split("/")) if layout == "orbax" else tensor.name, None)
         if info is None or info.dtype != tensor.dtype or info.shape != tensor.shape:
@@ -73,7 +73,7 @@ def _cg301(path: str, message: str, tensor: str | None = None) -> Finding:
     return make_finding("CG301", Path(path).name, message, tensor=tensor)
 
 
-def _parse(directory: Path, layout: str) -> tuple[dict[str, TensorInfo], list[Finding]]:
+def _parse(directory: Path, layout: str, written: Written) -> tuple[dict[str, TensorInfo], list[Finding]]:
     findings: list[Finding] = []
     seen: dict[str, TensorInfo] = {}
     if layout == "orbax":  # the scanner's Orbax reader, and the chunk files it does not open
@@ -83,9 +83,9 @@ def _parse(directory: Path, layout: str) -> tuple[dict[str, TensorInfo], list[Fi
         findings.extend(_cg301(f.path, f"written checkpoint does not read back: {f.message}") for f in scan.findings)
         infos = [_orbax_info(directory, t) for t in scan.tensors]
     else:
-        stem, ext = NAMES[layout]
         infos = []
-        for path in sorted(directory.glob(f"{stem}*{ext}")):
+        files = {place[0] for places in written.places.values() for place in places}
+        for path in sorted(directory / name for name in files):
             with LocalFile(path) as source:
                 scan = scan_file(source)
             findings.extend(_cg301(path.name, f"written file does not read back: {f.message}")
@@ -100,7 +100,7 @@ def _parse(directory: Path, layout: str) -> tuple[dict[str, TensorInfo], list[Fi
 
 def _orbax_info(directory: Path, info: TensorInfo) -> TensorInfo:
     """Its bytes: the leaf's one chunk file, which the reader does not open (its size is checked here)."""
-    from guard.convert.io_orbax import chunk_name
+    from guard.write.orbax_layout import chunk_name
 
     chunk = directory / info.name / chunk_name(len(info.shape))
     size = chunk.stat().st_size if chunk.is_file() and not chunk.is_symlink() else 0

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from guard.catalogue import make_finding
-from guard.convert.rules import Key, Perm, permuted
-from guard.convert.source import SourceTensor
+from guard.write.plan import Mapped
+from guard.write.plan import SourceTensor
 from guard.findings import Finding
 
 REASONS = {  # decision kind -> the words of the report
@@ -31,17 +31,6 @@ class Refusal(Exception):
     def __init__(self, path: str, message: str, tensor: str | None = None) -> None:
         super().__init__(message)
         self.finding = make_finding("CG304", path, message, tensor=tensor)
-
-
-@dataclass(frozen=True)
-class Mapped:
-    source: SourceTensor
-    target: Key
-    perm: Perm | None  # axes of the source array, in target order
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return permuted(self.source.info.shape, self.perm)
 
 
 @dataclass

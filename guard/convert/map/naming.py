@@ -1,6 +1,6 @@
 """Every source tensor's fate: a target name and layout, or a decision the report shows.
 
-The architecture is the config's ``model_type``, looked up in ``guard.convert.families``
+The architecture is the config's ``model_type``, looked up in ``guard.convert.map.families``
 (composites route each sub-model to its own row).  A tensor is mapped by the generic
 rules, or dropped as transformers' own loaders drop it: buffers, BatchNorm counters,
 frozen sinusoidal tables the Flax class computes, tied aliases bit-identical to the
@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from guard.catalogue import make_finding
-from guard.convert.families import ALIASES, FAMILIES, FLAX_NAMES, Family
-from guard.convert.mapped import Mapped, Mapping, Refusal
-from guard.convert.rules import Key, Perm, flax_to_torch, torch_to_flax
-from guard.convert.source import SourceModel, SourceTensor
+from guard.convert.map.families import ALIASES, FAMILIES, FLAX_NAMES, Family
+from guard.write.plan import Mapped
+from guard.convert.map.mapped import Mapping, Refusal
+from guard.write.plan import Key, Perm
+from guard.convert.map.rules import flax_to_torch, torch_to_flax
+from guard.convert.read.source import SourceModel
+from guard.write.plan import SourceTensor
 from guard.findings import Severity
 
 __all__ = ["Mapped", "Mapping", "Refusal", "map_tensors"]  # Mapped: the writer's input

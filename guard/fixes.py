@@ -1,0 +1,88 @@
+"""A finding's fix, as data (STYLE rule 14): what it writes, and whether it is safe or needs a flag.
+
+The rule that raises a finding plans its fix (``Finding.fix``); ``guard.fix`` applies it in
+one place (temp names, renames, verification, rollback); reporters only show it.  Findings
+that no mechanical change can repair carry a ``Fix`` with ``safety == "none"`` whose
+description says why.  ``params`` is JSON text: the action's arguments, lossless through the
+JSON report and hashable in the record.
+"""
+
+from __future__ import annotations
+
+import json
+
+from guard.records import record
+
+SAFETIES = ("safe", "needs-flag", "none")
+
+# Actions guard.fix knows how to apply (guard.fix.actions.ACTIONS has one entry per name).
+ACTIONS = (
+    "config-dtype",      # CG103: rewrite torch_dtype / dtype in config.json, byte for byte but the value
+    "safetensors-copy",  # CG008: write model.safetensors (or shards + index) beside pickle-only weights
+    "set-cast",          # CG101/CG102 --cast, CG103 --to-config: the set in another dtype (replaces it)
+    "variant-add",       # CG109: the missing variant files, cast from the default set
+    "variant-recast",    # CG108: the variant recast to the dtype its name claims (replaces it)
+    "index-rebuild",     # CG109: a variant's shards without their index: the index, from the shards' headers
+    "copy-regenerate",   # CG107: the stale copy regenerated from the primary set, bit-exactly
+    "add-copy",          # --add flax|orbax|safetensors|variant:fp16|variant:bf16
+)
+
+# Why some findings have no mechanical fix: the bytes that would fix them are not here.
+NO_FIX = {
+    "CG001": "the file cannot be parsed, so there is nothing to convert from: re-export it from the original weights",
+    "CG002": "a Git LFS pointer holds no weights: fetch the real file (`git lfs pull`, or `lfs: true` on checkout)",
+    "CG003": "the pickle references code outside the tensor allowlist; it is never run, so its tensors cannot be "
+             "trusted or copied: re-export the weights from a trusted source",
+    "CG004": "shards are missing, truncated or disagree with their index: the missing bytes are not here",
+    "CG005": "the dtype is unknown to ckpt-guard, so it cannot be carried or cast",
+    "CG006": "no reader handles this format, so nothing can be written from it",
+}
+
+
+@record
+class Fix:
+    action: str  # one of ACTIONS, or "" when safety is "none"
+    description: str  # what the fix changes; with safety "none", why no fix exists
+    safety: str = "safe"  # one of SAFETIES
+    flag: str | None = None  # what a needs-flag fix waits for: "--replace", "--cast", "--to-config", ...
+    writes: tuple[str, ...] = ()  # paths written or rewritten, spelled as findings' paths are
+    params: str = "{}"  # JSON: the action's arguments
+
+    @property
+    def available(self) -> bool:
+        return self.safety != "none"
+
+    @property
+    def arguments(self) -> dict[str, object]:
+        value = json.loads(self.params)
+        return value if isinstance(value, dict) else {}
+
+    def to_json(self) -> dict[str, object]:
+        return {"available": self.available, "safety": self.safety, "description": self.description,
+                "writes": list(self.writes), "action": self.action or None, "flag": self.flag,
+                "params": self.arguments}
+
+    @classmethod
+    def from_json(cls, obj: object) -> Fix | None:
+        if not isinstance(obj, dict):
+            return None
+        safety = str(obj.get("safety") or "none")
+        writes = obj.get("writes")
+        return cls(action=str(obj.get("action") or ""), description=str(obj.get("description", "")),
+                   safety=safety if safety in SAFETIES else "none",
+                   flag=None if obj.get("flag") is None else str(obj["flag"]),
+                   writes=tuple(str(w) for w in writes) if isinstance(writes, list) else (),
+                   params=json.dumps(obj.get("params") if isinstance(obj.get("params"), dict) else {},
+                                     sort_keys=True))
+
+
+def make_fix(action: str, description: str, *, safety: str = "safe", flag: str | None = None,
+             writes: tuple[str, ...] = (), **params: object) -> Fix:
+    assert action in ACTIONS and safety in SAFETIES, (action, safety)
+    return Fix(action, description, safety, flag, writes, json.dumps(params, sort_keys=True))
+
+
+def no_fix(code: str, advice: str) -> Fix:
+    """The fix field of a finding that no mechanical change repairs: the reason, or the rule's advice."""
+    reason = NO_FIX.get(code)
+    return Fix("", reason or f"no mechanical fix: {advice}", "none")
