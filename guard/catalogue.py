@@ -57,6 +57,13 @@ RULES: tuple[Rule, ...] = (
          "ggml-vocab-llama.gguf: a tokenizer and tensor_count 0; or torch.save({}, \"pytorch_model.bin\").",
          "Nothing to do for a vocab-only or tokenizer file; otherwise check that the export wrote the "
          "weights (an empty state dict saves without an error)."),
+    Rule("CG008", "pickle-only", N, "headers",
+         "A weight set stored only as a torch pickle (pytorch_model.bin, its shards, "
+         "diffusion_pytorch_model.bin, adapter_model.bin) with no safetensors copy of the same variant: "
+         "torch.load must unpickle it, while a safetensors copy loads without executing anything.",
+         "A model folder with pytorch_model.bin and config.json, and no model.safetensors.",
+         "`ckpt-guard fix --write` writes model.safetensors (or shards and their index) beside it, "
+         "bit-exactly and without running the pickle; tied names are kept once, as save_pretrained does."),
     Rule("CG101", "unexpected-dtype", E, "headers",
          "Floating tensors are not in the expected dtype (default fp32; see --expect).",
          "--expect fp32 and a model whose decoder weights are F16.",

@@ -1,14 +1,18 @@
 """A loopback stand-in for the Hugging Face Hub: the endpoints huggingface_hub calls.
 
-Serves model repositories (branches, ``refs/pr/N``, commits by sha), ranged and
-whole resolve GETs, HEAD metadata, ``list_models(author=)``, ``create_repo``,
-preupload + commit (the single-commit path), discussions, pull requests and
-comments.  Every request is recorded (method, path, status, bytes sent, when it
-arrived) so tests and the benchmark can count what a client really asked for,
-and how fast.  Faults (5xx, a stalled response, any status with headers such as
+Serves model repositories (branches, ``refs/pr/N``, commits by sha and their
+history), ranged and whole resolve GETs, HEAD metadata, ``list_models(author=)``,
+``whoami-v2`` (each token's account and role: a ``read`` token is refused every
+write with 403), ``create_repo``, preupload + commit (the single-commit path,
+``parentCommit`` honoured), discussions, pull requests (listed, with their base
+commit, merged by ``merge_pull_request`` or the merge route) and comments.
+Every request is recorded (method, path, status, bytes sent, when it arrived)
+so tests and the benchmark can count what a client really asked for, and how
+fast.  Faults (5xx, a stalled response, any status with headers such as
 ``Retry-After``), a rate-limit mode that turns away every N-th request with 429
 or 503 and ``Retry-After`` without handling it, and a per-request latency can
-be injected.
+be injected; a fault with ``after`` answers only once the request was handled
+(a write made, then refused on the way back: the worst case for a retry).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class Fault:
     status: int | None  # None: stall until the stand-in stops
     remaining: int
     headers: dict[str, str] | None = None
+    after: bool = False  # handle the request first, then answer with the fault (the worst case for a write)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,9 @@ class Throttle:
 class StandinHub:
     def __init__(self, *, tokens: dict[str, str] | None = None, latency: float = 0.0) -> None:
         self.tokens = tokens if tokens is not None else {"hf_reader": "reader", "hf_bot": "ckpt-guard-bot"}
+        # a token's role as whoami-v2 reports it: "read" tokens are refused every POST (403); absent: "write"
+        self.token_roles: dict[str, str] = {"hf_reader": "read"}
+        self.fine_grained: dict[str, dict[str, Any]] = {}  # token -> whoami's "fineGrained" object
         self.latency = latency
         self.repos: dict[str, Repo] = {}
         self.commits: dict[str, Commit] = {}
@@ -85,7 +93,8 @@ class StandinHub:
             return self.add_commit(repo_id, files or {}, summary="initial commit")
 
     def add_commit(self, repo_id: str, files: dict[str, bytes] | Path, *, ref: str = "main",
-                   summary: str = "update", description: str = "", replace: bool = True) -> str:
+                   summary: str = "update", description: str = "", replace: bool = True,
+                   author: str = "alice") -> str:
         if isinstance(files, Path):
             files = {p.relative_to(files).as_posix(): p.read_bytes() for p in sorted(files.rglob("*"))
                      if p.is_file()}
@@ -95,7 +104,8 @@ class StandinHub:
             base.update(files)
             self._counter += 1
             sha = hashlib.sha1(f"{repo_id}{self._counter}{sorted(base)}".encode()).hexdigest()
-            self.commits[sha] = Commit(sha, base, summary, description, repo_id)
+            self.commits[sha] = Commit(sha, base, summary, description, repo_id, parent=repo.refs.get(ref),
+                                       author=author)
             repo.refs[ref] = sha
             return sha
 
@@ -105,15 +115,37 @@ class StandinHub:
             repo = self.repos[repo_id]
             num = self.next_num(repo)
             ref = f"refs/pr/{num}"
-            repo.refs[ref] = repo.refs["main"]
-            sha = self.add_commit(repo_id, files, ref=ref, summary=title, replace=False)
-            repo.discussions.append(Discussion(num, title, "", True, author, status="draft", ref=ref))
+            repo.refs[ref] = base = repo.refs["main"]
+            sha = self.add_commit(repo_id, files, ref=ref, summary=title, replace=False, author=author)
+            repo.discussions.append(Discussion(num, title, "", True, author, status="draft", ref=ref, base=base))
             return num, sha
 
-    def fail(self, method: str, contains: str, status: int | None, times: int = 1,
-             headers: dict[str, str] | None = None) -> None:
+    def merge_pull_request(self, repo_id: str, num: int) -> str:
+        """Merge ``refs/pr/num`` into its branch: fast-forward when the branch has not moved, else a merge
+        commit carrying the pull request's changes; the pull request is then ``merged``."""
         with self.lock:
-            self.faults.append(Fault(method, contains, status, times, headers))
+            repo = self.repos[repo_id]
+            pr = repo.discussions[num - 1]
+            assert pr.is_pr and pr.ref is not None, "not a pull request"
+            head = repo.refs[pr.ref]
+            if repo.refs[pr.target] == pr.base:
+                repo.refs[pr.target] = head
+            else:
+                before = self.commits[pr.base].files if pr.base else {}
+                after = self.commits[head].files
+                changed = {p: d for p, d in after.items() if before.get(p) != d}
+                gone = set(before) - set(after)
+                files = {p: d for p, d in self.commits[repo.refs[pr.target]].files.items() if p not in gone}
+                files.update(changed)
+                self.add_commit(repo_id, files, ref=pr.target, summary=f"Merge pull request #{num}")
+            pr.status = "merged"
+            return repo.refs[pr.target]
+
+    def fail(self, method: str, contains: str, status: int | None, times: int = 1,
+             headers: dict[str, str] | None = None, *, after: bool = False) -> None:
+        """The next ``times`` requests matching answer ``status``; ``after``: they are handled first."""
+        with self.lock:
+            self.faults.append(Fault(method, contains, status, times, headers, after))
 
     def throttle(self, every: int, *, status: int = 429, retry_after: str | None = "1") -> None:
         """Turn away every ``every``-th request from now on (0 stops), as the Hub's rate limiter does."""
@@ -228,13 +260,13 @@ class StandinHub:
             self.release.wait(30)
             handler.close_connection = True
             return
-        if fault is not None:
-            status, payload = fault.status or 500, b"injected fault"
-            headers = {"Content-Type": "text/plain", **(fault.headers or {})}
-        else:
+        if fault is None or fault.after:
             headers = {k.lower(): v for k, v in handler.headers.items()}
             request = Request(method, segments, parse_qs(split.query), body, headers, user)
             status, headers, payload = Routes(self, request).dispatch()
+        if fault is not None:
+            status, payload = fault.status or 500, b"injected fault"
+            headers = {"Content-Type": "text/plain", **(fault.headers or {})}
         handler.send_response(status)
         for key, value in headers.items():
             handler.send_header(key, value)

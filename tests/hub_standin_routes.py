@@ -31,6 +31,8 @@ class Discussion:
     ref: str | None = None  # refs/pr/N
     comments: list[tuple[str, str]] = field(default_factory=list)  # (author, markdown)
     created: str = field(default_factory=_now)
+    base: str | None = None  # a pull request: the commit of its target branch it started from
+    target: str = "main"  # a pull request: the branch it merges into
 
     def summary(self, repo_id: str) -> dict[str, Any]:
         return {"num": self.num, "title": self.title, "status": self.status, "isPullRequest": self.is_pr,
@@ -54,6 +56,14 @@ class Commit:
     summary: str
     description: str = ""
     repo_id: str = ""
+    parent: str | None = None
+    author: str = "alice"
+    created: str = field(default_factory=_now)
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``GET /api/models/{repo}/commits/{rev}`` lists it (``message`` is the body under the title)."""
+        return {"id": self.sha, "title": self.summary, "message": self.description,
+                "authors": [{"user": self.author}], "date": self.created}
 
 
 @dataclass
@@ -109,6 +119,13 @@ class Routes:
             if seg[:1] == ["api"]:
                 if seg[1:2] == ["agent-harnesses"]:
                     return _error(404, None, "not here")
+                if seg[1:2] == ["whoami-v2"] and method == "GET":
+                    return self.whoami()
+                reads = ("paths-info", "validate-yaml")  # POSTs that read
+                if method == "POST" and self.r.user is not None and self.read_only() \
+                        and not any(r in seg for r in reads):
+                    return _error(403, None, "You don't have the rights to perform this action "
+                                             "(read-only token)")
                 if seg[1:3] == ["repos", "create"] and method == "POST":
                     return self.create_repo()
                 if seg[1:2] == ["validate-yaml"]:
@@ -122,6 +139,21 @@ class Routes:
             return _error(404, None, "no such route")
 
     # ------------------------------------------------------------ helpers
+    def read_only(self) -> bool:
+        return self.hub.token_roles.get(self.r.headers.get("authorization", "")[7:], "write") == "read"
+
+    def whoami(self) -> Response:
+        if self.r.user is None:
+            return _error(401, None, "Invalid credentials in Authorization header")
+        token = self.r.headers.get("authorization", "")[7:]
+        role = self.hub.token_roles.get(token, "write")
+        access: dict[str, Any] = {"displayName": "test token", "role": role, "createdAt": _now()}
+        if role == "fineGrained":
+            access["fineGrained"] = self.hub.fine_grained.get(token, {"global": [], "scoped": []})
+        return _json(200, {"type": "user", "id": f"id-{self.r.user}", "name": self.r.user,
+                           "fullname": self.r.user, "orgs": [], "isPro": False,
+                           "auth": {"type": "access_token", "accessToken": access}})
+
     def _repo(self, repo_id: str) -> Repo | Response:
         repo = self.hub.repos.get(repo_id)
         if repo is None or (repo.private and self.r.user is None):
@@ -174,6 +206,16 @@ class Routes:
             return _json(200, {"id": repo_id, "modelId": repo_id, "sha": sha, "private": repo.private,
                                "gated": "auto" if repo.gated else False, "disabled": False, "tags": [],
                                "siblings": self._siblings(self.hub.commits[sha].files, blobs)})
+        if method == "GET" and rest[:1] == ["commits"] and len(rest) >= 2:
+            sha = self._sha(repo, rest[1])
+            if sha is None:
+                return _error(404, "RevisionNotFound", f"Invalid rev id: {rest[1]}")
+            history: list[dict[str, Any]] = []
+            at: str | None = sha
+            while at is not None:
+                history.append(self.hub.commits[at].to_json())
+                at = self.hub.commits[at].parent
+            return _json(200, history)
         if method == "GET" and rest[:1] == ["tree"] and len(rest) >= 2:
             sha = self._sha(repo, rest[1])
             if sha is None:
@@ -244,6 +286,13 @@ class Routes:
         base_sha = self._sha(repo, rev)
         if base_sha is None:
             return _error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        parent = header.get("parentCommit")
+        if parent and self.r.param("create_pr") == "1":  # a pull request starts from the given commit
+            if self._sha(repo, parent) != parent:
+                return _error(404, "RevisionNotFound", f"Invalid parent commit: {parent}")
+            base_sha = parent
+        elif parent and parent != base_sha:
+            return _error(412, None, "A commit has happened since. Please refresh and try again.")
         files = dict(self.hub.commits[base_sha].files)
         for item in lines:
             value = item["value"]
@@ -256,12 +305,14 @@ class Routes:
         if self.r.param("create_pr") == "1":
             num = self.hub.next_num(repo)
             ref = f"refs/pr/{num}"
+            target = rev.removeprefix("refs/heads/") if rev in repo.refs or rev.startswith("refs/heads/") else "main"
             repo.discussions.append(Discussion(num, header.get("summary", ""), header.get("description", ""),
-                                               True, self.r.user or "?", status="draft", ref=ref))
+                                               True, self.r.user or "?", status="draft", ref=ref, base=base_sha,
+                                               target=target))
             pr_url = f"{self.hub.url}/{repo.repo_id}/discussions/{num}"
         repo.refs[ref] = base_sha
         sha = self.hub.add_commit(repo.repo_id, files, ref=ref, summary=header.get("summary", ""),
-                                  description=header.get("description", ""))
+                                  description=header.get("description", ""), author=self.r.user or "?")
         self.hub.received_commits.append((repo.repo_id, ref, header, sorted(files)))
         return _json(200, {"commitUrl": f"{self.hub.url}/{repo.repo_id}/commit/{sha}", "commitOid": sha,
                            "pullRequestUrl": pr_url})
@@ -290,6 +341,11 @@ class Routes:
         discussion = repo.discussions[int(rest[0]) - 1]
         if len(rest) == 1 and method == "GET":
             return _json(200, self._details(repo_id, discussion))
+        if rest[1:] == ["merge"] and method == "POST":
+            if not discussion.is_pr or discussion.status not in ("open", "draft"):
+                return _error(400, None, "This pull request cannot be merged")
+            self.hub.merge_pull_request(repo_id, discussion.num)
+            return _json(200, {})
         if rest[1:] == ["comment"] and method == "POST":
             text = self.r.json()["comment"]
             discussion.comments.append((self.r.user or "?", text))
@@ -304,7 +360,7 @@ class Routes:
         discussion = Discussion(num, body["title"], body.get("description", ""), is_pr, self.r.user or "?",
                                 status="draft" if is_pr else "open", ref=f"refs/pr/{num}" if is_pr else None)
         if is_pr:
-            repo.refs[f"refs/pr/{num}"] = repo.refs["main"]
+            repo.refs[f"refs/pr/{num}"] = discussion.base = repo.refs["main"]
         repo.discussions.append(discussion)
         return _json(200, {"num": num, "url": f"{self.hub.url}/{repo.repo_id}/discussions/{num}"})
 
@@ -313,7 +369,7 @@ class Routes:
         events += [_event(f"{d.num}-{i}", author, text) for i, (author, text) in enumerate(d.comments, 1)]
         details = {**d.summary(repo_id), "events": events}
         if d.is_pr:
-            details.update(changes={"base": "refs/heads/main"}, filesWithConflicts=[], diff="")
+            details.update(changes={"base": f"refs/heads/{d.target}"}, filesWithConflicts=[], diff="")
         return details
 
 

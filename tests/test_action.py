@@ -99,10 +99,21 @@ def test_action_hardening():
     # every input reaches a step, and only through env:
     used = json.dumps([step.get("env", {}) for step in action["runs"]["steps"]])
     assert all(f"inputs.{name}" in used or name == "working-directory" for name in action["inputs"])
-    assert set(action["outputs"]) == {"findings", "errors", "warnings", "report", "sarif-file"}
+    assert set(action["outputs"]) == {"findings", "errors", "warnings", "report", "sarif-file",
+                                      "fixed", "fixed-files", "patch", "fix-report"}
     defaults = {name: spec.get("default") for name, spec in action["inputs"].items()}
     assert defaults | {"paths": "."} == defaults and defaults["changed-only"] == "true"
     assert defaults["fail-on"] == "error" and defaults["values"] == "false" and defaults["summary"] == "true"
+    assert defaults["fix"] == "false"  # fixing is opt-in, and never pushes
+
+
+def test_fix_never_pushes_and_uploads_through_a_pinned_action():
+    action = yaml.safe_load((ROOT / "action.yml").read_text())
+    steps = {step["id"]: step for step in action["runs"]["steps"]}
+    assert steps["fix"]["if"].startswith("inputs.fix == 'true'")
+    assert steps["upload-fix"]["uses"].startswith("actions/upload-artifact@")
+    scripts = "".join(p.read_text() for p in (ROOT / "scripts" / "action").glob("*.sh"))
+    assert not re.search(r"git (push|commit)|--replace|--cast|--allow-lossy", scripts)
 
 
 def test_workflow_uses_are_pinned_by_sha():
@@ -193,6 +204,144 @@ jobs:
     assert (out / "outputs.txt").read_text().split() == ["2", "2", "0"]
     assert len(json.loads((out / "report.json").read_text())["findings"]) == 2
     assert json.loads((out / "results.sarif").read_text())["version"] == "2.1.0"
+
+
+UPLOAD_ARTIFACT = re.search(r"uses: (actions/upload-artifact@[0-9a-f]{40})", (ROOT / "action.yml").read_text())
+
+
+def upload_artifact_standin(dest: Path) -> Path:
+    """tests/upload_artifact_standin, pointed at the project's node_modules (@actions/artifact)."""
+    modules = ROOT / "node_modules"
+    assert (modules / "@actions" / "artifact").is_dir(), "node_modules is missing; run `make test` (npm ci)"
+    shutil.copytree(ROOT / "tests" / "upload_artifact_standin", dest)
+    script = dest / "index.js"
+    script.write_text(f"module.paths.unshift({json.dumps(str(modules))});\n" + script.read_text())
+    return dest
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_action_fix_under_act_uploads_the_files_and_summarises_the_patch(tmp_path):
+    """fix: true under act: config.json's dtype rewritten (CG103) and a pickle-only BERT's safetensors copy
+    written (CG008) in the workspace; both in the artifact on act's artifact server; the plan and a patch that
+    `git apply` takes in the job summary; nothing committed."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    act = tool("act")
+    assert UPLOAD_ARTIFACT, "action.yml must pin actions/upload-artifact by SHA"
+    user = tmp_path / "user"
+    (user / "models" / "llm").mkdir(parents=True)
+    save_file({"w": torch.ones(4, 4), "b": torch.zeros(4)}, str(user / "models" / "llm" / "model.safetensors"))
+    config = '{\n  "model_type": "llama",\n  "torch_dtype": "bfloat16",\n  "vocab_size": 4\n}\n'
+    (user / "models" / "llm" / "config.json").write_text(config)
+    BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=32)).save_pretrained(
+        user / "models" / "bert", safe_serialization=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    artifacts = tmp_path / "artifacts"
+    source = action_copy(tmp_path / "action-src")
+    workflow = user / ".github" / "workflows" / "guard.yml"
+    workflow.parent.mkdir(parents=True)
+    workflow.write_text(f"""\
+on: push
+jobs:
+  guard:
+    runs-on: ubuntu-latest
+    steps:
+      - name: Copy the repository and the action (actions/checkout cannot be fetched offline)
+        shell: bash
+        env:
+          USER_REPO: {json.dumps(str(user))}
+          ACTION_SRC: {json.dumps(str(source))}
+        run: |
+          cp -a "$USER_REPO/." .
+          mkdir -p .ckpt-guard-action && cp -a "$ACTION_SRC/." .ckpt-guard-action/
+      - id: guard
+        uses: ./.ckpt-guard-action
+        with:
+          paths: models
+          fix: true
+          fix-artifact: fixed-checkpoints
+      - name: Keep what the test checks
+        if: always()
+        shell: bash
+        env:
+          OUT: {json.dumps(str(out))}
+          FIXED: ${{{{ steps.guard.outputs.fixed }}}}
+          FILES: ${{{{ steps.guard.outputs.fixed-files }}}}
+          PATCH: ${{{{ steps.guard.outputs.patch }}}}
+          FIX_REPORT: ${{{{ steps.guard.outputs.fix-report }}}}
+        run: |
+          printf '%s\\n' "$FIXED" "$FILES" > "$OUT/outputs.txt"
+          cp "$PATCH" "$OUT/fix.patch"
+          cp "$FIX_REPORT" "$OUT/fix.json"
+          cp models/llm/config.json "$OUT/config.json"
+          git status --porcelain > "$OUT/status.txt"
+          git log --oneline > "$OUT/log.txt"
+""")
+    lint = actionlint(workflow)
+    assert lint.returncode == 0, lint.stdout
+    git(user, "init", "-q", "-b", "main")
+    git(user, "add", "-A")
+    git(user, "commit", "-q", "-m", "models")
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"before": ZERO, "after": git(user, "rev-parse", "HEAD").strip(),
+                                 "created": True, "ref": "refs/heads/main"}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
+    env |= {"HOME": str(tmp_path / "home"), "GIT_CONFIG_GLOBAL": os.devnull}
+    standin = upload_artifact_standin(tmp_path / "upload-artifact")
+    result = subprocess.run(
+        [act, "push", "-P", "ubuntu-latest=-self-hosted", "-e", str(event), "--detect-event",
+         "--artifact-server-path", str(artifacts), "--artifact-server-addr", "127.0.0.1",
+         "--artifact-server-port", str(free_port()), "--local-repository", f"{UPLOAD_ARTIFACT[1]}={standin}"],
+        cwd=user, env=env, capture_output=True, text=True, timeout=600,
+    )
+    log = result.stdout + result.stderr
+    # the verdict stays the scan's (CG103 here is an error): the fix changed the workspace, not the branch
+    assert result.returncode != 0 and "Job failed" in log and "Fix checkpoints" in log, log[-6000:]
+
+    # outputs, and the workspace: fixed, nothing committed
+    assert (out / "outputs.txt").read_text().split() == ["2", "2"]
+    assert (out / "config.json").read_text() == config.replace('"bfloat16"', '"float32"')
+    assert (out / "log.txt").read_text().count("\n") == 1
+    assert " M models/llm/config.json" in (out / "status.txt").read_text()
+    outcomes = json.loads((out / "fix.json").read_text())["extra"]["fix"]["outcomes"]
+    assert sorted(o["action"] for o in outcomes if o["ok"]) == ["config-dtype", "safetensors-copy"]
+
+    # the artifact, as act's artifact server stored it
+    import zipfile
+
+    zips = list(artifacts.rglob("fixed-checkpoints.zip"))
+    assert len(zips) == 1, list(artifacts.rglob("*"))
+    with zipfile.ZipFile(zips[0]) as archive:
+        assert sorted(archive.namelist()) == ["models/bert/model.safetensors", "models/llm/config.json"]
+        assert archive.read("models/llm/config.json").decode() == config.replace('"bfloat16"', '"float32"')
+        from safetensors.torch import load
+
+        copy = load(archive.read("models/bert/model.safetensors"))
+    pickled = torch.load(user / "models" / "bert" / "pytorch_model.bin", weights_only=True)
+    assert set(copy) == set(pickled) and all(torch.equal(copy[k], pickled[k]) for k in copy)
+
+    # the patch: `git apply` takes it on the original checkout and gives the fixed config
+    patch = (out / "fix.patch").read_text()
+    assert "models/llm/config.json" in patch and "safetensors" not in patch
+    subprocess.run(["git", "apply", "--check", str(out / "fix.patch")], cwd=user, check=True)
+    subprocess.run(["git", "apply", str(out / "fix.patch")], cwd=user, check=True)
+    assert (user / "models" / "llm" / "config.json").read_text() == config.replace('"bfloat16"', '"float32"')
+
+    # the job summary: the plan, and the same patch in a diff block
+    summary = log.split("## :wrench: ckpt-guard fix", 1)[1]
+    assert "fixed-checkpoints" in summary and "config-dtype" in summary and "safetensors-copy" in summary
+    assert "```diff" in summary and '+  "torch_dtype": "float32",' in summary
 
 
 # ------------------------------------------------------------------ the action's scripts on bad input
@@ -405,11 +554,12 @@ def test_ten_thousand_findings_are_capped_in_annotations_but_all_in_the_json(tmp
     assert len(runner.summary.read_bytes()) < 1024 * 1024
 
 
-@pytest.mark.parametrize("name, value", [("fail-on", "sometimes"), ("values", "yes"), ("convert", "onnx")])
+@pytest.mark.parametrize("name, value", [("fail-on", "sometimes"), ("values", "yes"), ("convert", "onnx"),
+                                         ("fix", "push")])
 def test_install_rejects_bad_inputs_before_installing(tmp_path, name, value):
-    env = {"CG_VERSION": "", "CG_VALUES": "false", "CG_CONVERT": "", "CG_PARITY": "false",
+    env = {"CG_VERSION": "", "CG_VALUES": "false", "CG_CONVERT": "", "CG_PARITY": "false", "CG_FIX": "false",
            "CG_FAIL_ON": "error", "CG_CHANGED_ONLY": "true", "CG_SUMMARY": "true", "CG_ANNOTATE": "true"}
-    env[{"fail-on": "CG_FAIL_ON", "values": "CG_VALUES", "convert": "CG_CONVERT"}[name]] = value
+    env[{"fail-on": "CG_FAIL_ON", "values": "CG_VALUES", "convert": "CG_CONVERT", "fix": "CG_FIX"}[name]] = value
     runner = Runner(tmp_path, tmp_path)
     result, _ = runner.run("install.sh", **env)
     assert result.returncode == 2 and f"::error title=ckpt-guard::{name}" in result.stdout
@@ -452,3 +602,65 @@ def test_push_of_only_a_variant_index_scans_that_model(tmp_path):
     runner = Runner(tmp_path, repo)
     runner.event({"before": first, "after": git(repo, "rev-parse", "HEAD").strip()})
     assert runner.selected()[1] == ["m/model.safetensors.index.fp16.json"]
+
+
+def _fix_list(tmp_path: Path, *paths: str) -> str:
+    listing = tmp_path / "fix-paths.list"
+    listing.write_bytes(b"".join(os.fsencode(p) + b"\0" for p in paths))
+    return str(listing)
+
+
+def test_fix_script_fences_the_patch_longer_than_any_backtick_run_in_it(tmp_path):
+    """A config.json is the attacker's text: the patch holds it verbatim, so its diff block must outlast it."""
+    repo = tmp_path / "repo"
+    safetensors_file(repo / "m" / "model.safetensors", "F32")
+    (repo / "m" / "config.json").write_text(
+        '{\n  "note": "```` </details> | <img src=x> ::error file=a::forged",\n  "torch_dtype": "float16"\n}\n')
+    runner = Runner(tmp_path, repo)
+    result, outputs = runner.run("fix.sh", CG_LIST=_fix_list(tmp_path, "m"), CG_FIX_ARTIFACT="fixed")
+    assert result.returncode == 0 and outputs["exit-code"] in ("0", "1"), result.stdout + result.stderr
+    assert outputs["fixed"] == "1" and outputs["files"] == "1"
+    summary = runner.summary.read_text(encoding="utf-8")
+    assert "\n`````diff\n" in summary and summary.rstrip().endswith("`````")
+    assert '+  "torch_dtype": "float32"' in summary
+    # in the log the whole summary sits between ::stop-commands:: and its token: no forged annotation
+    token = re.search(r"^::stop-commands::(\w+)$", result.stdout, re.M)
+    assert token and f"\n::{token[1]}::" in result.stdout
+    assert Path(outputs["patch"]).read_text() in summary
+    assert (Path(outputs["artifact-dir"]) / "m" / "config.json").read_bytes() == (repo / "m" / "config.json").read_bytes()
+
+
+def test_fix_script_that_cannot_run_says_so_and_sets_exit_code_2(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    runner = Runner(tmp_path, repo)
+    result, outputs = runner.run("fix.sh", CG_LIST=_fix_list(tmp_path, "no/such/dir"), CG_FIX_ARTIFACT="fixed")
+    assert result.returncode == 0
+    assert "::error title=ckpt-guard fix::the fix could not run" in result.stdout
+    assert outputs["exit-code"] == "2" and outputs["fixed"] == "0" and outputs["files"] == "0"
+
+
+def test_fix_script_with_nothing_to_fix_uploads_nothing(tmp_path):
+    repo = tmp_path / "repo"
+    safetensors_file(repo / "m" / "model.safetensors", "F32")
+    runner = Runner(tmp_path, repo)
+    result, outputs = runner.run("fix.sh", CG_LIST=_fix_list(tmp_path, "m"), CG_FIX_ARTIFACT="fixed",
+                                 CG_SUMMARY="false")
+    assert result.returncode == 0 and outputs["exit-code"] == "0", result.stdout + result.stderr
+    assert outputs["fixed"] == "0" and outputs["files"] == "0" and outputs["patch"] == ""
+    assert not runner.summary.exists()
+
+
+def test_fix_script_lists_fixes_that_wait_for_a_flag_and_applies_none_of_them(tmp_path):
+    """An fp16 variant holding fp32 (CG108): its recast replaces files, so it waits for --replace, which the
+    action never passes."""
+    repo = tmp_path / "repo"
+    safetensors_file(repo / "m" / "model.safetensors", "F32")
+    safetensors_file(repo / "m" / "model.fp16.safetensors", "F32")
+    before = {p.name: p.read_bytes() for p in (repo / "m").iterdir()}
+    runner = Runner(tmp_path, repo)
+    result, outputs = runner.run("fix.sh", CG_LIST=_fix_list(tmp_path, "m"), CG_FIX_ARTIFACT="fixed")
+    assert result.returncode == 0 and outputs["fixed"] == "0" and outputs["files"] == "0", result.stdout
+    summary = runner.summary.read_text(encoding="utf-8")
+    assert "variant-recast" in summary and "waits for `--replace`" in summary
+    assert {p.name: p.read_bytes() for p in (repo / "m").iterdir()} == before

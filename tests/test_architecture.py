@@ -96,11 +96,12 @@ SCAN_MODULES = {
     "guard.inventory.package_dirs",  # IR pairs and Core ML packages are found by name in every directory
     "guard.inventory.tf_dirs",  # TF bundles and SavedModel folders, likewise (stdlib only)
     "guard.inventory.sets",
-    "guard.inventory.stats", "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.records",
+    "guard.inventory.stats", "guard.jsonspan",  # CG103's fix: the byte spans of config.json's dtype values
+    "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.records",
     "guard.report",
     "guard.reporters", "guard.reporters.inert", "guard.reporters.text", "guard.rules", "guard.rules.config_dtype",
-    "guard.rules.copies", "guard.rules.dtype_policy", "guard.rules.formats", "guard.rules.no_tensors",
-    "guard.rules.shards", "guard.rules.targets",
+    "guard.rules.copies", "guard.rules.dtype_fixes", "guard.rules.dtype_policy", "guard.rules.formats", "guard.rules.no_tensors",
+    "guard.rules.pickle_only", "guard.rules.shards", "guard.rules.targets",
     "guard.rules.training", "guard.rules.variants", "guard.scan", "guard.sources", "guard.tensors",
 }
 HEAVY = ("click", "dataclasses", "inspect", "typing", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",

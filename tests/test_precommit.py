@@ -57,10 +57,11 @@ def user_repo(root: Path, models: dict[str, dict[str, torch.Tensor]]) -> Path:
     return root
 
 
-def try_repo(target: Path, hook_repo: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def try_repo(target: Path, hook_repo: Path, home: Path, *args: str,
+             hook: str = "ckpt-guard") -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "PRE_COMMIT"))}
     env |= {"PRE_COMMIT_HOME": str(home), "GIT_CONFIG_GLOBAL": os.devnull, "NO_COLOR": "1"}
-    return subprocess.run([*PRE_COMMIT, "try-repo", str(hook_repo), "ckpt-guard", "--verbose", *args],
+    return subprocess.run([*PRE_COMMIT, "try-repo", str(hook_repo), hook, "--verbose", *args],
                           cwd=target, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -72,6 +73,17 @@ def test_manifest_validates():
     result = subprocess.run([*PRE_COMMIT, "validate-manifest", str(ROOT / ".pre-commit-hooks.yaml")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_fixer_hook_selects_the_same_files_and_only_safe_fixes():
+    import yaml
+
+    scan, fixer = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    assert fixer["id"] == "ckpt-guard-fix" and fixer["files"] == scan["files"] and fixer["types"] == scan["types"]
+    entry = fixer["entry"].split()
+    assert entry[:3] == ["ckpt-guard", "fix", "--write"] and entry[entry.index("--select") + 1] == "CG103,CG008"
+    assert "--exit-non-zero-on-fix" in entry and not {"--replace", "--cast", "--allow-lossy", "--to-config"} & set(entry)
+    assert "pre-push" not in fixer["stages"]  # a fix in the working tree cannot change the commits being pushed
 
 
 def test_bad_model_fails_with_its_code(tmp_path, hook_repo, pre_commit_home):
@@ -218,3 +230,80 @@ def test_hook_files_pattern_selects_every_file_that_matters(name: str, selected:
     assert bool(re.search(pattern, name)) == selected
     action = (ROOT / "scripts" / "action" / "select.sh").read_text()
     assert pattern.removeprefix("(?i)") in action  # the Action's changed-only selection is the same
+
+
+# ------------------------------------------------------------------ the fixer hook (ckpt-guard-fix)
+
+
+def _staged_repo(root: Path) -> Path:
+    """A user repository whose model is staged for its first commit, as `git add` leaves it."""
+    root.mkdir(parents=True, exist_ok=True)
+    git(root, "init", "-q", "-b", "main")
+    (root / "README.txt").write_text("not a checkpoint\n")
+    git(root, "add", "README.txt")
+    git(root, "commit", "-q", "-m", "readme")
+    return root
+
+
+def _save_bf16_llama(directory: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+
+
+def test_fixer_hook_rewrites_config_dtype_fails_then_passes_once_staged(tmp_path, hook_repo, pre_commit_home):
+    """A bf16 Llama saved by transformers whose config.json says float32 (CG103): the fixer rewrites the value,
+    and pre-commit fails the hook because it modified a file; staged again, the next run passes."""
+    target = _staged_repo(tmp_path / "u")
+    _save_bf16_llama(target / "llama")
+    config = target / "llama" / "config.json"
+    written = config.read_text()
+    key = next(k for k in ("dtype", "torch_dtype") if f'"{k}": "bfloat16"' in written)
+    config.write_text(written.replace(f'"{key}": "bfloat16"', f'"{key}": "float32"'))
+    declared_fp32 = config.read_bytes()
+    weights = (target / "llama" / "model.safetensors").read_bytes()
+    git(target, "add", "-A")
+
+    first = try_repo(target, hook_repo, pre_commit_home, hook="ckpt-guard-fix")
+    out = first.stdout + first.stderr
+    assert first.returncode == 1 and "Failed" in out, out
+    assert "files were modified by this hook" in out, out
+    # byte for byte, only the value changed; the weights were not touched
+    assert config.read_bytes() == declared_fp32.replace(f'"{key}": "float32"'.encode(), f'"{key}": "bfloat16"'.encode())
+    assert (target / "llama" / "model.safetensors").read_bytes() == weights
+    assert not [p.name for p in (target / "llama").iterdir() if p.name.startswith(".ckpt-guard")]
+    assert "llama/config.json" in git(target, "diff", "--name-only")  # changed in the tree, not yet staged
+
+    git(target, "add", "-A")
+    second = try_repo(target, hook_repo, pre_commit_home, hook="ckpt-guard-fix")
+    assert second.returncode == 0 and "Passed" in second.stdout, second.stdout + second.stderr
+
+
+def test_fixer_hook_writes_a_missing_safetensors_copy_and_fails_for_the_new_file(tmp_path, hook_repo,
+                                                                                  pre_commit_home):
+    """A pickle-only BERT (CG008): the new model.safetensors is a file pre-commit's own check does not see,
+    so the hook's exit code fails it; staged, the next run passes."""
+    from safetensors.torch import load_file
+    from transformers import BertConfig, BertModel
+
+    target = _staged_repo(tmp_path / "u")
+    model = BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32, max_position_embeddings=32))
+    model.save_pretrained(target / "bert", safe_serialization=False)
+    assert not (target / "bert" / "model.safetensors").exists()
+    git(target, "add", "-A")
+
+    first = try_repo(target, hook_repo, pre_commit_home, hook="ckpt-guard-fix")
+    out = first.stdout + first.stderr
+    assert first.returncode == 1 and "Failed" in out and "- exit code: 1" in out, out
+    assert "files were modified by this hook" not in out  # an untracked new file: only the exit code tells
+    copy = load_file(target / "bert" / "model.safetensors")
+    pickled = torch.load(target / "bert" / "pytorch_model.bin", weights_only=True)
+    assert set(copy) == set(pickled) and all(torch.equal(copy[k], pickled[k]) for k in copy)
+    assert "bert/model.safetensors" in git(target, "status", "--porcelain", "--untracked-files=all")
+
+    git(target, "add", "-A")
+    second = try_repo(target, hook_repo, pre_commit_home, hook="ckpt-guard-fix")
+    assert second.returncode == 0 and "Passed" in second.stdout, second.stdout + second.stderr

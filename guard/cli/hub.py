@@ -1,4 +1,4 @@
-"""`ckpt-guard hub scan|upload|webhook|jobs`: the command wiring of ``guard.hub``.
+"""`ckpt-guard hub scan|upload|fix|webhook|jobs`: the command wiring of ``guard.hub``.
 
 huggingface_hub, starlette, uvicorn and psycopg are imported inside the
 commands, so `--help` works without the `hub` extra and a command run without
@@ -115,6 +115,54 @@ def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: b
     return outcome.report.exit_code
 
 
+@click.command("fix")
+@click.argument("repo_id")
+@click.option("--revision", metavar="REV", help="Branch or commit to fix (default: main); the pull request "
+                                                "merges into that branch (main for a commit).")
+@click.option("--create-pr", is_flag=True, help="Open one pull request with every fix (default: a dry run that "
+                                                 "prints the plan and exits 1 when something can be fixed).")
+@click.option("--replace", is_flag=True, help="Allow fixes that replace an existing weight file.")
+@click.option("--cast", is_flag=True, help="CG101/CG102: write the set in the --expect dtype.")
+@click.option("--to-config", is_flag=True, help="CG103: cast the weights to config.json's dtype instead.")
+@click.option("--allow-lossy", is_flag=True, help="Write a narrowing cast that loses values (reported).")
+@click.option("--add", "add", multiple=True, metavar="WHAT",
+              help="Add a copy the repository lacks: flax, orbax, safetensors, variant:fp16, variant:bf16.")
+@max_rps_option
+@token_option
+@timeout_option
+@deadline_option
+@policy_options
+@output_options
+def fix_cmd(repo_id: str, revision: str | None, create_pr: bool, replace: bool, cast: bool, to_config: bool,
+            allow_lossy: bool, add: tuple[str, ...], max_rps: float | None, token: str | None, timeout: float,
+            retry_deadline: float, fmt: str, output: Path | None, **policy_flags: object) -> int:
+    """Plan the fixes of REPO_ID from its remote headers; with --create-pr, open one pull request with them.
+
+    Only the files the fixes read are downloaded; every file written is verified before it is
+    proposed.  A second run finds its open pull request, or sees the fixes merged, and opens nothing.
+    """
+    from guard.fix.context import FixOptions
+    from guard.hub.fix import fix_repo, target_branch
+    from guard.hub.fix_text import plan_text
+
+    target_branch(revision)  # a usage error before anything is asked of the Hub
+    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
+    client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
+    options = FixOptions(replace=replace, cast=cast, to_config=to_config, allow_lossy=allow_lossy, add=add)
+    result = fix_repo(client, repo_id, policy, options, revision=revision, create_pr=create_pr,
+                      select=tuple(policy_flags.get("select") or ()),  # type: ignore[arg-type]
+                      ignore=tuple(policy_flags.get("ignore") or ()))  # type: ignore[arg-type]
+    report = result.after or result.before
+    report.extra["fix"] = result.to_json()
+    if fmt == "text" and output is None:
+        click.echo(plan_text(result), nl=False)
+    else:
+        emit(report, fmt, output, summary=False)
+    if result.message and (fmt != "text" or output is not None):
+        click.echo(result.message, err=True)
+    return result.exit_code
+
+
 @click.command("webhook")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
@@ -132,6 +180,8 @@ def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: b
 @max_rps_option
 @click.option("--log-format", type=click.Choice(("text", "json")), default="text", show_default=True,
               help="Log lines on stderr: text, or one JSON object per line.")
+@click.option("--fix", is_flag=True, help="Also offer one fix pull request for a failing push to a branch "
+                                          "(safe fixes only); pushes to our own pull requests are not reviewed.")
 @token_option
 @timeout_option
 @deadline_option
@@ -139,7 +189,7 @@ def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: b
               help="Policy config file (default: nearest .ckpt-guard.toml or pyproject.toml).")
 def webhook_cmd(host: str, port: int, secret: str | None, workers: int, state: str | None, once: bool,
                 lease: float, max_attempts: int, retry_backoff: float, max_rps: float | None, log_format: str,
-                token: str | None, timeout: float, retry_deadline: float, config_file: Path | None) -> int:
+                fix: bool, token: str | None, timeout: float, retry_deadline: float, config_file: Path | None) -> int:
     """Serve POST /webhook: queue every pushed revision durably, scan it and answer on the Hub."""
     from guard.hub import service
     from guard.hub.queue import open_queue
@@ -150,7 +200,8 @@ def webhook_cmd(host: str, port: int, secret: str | None, workers: int, state: s
         raise UsageError("a webhook secret is required: --secret or CKPT_GUARD_WEBHOOK_SECRET")
     policy = resolve_policy(config_file=config_file, expect=None, keep_fp32=(), targets=(), select=(),
                             extend_select=(), ignore=(), fail_on=None)
-    settings = ReviewSettings(workers=workers, lease=lease, max_attempts=max_attempts, retry_backoff=retry_backoff)
+    settings = ReviewSettings(workers=workers, lease=lease, max_attempts=max_attempts, retry_backoff=retry_backoff,
+                              fix=fix)
     client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
     if not once:
         service.require_server()
@@ -191,17 +242,18 @@ def jobs_cmd(state: str | None, states: tuple[str, ...], requeue_failed: bool, f
     for item in listed:
         when = datetime.fromtimestamp(item.updated_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
         line = f"{item.id:>6}  {item.state:<8} {item.attempts:>2}x  {when}  {item.job.repo_id} {item.job.ref} " \
-               f"{item.job.sha[:12]}"
+               f"{item.job.sha[:12]}" + (f"  on {item.job.endpoint}" if item.job.endpoint else "")
         click.echo(line + (f"  {item.error}" if item.error else ""))
     return 0
 
 
 @click.group()
 def hub() -> None:
-    """Scan Hub repositories remotely, gate uploads, review pushes, list the review queue."""
+    """Scan Hub repositories remotely, gate uploads, propose fixes, review pushes, list the review queue."""
 
 
 hub.add_command(scan_cmd)
 hub.add_command(upload_cmd)
+hub.add_command(fix_cmd)
 hub.add_command(webhook_cmd)
 hub.add_command(jobs_cmd)

@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "scan": ("guard.cli.scan", "scan", "Scan checkpoints and model directories."),
     "rules": ("guard.cli.rules", "rules", "List the rules, or explain one."),
     "report": ("guard.cli.report", "report_cmd", "Render a saved JSON result in another format."),
+    "fix": ("guard.cli.fix", "fix", "Plan and apply mechanical fixes of findings (dry run by default)."),
     "convert": ("guard.cli.convert", "convert", "Convert between PyTorch and Flax, bit-exactly."),
     "parity": ("guard.cli.parity", "parity", "Compare PyTorch and Flax outputs of one model."),
     "hub": ("guard.cli.hub", "hub", "Scan Hub repositories remotely, gate uploads, review pushes."),

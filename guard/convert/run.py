@@ -17,7 +17,7 @@ from guard.write.publish import discard, make_temp_dir, publish
 from guard.convert.read.source import SourceModel, open_source
 from guard.convert.read.source_orbax import open_orbax
 from guard.write.verify import verify_output
-from guard.write.writer import LAYOUTS, OutputTensor, plan_shards, write_output
+from guard.write.writer import LAYOUTS, Naming, OutputTensor, plan_shards, write_output
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
 from guard.findings import Finding, Severity
 from guard.progress import progress
@@ -35,6 +35,7 @@ class ConvertRequest:
     layout: str | None = None  # None: the framework's default (safetensors, msgpack); "orbax" for flax
     verify: str = "sampled"  # "sampled" | "full" (verify.py says what each checks)
     variant: str | None = None  # the weight set to read: None is the one the scanner calls primary
+    naming: Naming | None = None  # the written files' names (fix: a variant's); None: model.safetensors, ...
 
     @property
     def output_layout(self) -> str:
@@ -104,7 +105,8 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
 
     temp = make_temp_dir(req.out)
     try:
-        written = write_output(temp, shards, layout=layout, ticks=ticks, checksum=req.verify == "full")
+        written = write_output(temp, shards, layout=layout, ticks=ticks, checksum=req.verify == "full",
+                               naming=req.naming)
         verify_findings, verified = verify_output(temp, outputs, written, layout=layout, full=req.verify == "full")
         cast_findings = written.cast_findings
         if req.allow_lossy:

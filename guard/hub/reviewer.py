@@ -6,7 +6,10 @@ under a lease that a heartbeat thread renews.  A worker that dies (SIGKILL,
 OOM, a lost host) stops renewing, the lease expires and another worker (this
 replica after a restart, or another one) takes the job again.  If the first
 one had already posted, the marker is found and the job ends ``skipped``:
-nothing is lost and nothing is answered twice.
+nothing is lost and nothing is answered twice.  With ``fix`` (`hub webhook
+--fix`), a failing push to a branch is also offered one fix pull request
+(``guard.hub.fix.offer_fix``, idempotent through its own marker), and a push to
+a pull request we opened is not reviewed at all.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from guard.config import Policy
 from guard.errors import GuardError
 from guard.hub import faults
+from guard.hub.access import Identity
 from guard.hub.answer import LeaseLost, answer_push
 from guard.hub.client import HubClient
 from guard.hub.metrics import Metrics
@@ -46,6 +50,7 @@ class ReviewSettings:
     retry_backoff: float = 30.0  # seconds before the 2nd attempt of a failed job; doubles after
     poll: float = 1.0  # how often idle workers look for jobs due from elsewhere (retries, other replicas)
     grace: float = 20.0  # on shutdown, seconds running reviews get to finish before they are handed back
+    fix: bool = False  # `--fix`: offer a fix pull request for a failing push to a branch (guard.hub.fix)
 
 
 class Reviewer:
@@ -71,6 +76,7 @@ class Reviewer:
         self._beat_stop = threading.Event()
         self._workers: list[threading.Thread] = []
         self._beat: threading.Thread | None = None
+        self._whoami: tuple[Identity, dict[str, Any]] | None = None  # `--fix`: the token's account, asked once
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -134,7 +140,12 @@ class Reviewer:
         return self.submit_all([job])[0]
 
     def submit_all(self, jobs: list[Job]) -> list[bool]:
-        """Enqueue durably (the caller answers 202 after this returns); False for known jobs."""
+        """Enqueue durably (the caller answers 202 after this returns); False for known jobs.
+
+        Each job is keyed by this reviewer's Hub endpoint as well: a push answered on a
+        staging Hub is not a duplicate of the same revision in production.
+        """
+        jobs = [job if job.endpoint else replace(job, endpoint=self.client.endpoint) for job in jobs]
         added = self.queue.enqueue(jobs)
         if any(added):
             with self._work:  # one worker per new job: a claim storm would only queue on the database
@@ -179,7 +190,8 @@ class Reviewer:
 
     def _claim(self) -> QueuedJob | None:
         token = f"{self.worker_id}/{next(self._claims)}"
-        item = self.queue.claim(token, lease=self.settings.lease, max_attempts=self.settings.max_attempts)
+        item = self.queue.claim(token, lease=self.settings.lease, max_attempts=self.settings.max_attempts,
+                                endpoint=self.client.endpoint)
         if item is not None:
             with self._lock:
                 self._held[item.id] = item
@@ -256,5 +268,37 @@ class Reviewer:
                 log.warning("lease of job %d expired before its review ended", lost)
 
     def review(self, job: Job, *, before_post: Callable[[], bool] | None = None) -> bool:
-        """Scan and post; False when the Hub already has our answer for this revision."""
-        return answer_push(self.client, self.policy, job, before_post=before_post)
+        """Scan and post; False when the Hub already has our answer for this revision.
+
+        With ``fix``: a push to a pull request we opened (or whose commit is a fix of ours) is
+        not reviewed at all, and a failing push to a branch is offered one fix pull request.
+        """
+        if not self.settings.fix:
+            return answer_push(self.client, self.policy, job, before_post=before_post)
+        from guard.fix.context import FixOptions
+        from guard.hub.access import refusal_of
+        from guard.hub.fix import offer_fix, own_pull_request
+
+        identity, answer = self._identity()
+        if own_pull_request(self.client, job, identity):
+            log.info("push to our own pull request %s of %s: not reviewed", job.ref, job.repo_id,
+                     extra={"repo": job.repo_id, "ref": job.ref, "sha": job.sha, "fix": "own-pull-request"})
+            return False
+        answered = answer_push(self.client, self.policy, job, before_post=before_post)
+        refusal = refusal_of(answer, job.repo_id)
+        status = f"no access ({refusal})" if refusal else offer_fix(
+            self.client, self.policy, FixOptions(), job, identity=identity, before_post=before_post)
+        log.info("fix for %s@%s: %s", job.repo_id, job.sha[:12], status,
+                 extra={"repo": job.repo_id, "ref": job.ref, "sha": job.sha, "fix": status})
+        return answered or status == "opened"
+
+    def _identity(self) -> tuple[Identity, dict[str, Any]]:
+        with self._lock:
+            known = self._whoami
+        if known is None:
+            from guard.hub.access import whoami
+
+            known = whoami(self.client)
+            with self._lock:
+                self._whoami = known
+        return known

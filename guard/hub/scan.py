@@ -83,8 +83,12 @@ def list_author_models(client: HubClient, author: str) -> list[str]:
 
 
 def scan_hub(repo_ids: Sequence[str], policy: Policy, client: HubClient, *, revision: str | None = None,
-             repo_workers: int = REPO_WORKERS, file_workers: int | None = None) -> HubScanResult:
-    """Scan every repository that can be read; the others carry their error (exit 2 in the CLI)."""
+             repo_workers: int = REPO_WORKERS, file_workers: int | None = None,
+             add: Sequence[str] = ()) -> HubScanResult:
+    """Scan every repository that can be read; the others carry their error (exit 2 in the CLI).
+
+    ``add``: `hub fix --add` requests, planned per model as a local scan plans them.
+    """
     # Each repository has a config.json and at least one weight file in flight at once.
     file_workers = file_workers or max(FILE_WORKERS, 2 * repo_workers)
     with ThreadPoolExecutor(file_workers, thread_name_prefix="hub-file") as file_pool, \
@@ -93,7 +97,7 @@ def scan_hub(repo_ids: Sequence[str], policy: Policy, client: HubClient, *, revi
                    for repo_id in repo_ids]
         repos = [f.result() for f in futures]
     report = scan_inventories((inv for r in repos for inv in r.inventories), policy,
-                              pipelines=[p for r in repos for p in r.pipelines])
+                              pipelines=[p for r in repos for p in r.pipelines], add=add)
     report.extra["hub"] = {
         "endpoint": client.endpoint,
         "repos": [r.to_json() for r in repos],

@@ -21,6 +21,7 @@ from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
 
 SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".tox", ".cache"}
+FIX_STAGING_PREFIX = ".ckpt-guard-fix-"  # guard.fix.apply's staging directories: half-written, never scanned
 # Files without a weight suffix are sniffed by magic bytes when at least this large (a weight file
 # renamed, or a format whose name says nothing); small text files never cost a read.
 SNIFF_MIN_BYTES = 64 * 1024
@@ -31,6 +32,7 @@ _NOT_WEIGHTS = frozenset({
     "pdf", "mp4", "webm", "mov", "ttf", "otf", "woff", "woff2",
     "data", "onnx_data",  # external data of an ONNX model: raw bytes its model file places and checks
     "xml",  # an OpenVINO IR is found by its pair (guard.inventory.package_dirs), never sniffed
+    "orig",  # NAME.orig: the file a `fix --replace` replaced, kept as a backup; not one of the model's sets
 })
 _WEIGHT_MAGIC = (b"GGUF", b"\x89HDF\r\n\x1a\n", b"\x93NUMPY", bytes.fromhex("80028a0a6cfc9c46f9206aa850192e"))
 
@@ -96,7 +98,8 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
 
 def _walk(root: Path) -> Iterator[Path]:
     for current, dirnames, _files in os.walk(root, onerror=_raise_unreadable):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not is_package(d))
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not is_package(d)
+                             and not d.startswith(FIX_STAGING_PREFIX))
         yield Path(current)
 
 

@@ -14,7 +14,7 @@ from guard.dtypes import display_name
 from guard.report import Report
 from guard.reporters.github import workspace_relative
 from guard.reporters.inert import inert_text
-from guard.reporters.text import human_bytes, human_count
+from guard.reporters.text import fix_hint, human_bytes, human_count
 
 MODEL_BUDGET = 128 * 1024  # bytes of the models table
 FINDING_BUDGET = 384 * 1024  # bytes of the findings table
@@ -64,6 +64,9 @@ def render_markdown(report: Report) -> str:
         f"in {len(report.models)} model(s), {files} file(s) (fail-on: `{md_escape(report.fail_on, limit=10)}`).",
         "",
     ]
+    hint = fix_hint(report)  # our own words and counts: nothing in it comes from a checkpoint
+    if hint:
+        out += [f":wrench: {hint}.", ""]
     if isinstance(report.extra.get("parity"), dict):
         from guard.reporters.parity import parity_markdown
 

@@ -71,7 +71,40 @@ def result(finding: Finding, rule_index: dict[str, int], occurrence: int) -> dic
         out["ruleIndex"] = rule_index[finding.code]
     if finding.set:
         out["properties"] = {"weightSet": bounded(finding.set, 1024)}
+    fixes = sarif_fixes(finding)
+    if fixes:
+        out["fixes"] = fixes
     return out
+
+
+def sarif_fixes(finding: Finding) -> list[dict[str, Any]]:
+    """A config.json rewrite as SARIF's own fix: each value's region, deleted, and its new text.
+
+    The edits are the scan's byte spans of single-line JSON tokens; columns are code points,
+    as the run's ``columnKind`` says.  Weight fixes are not text replacements: only JSON shows them.
+    """
+    fix = finding.fix
+    if fix is None or fix.action != "config-dtype" or fix.safety != "safe" or not fix.writes:
+        return []
+    replacements = []
+    for edit in fix.arguments.get("edits") or []:
+        if not isinstance(edit, dict):
+            return []
+        old, line, column = str(edit.get("old", "")), edit.get("line"), edit.get("column")
+        offset, length = edit.get("offset"), edit.get("length")
+        if not all(isinstance(n, int) and n >= low for n, low in ((line, 1), (column, 1), (offset, 0), (length, 0))) \
+                or "\n" in old:
+            return []  # a report read back from a file: only well-formed edits become fixes
+        replacements.append({
+            "deletedRegion": {"startLine": line, "startColumn": column, "endLine": line,
+                              "endColumn": column + len(old), "byteOffset": offset, "byteLength": length},
+            "insertedContent": {"text": str(edit.get("new", ""))},
+        })
+    if not replacements:
+        return []
+    return [{"description": {"text": bounded(fix.description)},
+             "artifactChanges": [{"artifactLocation": artifact_location(fix.writes[0]),
+                                  "replacements": replacements}]}]
 
 
 def render_sarif(report: Report) -> str:

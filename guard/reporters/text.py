@@ -63,6 +63,9 @@ def render_text(report: Report, *, color: bool = False) -> str:
     verdict = "FAILED" if report.failed else "passed"
     verdict = _paint(verdict, "31" if report.failed else "32", color)
     not_scanned = f", {skipped} not scanned: unsupported format" if skipped else ""
+    hint = fix_hint(report)
+    if hint:
+        lines.append(f"ckpt-guard: {hint}")
     lines.append(
         f"ckpt-guard: {verdict}: {len(report.models)} model(s), {files} file(s) scanned"
         f" ({unreadable} unreadable{not_scanned}); {counts['error']} error(s), {counts['warning']} warning(s), "
@@ -71,6 +74,33 @@ def render_text(report: Report, *, color: bool = False) -> str:
     if not report.models:
         lines.append("ckpt-guard: no checkpoint files found")
     return "\n".join(lines) + "\n"
+
+
+def fixable_counts(report: Report) -> tuple[int, int]:
+    """(findings a plain ``fix --write`` repairs, findings whose fix waits for a flag)."""
+    safe = flagged = 0
+    for finding in report.findings:
+        if finding.fix is not None and finding.fix.available:
+            if finding.fix.safety == "safe":
+                safe += 1
+            else:
+                flagged += 1
+    return safe, flagged
+
+
+def fix_hint(report: Report) -> str | None:
+    """One line, or None when no finding has a fix: the same words in text and markdown."""
+    safe, flagged = fixable_counts(report)
+    if safe:
+        more = f"; {flagged} more with flags (`ckpt-guard fix` shows the plan)" if flagged else ""
+        return f"{_findings(safe)} can be fixed: `ckpt-guard fix --write`{more}"
+    if flagged:
+        return f"{_findings(flagged)} can be fixed with flags: `ckpt-guard fix` shows the plan"
+    return None
+
+
+def _findings(n: int) -> str:
+    return f"{n} finding" if n == 1 else f"{n} findings"
 
 
 def _has_findings(model: ModelSummary, flagged: set[str]) -> bool:

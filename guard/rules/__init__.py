@@ -26,6 +26,7 @@ from guard.rules.dtype_policy import (
 )
 from guard.rules.formats import check_declared_dtypes
 from guard.rules.no_tensors import no_tensor_findings
+from guard.rules.pickle_only import check_pickle_only
 from guard.rules.shards import check_shard_index
 from guard.rules.targets import check_target_support
 from guard.rules.training import file_findings
@@ -37,6 +38,7 @@ Check = Callable[[ModelInventory, Policy], Iterable[Finding]]
 # CG007 (and CG001 for a declared count none of which was read) from no_tensor_findings, per file.
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG004", check_shard_index),
+    ("CG008", check_pickle_only),
     ("CG101", check_unexpected_dtype),
     ("CG102", check_mixed_float_dtypes),
     ("CG103", check_config_dtype),

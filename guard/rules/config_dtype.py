@@ -13,6 +13,10 @@ downcast: an error), ``float32`` over bfloat16 ones loads widened (a warning).
 ``mixed_float16`` / ``mixed_bfloat16`` build float32 variables, so float32 is
 what they should hold.  The reader maps the layers to their h5 groups
 (``metadata["keras_layer_dtypes"]``, ``guard.readers.keras.layer_policies``).
+
+CG103's fix rewrites config.json's dtype values to the primary set's dtype, as transformers
+names it, byte for byte but the values (``guard.rules.dtype_fixes``); ``--to-config`` casts
+the weights to the declared dtype instead.  A config that is not valid JSON gets no fix.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.dtypes import display_name as dn
 from guard.findings import Finding, Severity, shown
-from guard.inventory import ConfigDtype, ModelInventory
-from guard.rules.dtype_policy import dominant_float, judged_sets
+from guard.fixes import Fix, make_fix
+from guard.inventory import ConfigDtype, ModelInventory, WeightSet
+from guard.rules.dtype_fixes import config_edits, config_params, set_cast_params, set_writes
+from guard.rules.dtype_policy import dominant_float, judged_sets, policed_parameters
 from guard.tensors import FileScan
 
 
@@ -37,8 +43,9 @@ def check_config_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Finding]
     if inv.config_path is None or primary is None:
         return
     items = inv.config_dtypes()
-    yield from _both_keys_disagree(inv, items)
     weights = dominant_float(inv, primary, policy)
+    fix = config_fix(inv, primary, weights, policy) if weights is not None else None
+    yield from (f._replace(fix=fix) for f in _both_keys_disagree(inv, items))
     if weights is None:
         return
     only_dtype = not any(item.key.rsplit(".", 1)[-1] == "torch_dtype" for item in items)
@@ -62,7 +69,37 @@ def check_config_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Finding]
         if only_dtype and item.key.rsplit(".", 1)[-1] == "dtype":
             message += " (note: transformers older than 4.56 ignores `dtype` and reads only `torch_dtype`)"
         yield make_finding("CG103", inv.config_path, message, line=item.line)._replace(
-            severity=severity, set=primary.name)
+            severity=severity, set=primary.name, fix=fix)
+
+
+def config_fix(inv: ModelInventory, primary: WeightSet, weights: str, policy: Policy) -> Fix | None:
+    """Every dtype key of config.json that disagrees with the weights, rewritten to their dtype.
+
+    The edits are the value tokens' exact byte spans: the file keeps its formatting, key order
+    and keys (``torch_dtype`` stays ``torch_dtype``) byte for byte but the values.  Both keys are
+    rewritten where they disagree with each other too.  ``to_config`` holds the alternative
+    (``--to-config``): the weights cast to the dtype the config declares, when it declares one.
+    """
+    edits = config_edits(inv, weights)
+    if not edits:
+        return None
+    declared = {str(edit["was"]) for edit in edits}
+    keys = sorted({str(edit["key"]) for edit in edits})
+    olds = sorted({str(edit["old"]) for edit in edits})
+    new = str(edits[0]["new"])
+    description = (f"rewrite {', '.join(keys)} in config.json from {' / '.join(olds)} to {new}, the dtype of the "
+                   f"primary weights ({dn(weights)}); nothing else in the file changes")
+    if len(declared) > 1:
+        description += "; its dtype keys disagree with each other, so all are rewritten to the weights' dtype"
+    to_config = None
+    params = set_cast_params(inv, primary, policy, to=next(iter(declared)),
+                             policed=policed_parameters(inv, primary, policy)) if len(declared) == 1 else None
+    if params is not None:
+        to_config = {"params": {**params, "replace": True}, "writes": list(set_writes(inv, primary)),
+                     "description": f"write {primary.name} again in {dn(next(iter(declared)))}, the dtype "
+                                    f"config.json declares, replacing it (value-checked when it narrows)"}
+    return make_fix("config-dtype", description, writes=(str(inv.config_path),),
+                    **config_params(inv, edits, weights), to_config=to_config)
 
 
 def _both_keys_disagree(inv: ModelInventory, items: list[ConfigDtype]) -> Iterator[Finding]:

@@ -8,10 +8,17 @@ non-dtype variant of one format) their tensor names and shapes must agree too,
 allowing for the tied aliases that ``.bin`` keeps and safetensors drops.
 Each copy is compared with its group's reference (the primary, or the
 best-ranked set of that variant), so n copies give at most n - 1 findings.
+Under ``--values`` the copies that agree here are compared value by value too
+(``guard.values.copies``).
+
+The fix (STYLE rule 14): regenerate the copy from its reference through convert,
+bit-exactly ("copy-regenerate", needs ``--replace``), where convert can write the
+copy's format from the reference's; ``plan_add_copy`` plans ``fix --add``.
 """
 
 from __future__ import annotations
 
+import posixpath
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -20,7 +27,9 @@ from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
+from guard.fixes import Fix, make_fix, no_fix
 from guard.inventory import ModelInventory, WeightSet
+from guard.inventory.sets import choose_primary
 from guard.tensors import TensorInfo
 
 COPY_LAYOUTS = ("hf", "original", "fsdp")  # one model's copies; loose files and exports are their own
@@ -30,26 +39,44 @@ _SAMPLE = 3
 
 
 def check_copies_agree(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
-    copies = [ws for ws in inv.sets if ws.role == "weights" and ws.layout in COPY_LAYOUTS
-              and any(True for _ in ws.tensors) and inv.quantization(ws) is None]
-    by_variant: dict[str | None, list[WeightSet]] = defaultdict(list)
-    for ws in copies:
-        by_variant[ws.variant].append(ws)
-    for group in by_variant.values():
-        reference = next((ws for ws in group if ws.primary), group[0])
-        for ws in group:
-            if ws is reference:
-                continue
-            yield from _dtypes_disagree(reference, ws)
-            if ws.format in PYTORCH_NAMES and reference.format in PYTORCH_NAMES and ws.layout == reference.layout:
-                yield from _names_disagree(reference, ws)
-    default = next((ws for ws in by_variant.get(None, []) if ws.primary), None)
+    copies = _copies(inv)
+    for reference, ws in _pairs(copies):
+        found = list(_dtypes_disagree(reference, ws))
+        if ws.format in PYTORCH_NAMES and reference.format in PYTORCH_NAMES and ws.layout == reference.layout:
+            found += _names_disagree(reference, ws)
+        if found:
+            fix = regenerate_fix(inv, reference, ws)
+            yield from (f._replace(fix=fix) for f in found)
+    default = next((ws for ws in copies if ws.variant is None and ws.primary), None)
     if default is None:
         return
     for ws in copies:
         if ws.variant is not None and ws.variant_dtype is None and ws.format == default.format \
                 and ws.layout == default.layout:
-            yield from _names_disagree(default, ws)
+            own = no_fix("CG107", f"the {ws.variant!r} variant holds weights of its own, which regenerating it "
+                                  f"from {default.name} would lose: re-save it with save_pretrained(variant=)")
+            yield from (f._replace(fix=own) for f in _names_disagree(default, ws))
+
+
+def _copies(inv: ModelInventory) -> list[WeightSet]:
+    return [ws for ws in inv.sets if ws.role == "weights" and ws.layout in COPY_LAYOUTS
+            and any(True for _ in ws.tensors) and inv.quantization(ws) is None]
+
+
+def copy_pairs(inv: ModelInventory) -> Iterator[tuple[WeightSet, WeightSet]]:
+    """(reference, copy) for every copy of a variant: the sets whose dtypes, names and values must agree."""
+    return _pairs(_copies(inv))
+
+
+def _pairs(copies: list[WeightSet]) -> Iterator[tuple[WeightSet, WeightSet]]:
+    by_variant: dict[str | None, list[WeightSet]] = defaultdict(list)
+    for ws in copies:
+        by_variant[ws.variant].append(ws)
+    for group in by_variant.values():
+        # the primary, else the best-ranked set of the variant (safetensors, then PyTorch, then Flax)
+        reference = next((ws for ws in group if ws.primary), None) or choose_primary(group, diffusers=False)
+        assert reference is not None  # a group is never empty
+        yield from ((reference, ws) for ws in group if ws is not reference)
 
 
 def _shares(ws: WeightSet) -> dict[str, float]:
@@ -122,3 +149,117 @@ def _tied_alias(tensor: TensorInfo, storages: dict[tuple[str, str], list[str]],
 def _sample(names: list[str]) -> str:
     return ", ".join(shown(n) for n in names[:_SAMPLE]) + (f" and {len(names) - _SAMPLE} more"
                                                            if len(names) > _SAMPLE else "")
+
+
+# --- fixes -------------------------------------------------------------------------------------------
+
+# What convert writes, by the stale copy's format: (convert's --to, its layout, the file stem it names).
+CONVERT_WRITES = {"flax": ("flax", "msgpack", "flax_model"), "safetensors": ("torch", "safetensors", "model")}
+CONVERT_READS = {"flax": ("safetensors", "torch"), "torch": ("flax",)}  # by --to, in the order convert picks
+CONVERT_STEMS = ("model", "pytorch_model", "flax_model")
+ADD_WHATS = ("flax", "orbax", "safetensors", "variant:fp16", "variant:bf16")
+ORBAX_DIR = "orbax"  # where `fix --add orbax` puts the checkpoint: a directory of its own inside the model's
+
+
+def relative(path: str, directory: str) -> str:
+    """A display path relative to the model directory's display path (params name files so)."""
+    prefix = directory.rstrip("/") + "/"
+    if directory in ("", "."):
+        return path
+    return path[len(prefix):] if path.startswith(prefix) else posixpath.basename(path)
+
+
+def set_files(ws: WeightSet, directory: str) -> list[str]:
+    """The set's files and its index, relative to ``directory``."""
+    return sorted({relative(f.path, directory) for f in ws.files} | {relative(i.path, directory) for i in ws.indexes})
+
+
+def _reads(inv: ModelInventory, ws: WeightSet) -> list[str]:
+    """What convert reads from the reference: its files, and config.json for the name mapping."""
+    extra = [relative(inv.config_path, inv.path)] if inv.config_path else []
+    return sorted(set(set_files(ws, inv.path) + extra))
+
+
+def _convert_source(inv: ModelInventory, to: str, variant: str | None) -> WeightSet | None:
+    """The set convert reads for ``to`` (guard.convert.read.source.choose_layout picks by the same names)."""
+    for fmt in CONVERT_READS[to]:
+        found = next((ws for ws in inv.sets if ws.role == "weights" and ws.layout == "hf" and ws.format == fmt
+                      and ws.variant == variant and ws.stem in CONVERT_STEMS), None)
+        if found is not None:
+            return found
+    return None
+
+
+def regenerate_fix(inv: ModelInventory, reference: WeightSet, stale: WeightSet) -> Fix:
+    """CG107's fix: ``stale`` rewritten from ``reference`` by convert, bit-exactly; or why there is none."""
+    writes = CONVERT_WRITES.get(stale.format)
+    if writes is None or stale.layout != "hf" or stale.stem != writes[2]:
+        return no_fix("CG107", f"convert writes no {stale.name}: re-save it from {reference.name} with the library "
+                               f"that wrote it, or delete it")
+    to, layout, _stem = writes
+    if to == "torch" and reference.format == "torch":
+        return no_fix("CG107", f"{stale.name} would be written from the pickle {reference.name}, which is "
+                               f"CG008's fix: delete {stale.name}, then `ckpt-guard fix --write` writes it again")
+    if _convert_source(inv, to, stale.variant) is not reference:
+        return no_fix("CG107", f"convert would read another set than {reference.name}: re-save {stale.name} "
+                               f"from it with the library that wrote it, or delete it")
+    files = set_files(stale, inv.path)
+    return make_fix(
+        "copy-regenerate", f"regenerate {stale.name} from {reference.name} through convert, bit-exactly "
+                           f"(replaces {', '.join(files)}; the old files are kept as NAME.orig)",
+        safety="needs-flag", flag="--replace", writes=tuple(f"{inv.path}/{name}" for name in files),
+        dir=inv.path, stale=stale.name, primary=reference.name, to=to, layout=layout,
+        reads=_reads(inv, reference), files=files)
+
+
+def plan_add_copy(inv: ModelInventory, what: str) -> Fix:
+    """``fix --add WHAT``: the copy the model lacks, from its primary set; or why it cannot be added."""
+    primary = inv.primary
+    if what not in ADD_WHATS:
+        return no_fix("CG107", f"--add {what[:40]!r}: choose one of {', '.join(ADD_WHATS)}")
+    if primary is None or primary.role != "weights":
+        return no_fix("CG107", f"--add {what}: {inv.path} has no weights to make a copy from")
+    if primary.format == "orbax":  # fix --add orbax puts one inside the model it was made from: add copies there
+        return no_fix("CG107", f"--add {what}: {inv.path} is an Orbax checkpoint; copies are added beside the "
+                               "model's own weights, not inside a checkpoint")
+    if primary.layout != "hf" or primary.format not in CONVERT_READS["flax"] + CONVERT_READS["torch"]:
+        return no_fix("CG107", f"--add {what}: {primary.name} is not a transformers-named safetensors, PyTorch "
+                               "or Flax set, which is what copies are made from")
+    held = [ws for ws in inv.sets if ws.role == "weights" and ws.variant is None]
+    params: dict[str, object] = {"dir": inv.path, "what": what, "primary": primary.name,
+                                 "reads": _reads(inv, primary)}
+    if what.startswith("variant:"):  # CG109's own fix writes it (guard.fix.actions.cast)
+        from guard.rules.variants import plan_variant_add
+
+        variant = what.partition(":")[2]
+        if any(ws.variant == variant for ws in inv.sets):
+            return no_fix("CG107", f"--add {what}: {inv.path} already has the {variant} variant")
+        return _delegated(plan_variant_add(inv, variant), what, params)
+    if primary.stem not in CONVERT_STEMS and not (what == "safetensors" and primary.format == "torch"):
+        return no_fix("CG107", f"--add {what}: convert reads transformers' model / pytorch_model / flax_model "
+                               f"weights, not {primary.name}")
+    if what == "orbax":  # an ORBAX_DIR already there is refused when staged (planning reads no directories)
+        return make_fix("add-copy", f"add an Orbax checkpoint of {primary.name} in {ORBAX_DIR}/, through convert, "
+                                    "bit-exactly", writes=(f"{inv.path}/{ORBAX_DIR}",), **params)
+    fmt = "flax" if what == "flax" else "safetensors"
+    existing = next((ws for ws in held if ws.format == fmt), None)
+    if existing is not None:
+        return no_fix("CG107", f"--add {what}: {inv.path} already has {existing.name}"
+                               + ("; regenerate a stale one with `fix --values --replace`" if fmt == "flax" else ""))
+    if fmt == "safetensors" and primary.format == "torch":  # CG008's own fix writes it (safetensors_copy)
+        from guard.rules.pickle_only import COPY_STEMS, plan_copy
+
+        stem = COPY_STEMS.get(primary.stem)
+        if stem is None:
+            return no_fix("CG107", f"--add safetensors: {primary.name} is not a set save_pretrained names")
+        return _delegated(plan_copy(inv, primary, stem), what, params)
+    name = "flax_model.msgpack" if fmt == "flax" else "model.safetensors"
+    return make_fix("add-copy", f"add {name} (or shards and their index) from {primary.name}, through convert, "
+                                "bit-exactly", writes=(f"{inv.path}/{name}",), **params)
+
+
+def _delegated(planned: Fix, what: str, params: dict[str, object]) -> Fix:
+    """An --add request that another fix already knows how to write: its description and files, as add-copy."""
+    if not planned.available:
+        return no_fix("CG107", f"--add {what}: {planned.description}")
+    return make_fix("add-copy", planned.description, writes=planned.writes, **params)

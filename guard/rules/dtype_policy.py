@@ -1,4 +1,9 @@
-"""CG101-CG105: what floating dtypes each weight set holds against what was meant."""
+"""CG101-CG105: what floating dtypes each weight set holds against what was meant.
+
+Under a dtype expectation (``--expect fp32|bf16|fp16``) CG101 and CG102 carry their fix: the
+set written again in that dtype, keep-fp32 tensors left in fp32 ("set-cast", which waits for
+``--cast --replace``).  Under ``uniform`` the dtype to choose is the user's, so there is none.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,10 @@ from guard.catalogue import make_finding
 from guard.config import NORM_PATTERNS, Policy, fp32_keeper
 from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
+from guard.fixes import Fix, make_fix
 from guard.inventory import ModelInventory, WeightSet
+from guard.rules.dtype_fixes import relative  # noqa: F401  (guard.rules.variants imports it from here)
+from guard.rules.dtype_fixes import set_cast_params, set_writes
 from guard.tensors import TensorInfo
 
 
@@ -115,6 +123,8 @@ def check_unexpected_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Find
         # a writer that stores a lower dtype by default says so (OpenVINO IR, Core ML): the message names the cause
         hints = {s.metadata["compressed"]: s.metadata.get("compressed.hint", "") for s in ws.files
                  if "compressed" in s.metadata}
+        # one fix for the set, on each of its findings (an adapter may stay fp32: the other dtype is the target)
+        fix = _cast_fix(inv, ws, policy, to=next(iter(allowed - {"F32"}), "F32")) if groups else None
         for (file, code), tensors in sorted(groups.items()):
             params = sum(t.numel for t in tensors)
             yield make_finding(
@@ -123,7 +133,7 @@ def check_unexpected_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Find
                 f"expected {wanted} ({how}); e.g. {shown(tensors[0].name)}"
                 + (f". {hints[code]}" if hints.get(code) else ""),
                 tensor=tensors[0].name,
-            )._replace(set=ws.name)
+            )._replace(set=ws.name, fix=fix)
 
 
 def check_mixed_float_dtypes(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
@@ -135,12 +145,36 @@ def check_mixed_float_dtypes(inv: ModelInventory, policy: Policy) -> Iterator[Fi
         ranked = sorted(by_dtype.items(), key=lambda kv: -params[kv[0]])
         parts = ", ".join(f"{dn(code)}: {len(ts)} tensors / {params[code]:,} params" for code, ts in ranked)
         minority = ranked[-1][1][0]
+        expectation = expected_dtypes(inv, ws, policy)
+        fix = None
+        if expectation is not None and ws.role != "adapter":  # uniform: which dtype is the user's to say
+            fix = _cast_fix(inv, ws, policy, to=next(iter(expectation[0])))
         yield make_finding(
             "CG102", minority.file,
             f"{ws.name} of model {inv.path!r} mixes floating dtypes ({parts}); e.g. {shown(minority.name)} is "
             f"{dn(minority.dtype)}. Convert to one dtype or allow deliberate fp32 tensors with --keep-fp32",
             tensor=minority.name,
-        )._replace(set=ws.name)
+        )._replace(set=ws.name, fix=fix)
+
+
+def _cast_fix(inv: ModelInventory, ws: WeightSet, policy: Policy, *, to: str) -> Fix | None:
+    """CG101 / CG102 with a dtype expected: the set written again in that dtype (``--cast --replace``)."""
+    params = set_cast_params(inv, ws, policy, to=to, policed=policed_parameters(inv, ws, policy))
+    if params is None:
+        return None
+    narrowing = any(code != to and not _widens(code, to) for code in policed_float_tensors(inv, ws, policy))
+    return make_fix(
+        "set-cast",
+        f"write {ws.name} again in {dn(to)}, replacing it (keep-fp32 tensors stay fp32)"
+        + ("; the narrowing cast is value-checked first (CG201-CG204) and refused if it loses values, "
+           "unless --allow-lossy" if narrowing else "; widening is exact"),
+        safety="needs-flag", flag="--cast --replace", writes=set_writes(inv, ws), **params)
+
+
+def _widens(held: str, to: str) -> bool:
+    """Every value survives (fp16 -> fp32); bf16 -> fp16 keeps the width and still loses range."""
+    a, b = dtypes.DTYPES.get(held), dtypes.DTYPES.get(to)
+    return a is not None and b is not None and b.bits > a.bits
 
 
 def dominant_float(inv: ModelInventory, ws: WeightSet, policy: Policy) -> str | None:

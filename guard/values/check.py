@@ -7,6 +7,8 @@ Which checks fire:
   when ``--expect fp16``.  Without one, nothing is being cast, so nothing can
   overflow; the fp16 range figures are still computed and land in the report's
   ``extra["values"]`` (they cost nothing unless values sit near the limits).
+- CG107 (copies disagree) for copies whose headers agree but whose values do not
+  (``guard.values.copies``: a checksum per tensor, names paired by convert's mapping).
 - CG204 is one note per file and target (the worst tensor named): every tensor
   of an fp32 model rounds under bf16, and one note per tensor would bury the rest.
   The per-tensor figures are in ``extra["values"]``.
@@ -94,6 +96,9 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
             f"casting to {dtypes.display_name(code)} ({labels[code]}) rounds {sum(r[3] for r in rows):,} values "
             f"in {len(rows)} tensor(s); max relative error {err:.3g} in {name!r} (value {value:.9g})",
             tensor=name))
+    from guard.values.copies import copy_value_findings  # CG107: copies that agree on headers, by value
+
+    findings.extend(copy_value_findings(inv, policy))
     return ValueResults(findings, stats)
 
 

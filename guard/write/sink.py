@@ -12,6 +12,7 @@ next call.
 
 from __future__ import annotations
 
+import mmap
 import os
 import queue
 import sys
@@ -29,6 +30,7 @@ COPY_BLOCK = 64 * 2**20
 WRITE_CALL = 256 * 2**10
 WRITEBACK_EVERY = 64 * 2**20  # start the disk writing this often, so that the final fsync has little left
 _STOP = ("stop",)
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # prefault a mapped window in one call (Linux)
 
 
 class OutputStream:
@@ -222,6 +224,8 @@ class _WriterState:
         except OSError as exc:  # a source shard deleted or unmounted mid-conversion
             raise GuardError(f"{path}: cannot read it ({exc.strerror}); nothing written") from None
         with src:
+            if not stream.checksum and (start - self.offset) % mmap.PAGESIZE:
+                start, length = self._mapped_write(src, start, length, stream)
             if not stream.checksum and hasattr(os, "copy_file_range"):
                 left, offset = length, start
                 while left:
@@ -241,6 +245,29 @@ class _WriterState:
                     raise GuardError(f"{path}: the file ended early; nothing written")
                 self._write_all(block, stream)
                 length -= len(block)
+
+    def _mapped_write(self, src: Any, start: int, length: int, stream: OutputStream) -> tuple[int, int]:
+        """A range whose offsets in the two files differ modulo the page size, written from a read-only
+        mapping of the source, 64 MiB at a time; returns what is left (all of it where mapping is refused).
+
+        ``copy_file_range`` splices such a range in page fragments, each written separately: 1.3-1.5x
+        slower than ``write()`` from a mapping on ext4 (bench/fix.py: torch zip storages are 64-byte
+        aligned, so they never line up with a safetensors body).  Page-congruent ranges keep it (a
+        reflink where the file system shares blocks)."""
+        if os.fstat(src.fileno()).st_size < start + length:  # a mapping past the end would fault, not fail
+            raise GuardError(f"{src.name}: the file ended early; nothing written")
+        while length:
+            skip = start % mmap.ALLOCATIONGRANULARITY
+            count = min(length, COPY_BLOCK)
+            try:
+                window = mmap.mmap(src.fileno(), count + skip, flags=mmap.MAP_SHARED | _POPULATE,
+                                   prot=mmap.PROT_READ, offset=start - skip)
+            except (OSError, ValueError, TypeError):  # no mmap here (a pipe, Windows' signature, ...)
+                break
+            with window, memoryview(window) as view:
+                self._write_all(view[skip:skip + count], stream)
+            start, length = start + count, length - count
+        return start, length
 
     def close_quietly(self) -> None:
         if self.fd is not None:

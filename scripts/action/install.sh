@@ -6,14 +6,15 @@ fail() { echo "::error title=ckpt-guard::$1"; exit 2; }
 
 case "$CG_FAIL_ON" in error|warning|note|never) ;; *) fail "fail-on must be error, warning, note or never" ;; esac
 for pair in "values=$CG_VALUES" "parity=$CG_PARITY" "changed-only=$CG_CHANGED_ONLY" \
-            "summary=$CG_SUMMARY" "annotate=$CG_ANNOTATE"; do
+            "summary=$CG_SUMMARY" "annotate=$CG_ANNOTATE" "fix=${CG_FIX:-false}"; do
   case "${pair#*=}" in true|false) ;; *) fail "${pair%%=*} must be true or false" ;; esac
 done
 case "$CG_CONVERT" in ""|flax|torch) ;; *) fail "convert must be flax, torch or empty" ;; esac
 if [ "$CG_PARITY" = true ] && [ -z "$CG_CONVERT" ]; then fail "parity needs convert"; fi
 
 extras=()
-[ "$CG_VALUES" = true ] && extras+=(values)
+# fix writes weights through guard.write and value-checks its casts: both need numpy and ml_dtypes
+if [ "$CG_VALUES" = true ] || [ "${CG_FIX:-false}" = true ]; then extras+=(values); fi
 [ -n "$CG_CONVERT" ] && extras+=(convert)
 [ "$CG_PARITY" = true ] && extras+=(parity)
 suffix=""

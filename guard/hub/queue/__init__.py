@@ -5,10 +5,13 @@ embedded SQLite database (``sqlite``, WAL mode; one host, one or several
 processes), a ``postgresql://`` URL a PostgreSQL database shared by replicas
 on several hosts (``postgres``, psycopg 3, claims with ``FOR UPDATE SKIP
 LOCKED``).  Both keep the same table and obey the ``JobQueue`` protocol of
-``base``: jobs are enqueued before the webhook answers 202, claimed with a
-lease that a live worker keeps extending, retried with back-off a bounded
-number of times, and end ``answered``, ``skipped`` (the Hub already had our
-answer) or ``failed``.  The answer's marker on the Hub stays the idempotency
+``base``: a job is keyed by (Hub endpoint, repo, ref, sha), so a push answered
+on a staging Hub is still new in production (queues written before the key
+held the endpoint are migrated on open; their rows keep working, endpoint '');
+jobs are enqueued before the webhook answers 202, claimed with a lease that a
+live worker keeps extending, retried with back-off a bounded number of times,
+and end ``answered``, ``skipped`` (the Hub already had our answer) or
+``failed``.  The answer's marker on the Hub stays the idempotency
 key: a job re-run after a crash finds it and does not post again.
 """
 

@@ -14,7 +14,7 @@ PR_REF = re.compile(r"^refs/pr/(\d+)$")
 # failed -> queued on a redelivery or `hub jobs --requeue-failed`.
 STATES = ("queued", "running", "answered", "skipped", "failed")
 PENDING = ("queued", "running")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the Hub endpoint is part of a job's key (rows from 1 keep endpoint '')
 
 
 class QueueError(GuardError):
@@ -26,6 +26,9 @@ class Job:
     repo_id: str
     ref: str  # refs/heads/main or refs/pr/N
     sha: str
+    # The Hub it was pushed to (no trailing /): the same (repo, ref, sha) on a staging Hub and in
+    # production are two jobs.  '' is a job queued before the endpoint was recorded: any reviewer takes it.
+    endpoint: str = ""
 
     @property
     def pr_num(self) -> int | None:
@@ -45,9 +48,10 @@ class QueuedJob:
     error: str | None = None  # the last failure
 
     def to_json(self) -> dict[str, object]:
-        return {"id": self.id, "repo": self.job.repo_id, "ref": self.job.ref, "sha": self.job.sha,
-                "state": self.state, "attempts": self.attempts, "enqueued_at": self.enqueued_at,
-                "updated_at": self.updated_at, "worker": self.worker, "error": self.error}
+        return {"id": self.id, "endpoint": self.job.endpoint or None, "repo": self.job.repo_id,
+                "ref": self.job.ref, "sha": self.job.sha, "state": self.state, "attempts": self.attempts,
+                "enqueued_at": self.enqueued_at, "updated_at": self.updated_at, "worker": self.worker,
+                "error": self.error}
 
 
 class JobQueue(Protocol):
@@ -56,10 +60,17 @@ class JobQueue(Protocol):
     where: str  # for messages: the file, or the database without its password
 
     def enqueue(self, jobs: Sequence[Job]) -> list[bool]:
-        """Store jobs; False for one already queued, running or done (a failed one is queued again)."""
+        """Store jobs; False for one already queued, running or done (a failed one is queued again).
 
-    def claim(self, worker: str, *, lease: float, max_attempts: int) -> QueuedJob | None:
+        The key is (endpoint, repo, ref, sha).
+        """
+
+    def claim(self, worker: str, *, lease: float, max_attempts: int,
+              endpoint: str | None = None) -> QueuedJob | None:
         """The oldest due job (queued, or running with an expired lease), now held by ``worker``.
+
+        With ``endpoint``, only that Hub's jobs and those queued without one (a reviewer never
+        answers a staging Hub's push on production, or the other way round).
 
         ``worker`` names this one claim (a fresh token each time, never shared by two
         threads), so a stale holder's calls are no-ops once someone else claimed the job.

@@ -22,15 +22,19 @@ TABLE = "ckpt_guard_jobs"
 SCHEMA = (
     f"""CREATE TABLE IF NOT EXISTS {TABLE} (
         id BIGSERIAL PRIMARY KEY,
-        repo TEXT NOT NULL, ref TEXT NOT NULL, sha TEXT NOT NULL,
+        endpoint TEXT NOT NULL DEFAULT '', repo TEXT NOT NULL, ref TEXT NOT NULL, sha TEXT NOT NULL,
         state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
         enqueued_at TIMESTAMPTZ NOT NULL DEFAULT now(), updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-        next_at TIMESTAMPTZ NOT NULL DEFAULT now(), lease_until TIMESTAMPTZ, worker TEXT, error TEXT,
-        UNIQUE (repo, ref, sha))""",
+        next_at TIMESTAMPTZ NOT NULL DEFAULT now(), lease_until TIMESTAMPTZ, worker TEXT, error TEXT)""",
+    # Schema 1 keyed jobs by (repo, ref, sha): old rows get endpoint '' (any reviewer takes them), and
+    # the key gains the endpoint.  Every replica must run this version once the table is migrated.
+    f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS endpoint TEXT NOT NULL DEFAULT ''",
+    f"ALTER TABLE {TABLE} DROP CONSTRAINT IF EXISTS {TABLE}_repo_ref_sha_key",
+    f"CREATE UNIQUE INDEX IF NOT EXISTS {TABLE}_key ON {TABLE} (endpoint, repo, ref, sha)",
     f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE} (state, next_at)",
 )
 SCHEMA_LOCK = 0x636B7074  # pg_advisory_xact_lock key: "ckpt"
-COLUMNS = ("id, repo, ref, sha, state, attempts, extract(epoch FROM enqueued_at), "
+COLUMNS = ("id, endpoint, repo, ref, sha, state, attempts, extract(epoch FROM enqueued_at), "
            "extract(epoch FROM updated_at), worker, error")
 HELD = "id = %s AND worker = %s AND state = 'running'"
 
@@ -85,31 +89,36 @@ class PostgresQueue:
         def body(db: Any) -> list[bool]:
             out = []
             for job in jobs:
-                key = (job.repo_id, job.ref, job.sha)
-                row = db.execute(f"INSERT INTO {TABLE} (repo, ref, sha, state) VALUES (%s, %s, %s, 'queued') "
-                                 "ON CONFLICT (repo, ref, sha) DO NOTHING RETURNING id", key).fetchone()
+                key = (job.endpoint, job.repo_id, job.ref, job.sha)
+                row = db.execute(f"INSERT INTO {TABLE} (endpoint, repo, ref, sha, state) "
+                                 "VALUES (%s, %s, %s, %s, 'queued') "
+                                 "ON CONFLICT (endpoint, repo, ref, sha) DO NOTHING RETURNING id", key).fetchone()
                 if row is None:  # known: only a failed job comes back
                     row = db.execute(f"UPDATE {TABLE} SET state = 'queued', attempts = 0, next_at = now(), "
-                                     "updated_at = now(), error = NULL, worker = NULL "
-                                     "WHERE repo = %s AND ref = %s AND sha = %s AND state = 'failed' RETURNING id",
+                                     "updated_at = now(), error = NULL, worker = NULL WHERE endpoint = %s "
+                                     "AND repo = %s AND ref = %s AND sha = %s AND state = 'failed' RETURNING id",
                                      key).fetchone()
                 out.append(row is not None)
             return out
 
         return self._run(body)
 
-    def claim(self, worker: str, *, lease: float, max_attempts: int) -> QueuedJob | None:
+    def claim(self, worker: str, *, lease: float, max_attempts: int,
+              endpoint: str | None = None) -> QueuedJob | None:
+        # None: every job; otherwise that Hub's and the ones queued without an endpoint
+        mine, ours = ("TRUE", ()) if endpoint is None else ("endpoint IN (%s, '')", (endpoint,))
+
         def body(db: Any) -> QueuedJob | None:
             db.execute(f"UPDATE {TABLE} SET state = 'failed', updated_at = now(), lease_until = NULL, "
                        "error = 'its worker stopped ' || attempts || ' times before finishing (lease expired)' "
                        f"WHERE id IN (SELECT id FROM {TABLE} WHERE state = 'running' AND lease_until < now() "
-                       "AND attempts >= %s FOR UPDATE SKIP LOCKED)", (max_attempts,))
+                       f"AND attempts >= %s AND {mine} FOR UPDATE SKIP LOCKED)", (max_attempts, *ours))
             row = db.execute(
                 f"UPDATE {TABLE} SET state = 'running', worker = %s, attempts = attempts + 1, updated_at = now(), "
                 "lease_until = now() + make_interval(secs => %s) WHERE id = ("
-                f"SELECT id FROM {TABLE} WHERE (state = 'queued' AND next_at <= now()) "
-                "OR (state = 'running' AND lease_until < now()) ORDER BY next_at, id LIMIT 1 "
-                f"FOR UPDATE SKIP LOCKED) RETURNING {COLUMNS}", (worker, float(lease))).fetchone()
+                f"SELECT id FROM {TABLE} WHERE ((state = 'queued' AND next_at <= now()) "
+                f"OR (state = 'running' AND lease_until < now())) AND {mine} ORDER BY next_at, id LIMIT 1 "
+                f"FOR UPDATE SKIP LOCKED) RETURNING {COLUMNS}", (worker, float(lease), *ours)).fetchone()
             return _job(row) if row else None
 
         return self._run(body)
@@ -183,8 +192,8 @@ class PostgresQueue:
 
 
 def _job(row: Sequence[Any]) -> QueuedJob:
-    job_id, repo, ref, sha, state, attempts, enqueued, updated, worker, error = row
-    return QueuedJob(int(job_id), Job(repo, ref, sha), state, int(attempts), float(enqueued), float(updated),
+    job_id, endpoint, repo, ref, sha, state, attempts, enqueued, updated, worker, error = row
+    return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint), state, int(attempts), float(enqueued), float(updated),
                      worker, error)
 
 

@@ -17,17 +17,25 @@ from pathlib import Path
 
 from guard.hub.queue.base import SCHEMA_VERSION, STATES, Job, QueuedJob, QueueError
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS jobs (
+TABLE = """CREATE TABLE IF NOT EXISTS {name} (
         id INTEGER PRIMARY KEY,
-        repo TEXT NOT NULL, ref TEXT NOT NULL, sha TEXT NOT NULL,
+        endpoint TEXT NOT NULL DEFAULT '', repo TEXT NOT NULL, ref TEXT NOT NULL, sha TEXT NOT NULL,
         state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
         enqueued_at REAL NOT NULL, updated_at REAL NOT NULL, next_at REAL NOT NULL,
         lease_until REAL, worker TEXT, error TEXT,
-        UNIQUE (repo, ref, sha))""",
-    "CREATE INDEX IF NOT EXISTS jobs_due ON jobs (state, next_at)",
+        UNIQUE (endpoint, repo, ref, sha))"""
+SCHEMA = (TABLE.format(name="jobs"), "CREATE INDEX IF NOT EXISTS jobs_due ON jobs (state, next_at)")
+# Schema 1 keyed jobs by (repo, ref, sha).  SQLite cannot change a table's UNIQUE constraint, so the
+# table is rebuilt, in the same transaction that reads the version: old rows keep their ids and states
+# and get endpoint '' (queued before the endpoint was recorded; any reviewer takes them).
+OLD_COLUMNS = "id, repo, ref, sha, state, attempts, enqueued_at, updated_at, next_at, lease_until, worker, error"
+MIGRATE_1_TO_2 = (
+    TABLE.format(name="jobs_v2"),
+    f"INSERT INTO jobs_v2 ({OLD_COLUMNS}) SELECT {OLD_COLUMNS} FROM jobs",
+    "DROP TABLE jobs",
+    "ALTER TABLE jobs_v2 RENAME TO jobs",
 )
-COLUMNS = "id, repo, ref, sha, state, attempts, enqueued_at, updated_at, worker, error"
+COLUMNS = "id, endpoint, repo, ref, sha, state, attempts, enqueued_at, updated_at, worker, error"
 BUSY_TIMEOUT_MS = 30_000
 
 
@@ -46,6 +54,10 @@ class SqliteQueue:
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
                     raise QueueError(f"{path}: written by a newer ckpt-guard (queue schema {version})")
+                columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)").fetchall()}
+                if columns and "endpoint" not in columns:  # a schema-1 queue
+                    for statement in MIGRATE_1_TO_2:
+                        db.execute(statement)
                 for statement in SCHEMA:  # not executescript: it would commit the open transaction
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -71,26 +83,31 @@ class SqliteQueue:
         out = []
         with self._tx() as db:
             for job in jobs:
+                key = (job.endpoint, job.repo_id, job.ref, job.sha)
                 inserted = db.execute(
-                    "INSERT OR IGNORE INTO jobs (repo, ref, sha, state, enqueued_at, updated_at, next_at) "
-                    "VALUES (?, ?, ?, 'queued', ?, ?, ?)", (job.repo_id, job.ref, job.sha, now, now, now)).rowcount
+                    "INSERT OR IGNORE INTO jobs (endpoint, repo, ref, sha, state, enqueued_at, updated_at, next_at) "
+                    "VALUES (?, ?, ?, ?, 'queued', ?, ?, ?)", (*key, now, now, now)).rowcount
                 if not inserted:  # known: only a failed job comes back
                     inserted = db.execute(
-                        "UPDATE jobs SET state = 'queued', attempts = 0, next_at = ?, updated_at = ?, "
-                        "error = NULL, worker = NULL WHERE repo = ? AND ref = ? AND sha = ? AND state = 'failed'",
-                        (now, now, job.repo_id, job.ref, job.sha)).rowcount
+                        "UPDATE jobs SET state = 'queued', attempts = 0, next_at = ?, updated_at = ?, error = NULL, "
+                        "worker = NULL WHERE endpoint = ? AND repo = ? AND ref = ? AND sha = ? AND state = 'failed'",
+                        (now, now, *key)).rowcount
                 out.append(bool(inserted))
         return out
 
-    def claim(self, worker: str, *, lease: float, max_attempts: int) -> QueuedJob | None:
+    def claim(self, worker: str, *, lease: float, max_attempts: int,
+              endpoint: str | None = None) -> QueuedJob | None:
         now = time.time()
+        # None: every job; otherwise that Hub's and the ones queued without an endpoint
+        mine, ours = ("1", ()) if endpoint is None else ("endpoint IN (?, '')", (endpoint,))
         with self._tx() as db:
             db.execute("UPDATE jobs SET state = 'failed', updated_at = ?, lease_until = NULL, "
                        "error = 'its worker stopped ' || attempts || ' times before finishing (lease expired)' "
-                       "WHERE state = 'running' AND lease_until < ? AND attempts >= ?", (now, now, max_attempts))
-            row = db.execute("SELECT id FROM jobs WHERE (state = 'queued' AND next_at <= ?) "
-                             "OR (state = 'running' AND lease_until < ?) ORDER BY next_at, id LIMIT 1",
-                             (now, now)).fetchone()
+                       f"WHERE state = 'running' AND lease_until < ? AND attempts >= ? AND {mine}",
+                       (now, now, max_attempts, *ours))
+            row = db.execute(f"SELECT id FROM jobs WHERE ((state = 'queued' AND next_at <= ?) "
+                             f"OR (state = 'running' AND lease_until < ?)) AND {mine} ORDER BY next_at, id LIMIT 1",
+                             (now, now, *ours)).fetchone()
             if row is None:
                 return None
             db.execute("UPDATE jobs SET state = 'running', worker = ?, lease_until = ?, attempts = attempts + 1, "
@@ -171,6 +188,6 @@ class SqliteQueue:
 
 
 def _job(row: tuple) -> QueuedJob:  # type: ignore[type-arg]
-    job_id, repo, ref, sha, state, attempts, enqueued, updated, worker, error = row
-    return QueuedJob(int(job_id), Job(repo, ref, sha), state, int(attempts), float(enqueued), float(updated),
+    job_id, endpoint, repo, ref, sha, state, attempts, enqueued, updated, worker, error = row
+    return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint), state, int(attempts), float(enqueued), float(updated),
                      worker, error)
