@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from guard.errors import MissingExtraError
 from guard.hub.errors import HubError, hub_errors, status_of, transport_errors
-from guard.hub.retry import Backoff, RateLimiter, retry_after_seconds
+from guard.hub.retry import Attempts, Backoff, RateLimiter, retry_after_seconds
 
 T = TypeVar("T")
 __all__ = ["HubClient", "HubError", "hub_errors", "retry_read", "retry_refused"]
@@ -105,9 +105,7 @@ class HubClient:
     def call(self, fn: Callable[[], T], *, retry: Callable[[BaseException], bool] = retry_read) -> T:
         """Run one Hub call; retry it while ``retry`` allows, within the attempts and the deadline."""
         caught = (_hub_http_error(), *transport_errors())
-        policy = Backoff(self.attempts, self.backoff, BACKOFF_CAP, self.deadline)
-        started = time.monotonic()
-        timed, asked = 0, 0  # failed attempts we back off from ourselves / that said when to come back
+        attempts = Attempts(Backoff(self.attempts, self.backoff, BACKOFF_CAP, self.deadline))
         while True:
             if self.limiter is not None:
                 self.limiter.acquire()
@@ -119,16 +117,8 @@ class HubClient:
                 self._count(label)
                 if not retry(exc):
                     raise
-                hint = retry_after_of(exc) if status in (429, 503) else None
-                if hint is None:
-                    timed += 1
-                    wait = policy.wait(timed)
-                    allowed = policy.allows(timed, wait, started=started)
-                else:
-                    asked += 1
-                    wait = policy.wait(asked, retry_after=hint)
-                    allowed = policy.allows(asked, wait, started=started, asked=True)
-                if not allowed:
+                wait = attempts.next_wait(retry_after_of(exc) if status in (429, 503) else None)
+                if wait is None:
                     raise
                 with self._lock:
                     self.retried[label] += 1

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 from guard.hub.client import BACKOFF_CAP, HubClient, hub_errors, request_url_of, retry_after_of
 from guard.hub.errors import HubError, status_of, transport_errors
-from guard.hub.retry import Backoff
+from guard.hub.retry import Attempts, Backoff
 from guard.hub.upload import retry_commit
 
 TITLE_PREFIX = "ckpt-guard: fix "
@@ -102,8 +102,7 @@ def open_once(client: HubClient, repo_id: str, operations: list[Any], *, title: 
     from huggingface_hub.errors import HfHubHTTPError
 
     api = client.api
-    policy = Backoff(client.attempts, client.backoff, BACKOFF_CAP, client.deadline)
-    started, timed, asked = time.monotonic(), 0, 0
+    attempts = Attempts(Backoff(client.attempts, client.backoff, BACKOFF_CAP, client.deadline))
     while True:
         found = existing()
         if found is not None:
@@ -120,16 +119,8 @@ def open_once(client: HubClient, repo_id: str, operations: list[Any], *, title: 
                     return found
                 with hub_errors(repo_id, revision=branch, endpoint=client.endpoint):
                     raise
-            hint = retry_after_of(exc)
-            if hint is None:
-                timed += 1
-                wait = policy.wait(timed)
-                allowed = policy.allows(timed, wait, started=started)
-            else:
-                asked += 1
-                wait = policy.wait(asked, retry_after=hint)
-                allowed = policy.allows(asked, wait, started=started, asked=True)
-            if not allowed:
+            wait = attempts.next_wait(retry_after_of(exc))
+            if wait is None:
                 with hub_errors(repo_id, revision=branch, endpoint=client.endpoint):
                     raise
             time.sleep(wait)

@@ -76,6 +76,25 @@ class Backoff:
         return attempt < limit and time.monotonic() + wait - started <= self.deadline
 
 
+class Attempts:
+    """One request's failed attempts under a ``Backoff``: those we time ourselves, and those the Hub
+    said when to repeat (Retry-After), counted apart as ``Backoff.allows`` bounds them apart."""
+
+    def __init__(self, policy: Backoff) -> None:
+        self.policy, self.started = policy, time.monotonic()
+        self.timed = self.asked = 0
+
+    def next_wait(self, retry_after: float | None) -> float | None:
+        """Seconds to wait before the next attempt, or None when the policy allows no more."""
+        if retry_after is None:
+            self.timed += 1
+            wait = self.policy.wait(self.timed)
+            return wait if self.policy.allows(self.timed, wait, started=self.started) else None
+        self.asked += 1
+        wait = self.policy.wait(self.asked, retry_after=retry_after)
+        return wait if self.policy.allows(self.asked, wait, started=self.started, asked=True) else None
+
+
 class RateLimiter:
     """At most ``rate`` requests per second across threads, evenly spaced (a bucket of one token).
 

@@ -49,7 +49,7 @@ class ValueResults(NamedTuple):
 
 
 def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
-    _require_extras()
+    require_extras()
     from guard.values.stats import CAST_TARGETS
 
     requested = tuple(dict.fromkeys(t.dtype for t in policy.targets if t.dtype in CAST_TARGETS))
@@ -123,7 +123,7 @@ def _relocate_torch_zip(path: str) -> tuple[TensorInfo, ...] | None:
         return None  # the tensors are then reported as not located
 
 
-def _require_extras() -> None:
+def require_extras() -> None:
     for module in ("numpy", "ml_dtypes"):
         try:
             __import__(module)

@@ -21,8 +21,9 @@ from typing import Any
 
 from guard import dtypes
 from guard.catalogue import make_finding
-from guard.errors import GuardError, MissingExtraError
+from guard.errors import GuardError
 from guard.findings import Finding, Severity, shown
+from guard.values.check import require_extras
 from guard.write.plan import SourceTensor
 from guard.write.produce import ranged
 from guard.write.writer import OutputTensor
@@ -34,7 +35,7 @@ def narrowing(source: str, target: str) -> bool:
     """Some value of ``source`` changes when cast to ``target``."""
     if source == target:
         return False
-    _require_extras()
+    require_extras()
     from guard.values.stats import IEEE_BITS, cast_is_exact
 
     return source in IEEE_BITS and not cast_is_exact(source, target)
@@ -127,10 +128,3 @@ def _chunks(source: SourceTensor) -> Iterator[memoryview]:
     for start in range(0, flat.size, CHUNK_BYTES):
         yield memoryview(flat[start:start + CHUNK_BYTES])
 
-
-def _require_extras() -> None:
-    for module in ("numpy", "ml_dtypes"):
-        try:
-            __import__(module)
-        except ImportError:
-            raise MissingExtraError(module, "values") from None
