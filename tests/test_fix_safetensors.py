@@ -397,3 +397,20 @@ def test_the_sink_copies_ranges_exactly_whether_or_not_their_pages_line_up(tmp_p
     stream.close()
     stream.finish()
     assert (tmp_path / "out").read_bytes() == b"h" * head + data[start:]
+
+
+def test_torch_quantized_tensors_get_no_copy(tmp_path: Path) -> None:
+    """A qint8 tensor's bytes are integers whose scale and zero point live only in the pickle: the copy
+    would silently drop them, so the set gets the note without a fix, and nothing is written."""
+    model = tmp_path / "m"
+    model.mkdir()
+    q = torch.quantize_per_tensor(torch.randn(4, 4), scale=0.1, zero_point=3, dtype=torch.qint8)
+    torch.save({"w": q, "b": torch.zeros(4)}, model / "pytorch_model.bin")
+    out = tmp_path / "r.json"
+    main(["scan", str(model), "--format", "json", "-o", str(out)])
+    cg008 = [f for f in json.loads(out.read_text())["findings"] if f["code"] == "CG008"]
+    assert cg008 and not cg008[0]["fix"]["available"]
+    assert "torch-quantized" in cg008[0]["fix"]["description"]
+    before = sorted(p.name for p in model.iterdir())
+    main(["fix", str(model), "--write"])
+    assert sorted(p.name for p in model.iterdir()) == before

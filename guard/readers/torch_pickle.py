@@ -181,6 +181,7 @@ class PickleWalker:
         self.persistent_load = persistent_load
         self.torchscript = torchscript
         self.unsafe: dict[str, None] = {}
+        self.quantized = 0  # tensors built by _rebuild_qtensor: integer bytes whose scales live in the pickle
         self.opaque: dict[str, None] = {}
         self.opcodes = 0
 
@@ -392,6 +393,8 @@ class PickleWalker:
         dotted = func.dotted
         if dotted in ("torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2",
                       "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_qtensor"):
+            if func.name == "_rebuild_qtensor":
+                self.quantized += 1
             return _rebuild_tensor(func.name, args)
         if dotted in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
                       "torch.nn.parameter.Parameter"):

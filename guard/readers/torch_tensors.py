@@ -232,8 +232,12 @@ def no_tensor_findings(walker: PickleWalker, path: str, *, storages: int, tensor
 
 
 def pickle_metadata(walker: PickleWalker) -> dict[str, str]:
-    """The refused globals by name, so the inventory can judge them by the file's role."""
-    return {"pickle_globals": " ".join(sorted(walker.unsafe))} if walker.unsafe else {}
+    """The refused globals by name, so the inventory can judge them by the file's role; how many tensors
+    are torch-quantized (their bytes are integers whose scales only the pickle holds)."""
+    metadata = {"pickle_globals": " ".join(sorted(walker.unsafe))} if walker.unsafe else {}
+    if walker.quantized:
+        metadata["torch_quantized_tensors"] = str(walker.quantized)
+    return metadata
 
 
 def unsafe_findings(walker: PickleWalker, path: str) -> tuple[Finding, ...]:

@@ -82,6 +82,9 @@ def _refusal(ws: WeightSet) -> str:
                     "not copied from a file that may run code")
         if scan.format is None or codes & {"CG001", "CG005"} or not scan.tensors:
             return f"{name} is not readable as plain tensors ({', '.join(sorted(codes)) or 'no tensors'})"
+        if scan.metadata.get("torch_quantized_tensors"):
+            return (f"{name} holds torch-quantized tensors whose scales only the pickle keeps; safetensors would "
+                    "hold bare integers")
     for info in ws.tensors:
         known = dtypes.DTYPES.get(info.dtype)
         if known is None or known.numpy is None or known.bits < 8:

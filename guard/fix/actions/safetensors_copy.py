@@ -135,6 +135,10 @@ def _located_scan(path: Path) -> FileScan:
                          "nothing written") from None
     if scan.format not in PICKLE_FORMATS:
         raise GuardError(f"{name}: a {scan.format} archive is a program, not a state dict: nothing written")
+    if scan.metadata.get("torch_quantized_tensors"):
+        raise GuardError(f"{name}: {scan.metadata['torch_quantized_tensors']} torch-quantized tensor(s), whose "
+                         "scales and zero points only the pickle holds: a safetensors copy would keep bare "
+                         "integers: nothing written")
     for finding in scan.findings:
         if finding.code in ("CG001", "CG003", "CG005"):
             raise GuardError(f"{name}: {finding.message[:200]} ({finding.code}): nothing written")
