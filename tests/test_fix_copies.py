@@ -301,3 +301,36 @@ def test_add_a_dtype_variant_is_the_variant_fix(
     for name, tensor in bert.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor.half().float()), name
     assert not add_fix(Path("bert"), "variant:fp16").available
+
+
+def test_a_sharded_stale_flax_copy_is_regenerated_in_its_shards(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both copies sharded by save_pretrained(max_shard_size="20KB"): with no --max-shard-size, the
+    regenerated Flax copy is split at the stale copy's own shard size, so it keeps its shard names and
+    index (no old shard is left beside it), and loads."""
+    model_dir = tmp_path / "bert"
+    model = tiny_bert()
+    model.save_pretrained(tmp_path / "whole")  # from_pt reads no sharded safetensors
+    transformers.FlaxBertModel.from_pretrained(tmp_path / "whole", from_pt=True).save_pretrained(
+        model_dir, max_shard_size="20KB")
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.add_(0.25)
+    model.save_pretrained(model_dir, max_shard_size="20KB")
+    stale = sorted(p.name for p in model_dir.glob("flax_model*"))
+    assert len(stale) > 2 and "flax_model.msgpack.index.json" in stale
+    monkeypatch.chdir(tmp_path)
+
+    code, report = scan_json("bert", "--values", capsys=capsys)
+    assert code == 1 and [f["code"] for f in report["findings"] if f["code"] == "CG107"] == ["CG107"]
+    code, report = fix_cli("bert", "--values", "--write", "--replace", capsys=capsys)
+    outcome = report["extra"]["fix"]["outcomes"][0]
+    assert outcome["ok"], outcome
+    assert sorted(p.name for p in model_dir.glob("flax_model*") if not p.name.endswith(".orig")) == stale
+    code, report = scan_json("bert", "--values", capsys=capsys)
+    assert code == 0 and not [f for f in report["findings"] if f["code"] == "CG107"], report["findings"]
+    loaded = transformers.FlaxBertModel.from_pretrained(model_dir)
+    pt = {k: v.numpy() for k, v in model.state_dict().items()}
+    kernel = np.asarray(loaded.params["encoder"]["layer"]["0"]["attention"]["self"]["query"]["kernel"])
+    assert np.array_equal(kernel, pt["encoder.layer.0.attention.self.query.weight"].T)

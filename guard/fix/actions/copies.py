@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.errors import GuardError
-from guard.fix.context import ActionContext, Staged
+from guard.fix.context import DEFAULT_MAX_SHARD_SIZE, ActionContext, Staged
 from guard.fixes import Fix
 from guard.inventory.names import classify
 from guard.rules.copies import ADD_WHATS, ORBAX_DIR
@@ -36,7 +36,7 @@ def stage_copy_regenerate(fix: Fix, ctx: ActionContext) -> Staged:
     _check_source(ctx, to=to, variant=variant, primary=primary)
     single = len(stale_files) == 1
     staged = _convert(ctx, "regenerated", to=to, layout=layout, variant=variant,
-                      max_shard_size=SINGLE_FILE if single else ctx.options.max_shard_size)
+                      max_shard_size=SINGLE_FILE if single else _shard_size(ctx, stale_files))
     if not staged.files:
         staged.summary = f"{stale} not regenerated: convert refused (see the findings)"
         return staged
@@ -48,6 +48,20 @@ def stage_copy_regenerate(fix: Fix, ctx: ActionContext) -> Staged:
     staged.summary = (f"{stale} regenerated from {primary} through convert: {staged.details['tensors']} tensor(s), "
                       f"bit-exact, verified ({staged.details['verification']})")
     return staged
+
+
+def _shard_size(ctx: ActionContext, stale_files: list[str]) -> int:
+    """The stale copy's own shard size, unless --max-shard-size says otherwise.
+
+    save_pretrained closes a shard when the next tensor would pass its max_shard_size, so every
+    shard holds at most that; splitting the same tensors in the same order at the largest shard's
+    size gives the same shards again (the index keeps no record of the size that was asked for).
+    """
+    if ctx.options.max_shard_size != DEFAULT_MAX_SHARD_SIZE:
+        return ctx.options.max_shard_size
+    sizes = [(ctx.model_dir / name).stat().st_size for name in stale_files
+             if not name.endswith(".json") and (ctx.model_dir / name).is_file()]
+    return max(sizes, default=DEFAULT_MAX_SHARD_SIZE)
 
 
 def stage_add_copy(fix: Fix, ctx: ActionContext) -> Staged:
