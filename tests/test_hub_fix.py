@@ -324,7 +324,7 @@ def test_the_reviewer_never_fixes_a_commit_carrying_the_marker(standin: StandinH
     # Whatever a fix leaves behind: a failing commit that is a fix of ours is never fixed again
     files = llama_files()
     sha = standin.add_repo("org/again", files)
-    sha = standin.add_commit("org/again", files, summary=f"{TITLE_PREFIX}2 dtype findings of {sha[:12]} [x]",
+    sha = standin.add_commit("org/again", files, summary=f"{TITLE_PREFIX}{sha[:12]} with 2 changes [x]",
                              description=f"{MARKER_PREFIX}plan={'0' * 64} base={sha} -->")
     review(fixing_reviewer(tmp_path / "q.sqlite3"), Job("org/again", "refs/heads/main", sha))
     assert not pull_requests(standin, "org/again")

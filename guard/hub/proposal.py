@@ -35,7 +35,7 @@ def fix_marker(plan: str, base: str) -> str:
 
 
 def fix_title(plan: str, base: str, count: int) -> str:
-    return f"{TITLE_PREFIX}{count} dtype finding{'s' if count != 1 else ''} of {base[:12]} [{plan[:12]}]"
+    return f"{TITLE_PREFIX}{base[:12]} with {count} change{'s' if count != 1 else ''} [{plan[:12]}]"
 
 
 def is_fix_commit(title: str, message: str) -> bool:
