@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -46,6 +46,11 @@ def _draw(done: int, total: int, desc: str, unit: str) -> None:
         line = f"\r{done} {unit} {desc}"
     sys.stderr.write(line)
     sys.stderr.flush()
+
+
+def tensor_ticks(desc: str, total: int) -> Callable[[Iterator[T]], Iterator[T]]:
+    """What ``guard.write.writer.write_output`` takes as ``ticks``: a bar that counts written tensors."""
+    return lambda it: progress(it, total=total, desc=desc, unit="tensors")
 
 
 class ByteProgress:

@@ -27,7 +27,6 @@ from guard.fix.actions import stage
 from guard.fix.context import ActionContext, FixOptions, Staged
 from guard.fix.plan import FixPlan, PlannedFix
 from guard.inventory.model import CONFIG_NAME
-from guard.progress import progress
 
 STAGING_PREFIX = ".ckpt-guard-fix-"  # guard.inventory.discovery never walks into these
 BACKUP_SUFFIX = ".orig"
@@ -57,7 +56,7 @@ class Refused(GuardError):
 def apply_plan(plan: FixPlan, options: FixOptions, policy: Policy, *, root: Path = Path(".")) -> list[Outcome]:
     outcomes: list[Outcome] = []
     applied: set[tuple[str, str]] = set()
-    for planned in progress(plan.fixes, total=len(plan.fixes), desc="fixing", unit="fixes"):
+    for planned in plan.fixes:  # a fix that writes weights draws its own bar, tensor by tensor
         if not planned.enabled:
             outcomes.append(Outcome(planned, False, [], [], [], "not applied",
                                     error=f"waits for {planned.waiting_for}"))

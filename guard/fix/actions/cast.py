@@ -31,6 +31,7 @@ from guard.fix.actions.index import index_text, verify_index, write_text_file
 from guard.fix.actions.narrowing import cast_value_findings, refusing
 from guard.fix.context import ActionContext, Staged
 from guard.fixes import Fix
+from guard.progress import tensor_ticks
 from guard.inventory import MAX_JSON_BYTES, is_weight_file, scan_local_file
 from guard.inventory.names import classify
 from guard.rules.variants import SAFETENSORS_STEMS, variant_file_names
@@ -159,7 +160,9 @@ def _cast_and_write(ctx: ActionContext, units: list[tuple[Naming, list[list[Outp
     files: list[tuple[Path, Path]] = []
     findings = list(checks)
     for naming, shards in units:
-        written = write_output(ctx.staging, shards, layout="safetensors", naming=naming, checksum=full)
+        count = sum(len(shard) for shard in shards)
+        written = write_output(ctx.staging, shards, layout="safetensors", naming=naming, checksum=full,
+                               ticks=tensor_ticks(f"writing {naming.shard_names(len(shards))[0]}", count))
         verified, _ = verify_output(ctx.staging, [t for shard in shards for t in shard], written,
                                     layout="safetensors", full=full)
         findings += verified + _unreported(written.cast_findings, checks, ctx.options.allow_lossy)

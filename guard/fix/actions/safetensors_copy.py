@@ -25,6 +25,7 @@ from guard.findings import shown
 from guard.fix.context import ActionContext, Staged
 from guard.fix.tied import Settled, settle_shared
 from guard.fixes import Fix
+from guard.progress import tensor_ticks
 from guard.readers import READ_FAILURES, sniff_format
 from guard.rules.pickle_only import COPY_STEMS, PICKLE_FORMATS
 from guard.sources import LocalFile
@@ -64,7 +65,8 @@ def stage_safetensors_copy(fix: Fix, ctx: ActionContext) -> Staged:
     out = ctx.staging / f"safetensors-copy-{secrets.token_hex(4)}"
     out.mkdir()
     full = ctx.options.verify == "full"
-    written = write_output(out, shards, layout="safetensors", naming=naming, checksum=full)
+    written = write_output(out, shards, layout="safetensors", naming=naming, checksum=full,
+                           ticks=tensor_ticks(f"writing {names[0]}", len(outputs)))
     findings, _ = verify_output(out, outputs, written, layout="safetensors", full=full)
     size = sum(t.nbytes for t in outputs)
     return Staged(
