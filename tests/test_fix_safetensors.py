@@ -414,3 +414,19 @@ def test_torch_quantized_tensors_get_no_copy(tmp_path: Path) -> None:
     before = sorted(p.name for p in model.iterdir())
     main(["fix", str(model), "--write"])
     assert sorted(p.name for p in model.iterdir()) == before
+
+
+def test_the_plan_names_the_shards_max_shard_size_will_write(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Under --max-shard-size the plan lists the shard names the copy is then written under."""
+    model = tmp_path / "m"
+    model.mkdir()
+    torch.save({f"layer{i}.weight": torch.randn(64, 64) for i in range(5)}, model / "pytorch_model.bin")
+    capsys.readouterr()
+    assert main(["fix", str(model), "--max-shard-size", "40KB", "--format", "json"]) == 1
+    planned = json.loads(capsys.readouterr().out)["extra"]["fix"]["plan"]
+    writes = sorted(Path(p).name for p in planned[0]["writes"])
+    assert writes == sorted([f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+                            + ["model.safetensors.index.json"])
+    main(["fix", str(model), "--max-shard-size", "40KB", "--write"])
+    assert sorted(p.name for p in model.glob("model*")) == writes

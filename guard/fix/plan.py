@@ -114,6 +114,10 @@ def chosen_fix(finding: Finding, options: FixOptions) -> tuple[Fix | None, str]:
         return None, "no fix was planned for it (a report written before fixes existed: scan again)"
     if not fix.available:
         return None, fix.description
+    if fix.action == "safetensors-copy":
+        from guard.rules.pickle_only import resharded
+
+        return resharded(fix, options.max_shard_size), ""
     if options.to_config and fix.action == "config-dtype":
         alternative = fix.arguments.get("to_config")
         if not isinstance(alternative, dict):

@@ -10,6 +10,7 @@ carry) still gets the note, with the reason in place of a fix.
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Iterator
 
@@ -69,7 +70,20 @@ def plan_copy(inv: ModelInventory, ws: WeightSet, stem: str) -> Fix:
         writes=tuple(posixpath.join(folder, n) for n in names),
         dir=inv.path, set=ws.name, variant=ws.variant, stem=stem, files=files, index=index, names=names,
         reads=files + ([index] if index else []) + config, max_shard_size=DEFAULT_MAX_SHARD_SIZE,
+        tensor_bytes=[t.nbytes or 0 for t in counted],  # so that a plan under --max-shard-size names its shards
     )
+
+
+def resharded(fix: Fix, max_shard_size: int) -> Fix:
+    """The same copy split at another shard size: the file names it writes, as the action will name them."""
+    args = fix.arguments
+    sizes = args.get("tensor_bytes")
+    if args.get("max_shard_size") == max_shard_size or not isinstance(sizes, list):
+        return fix
+    names = copy_names(str(args["stem"]), args.get("variant"), shard_count([int(n) for n in sizes], max_shard_size))
+    folder = posixpath.dirname(fix.writes[0]) if fix.writes else ""
+    return fix._replace(writes=tuple(posixpath.join(folder, n) for n in names),
+                        params=json.dumps({**args, "names": names, "max_shard_size": max_shard_size}, sort_keys=True))
 
 
 def _refusal(ws: WeightSet) -> str:
