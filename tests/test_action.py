@@ -134,15 +134,10 @@ def action_copy(dest: Path) -> Path:
     return copy_project(dest, ACTION_FILES)
 
 
-def test_action_under_act(tmp_path):
-    act = tool("act")
-    user = tmp_path / "user"
-    safetensors_file(user / "models" / "good" / "model.safetensors", "F32")
-    safetensors_file(user / "models" / "bad" / "model.safetensors", "F16")
-    safetensors_file(user / "models" / "bad model ü" / "w.safetensors", "F16")
-    out = tmp_path / "out"
-    out.mkdir()
-    source = action_copy(tmp_path / "action-src")
+def act_workflow(user: Path, source: Path, *, inputs: str, keep_env: str, keep_run: str) -> Path:
+    """.github/workflows/guard.yml in ``user``: copy the repository and the action (actions/checkout cannot
+    be fetched offline), run the action ``with`` ``inputs``, then a step that keeps what the test checks.
+    ``inputs``, ``keep_env`` and ``keep_run`` are YAML lines at their own indentation (10 spaces)."""
     workflow = user / ".github" / "workflows" / "guard.yml"
     workflow.parent.mkdir(parents=True)
     workflow.write_text(f"""\
@@ -162,25 +157,22 @@ jobs:
       - id: guard
         uses: ./.ckpt-guard-action
         with:
-          paths: models
-          sarif-file: out/ckpt-guard.sarif
+{inputs}
       - name: Keep what the test checks
         if: always()
         shell: bash
         env:
-          OUT: {json.dumps(str(out))}
-          FINDINGS: ${{{{ steps.guard.outputs.findings }}}}
-          ERRORS: ${{{{ steps.guard.outputs.errors }}}}
-          WARNINGS: ${{{{ steps.guard.outputs.warnings }}}}
-          REPORT: ${{{{ steps.guard.outputs.report }}}}
-          SARIF: ${{{{ steps.guard.outputs.sarif-file }}}}
+{keep_env}
         run: |
-          printf '%s\\n' "$FINDINGS" "$ERRORS" "$WARNINGS" > "$OUT/outputs.txt"
-          cp "$REPORT" "$OUT/report.json"
-          cp "$SARIF" "$OUT/results.sarif"
+{keep_run}
 """)
     lint = actionlint(workflow)
     assert lint.returncode == 0, lint.stdout
+    return workflow
+
+
+def run_act(tmp_path: Path, user: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Commit ``user`` as a fresh repository and run its push workflow under act, on the host."""
     git(user, "init", "-q", "-b", "main")
     git(user, "add", "-A")
     git(user, "commit", "-q", "-m", "models")
@@ -189,10 +181,33 @@ jobs:
                                  "created": True, "ref": "refs/heads/main"}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
     env |= {"HOME": str(tmp_path / "home"), "GIT_CONFIG_GLOBAL": os.devnull}
-    result = subprocess.run(
-        [act, "push", "-P", "ubuntu-latest=-self-hosted", "-e", str(event), "--detect-event"],
+    return subprocess.run(
+        [tool("act"), "push", "-P", "ubuntu-latest=-self-hosted", "-e", str(event), "--detect-event", *extra],
         cwd=user, env=env, capture_output=True, text=True, timeout=600,
     )
+
+
+def test_action_under_act(tmp_path):
+    tool("act")
+    user = tmp_path / "user"
+    safetensors_file(user / "models" / "good" / "model.safetensors", "F32")
+    safetensors_file(user / "models" / "bad" / "model.safetensors", "F16")
+    safetensors_file(user / "models" / "bad model ü" / "w.safetensors", "F16")
+    out = tmp_path / "out"
+    out.mkdir()
+    act_workflow(user, action_copy(tmp_path / "action-src"), inputs="""\
+          paths: models
+          sarif-file: out/ckpt-guard.sarif""", keep_env=f"""\
+          OUT: {json.dumps(str(out))}
+          FINDINGS: ${{{{ steps.guard.outputs.findings }}}}
+          ERRORS: ${{{{ steps.guard.outputs.errors }}}}
+          WARNINGS: ${{{{ steps.guard.outputs.warnings }}}}
+          REPORT: ${{{{ steps.guard.outputs.report }}}}
+          SARIF: ${{{{ steps.guard.outputs.sarif-file }}}}""", keep_run="""\
+          printf '%s\\n' "$FINDINGS" "$ERRORS" "$WARNINGS" > "$OUT/outputs.txt"
+          cp "$REPORT" "$OUT/report.json"
+          cp "$SARIF" "$OUT/results.sarif\"""")
+    result = run_act(tmp_path, user)
     log = result.stdout + result.stderr
     assert result.returncode != 0 and "Job failed" in log, log[-4000:]
     annotated = re.findall(r"::error file=([^,:]+)", log)
@@ -235,7 +250,7 @@ def test_action_fix_under_act_uploads_the_files_and_summarises_the_patch(tmp_pat
     from safetensors.torch import save_file
     from transformers import BertConfig, BertModel
 
-    act = tool("act")
+    tool("act")
     assert UPLOAD_ARTIFACT, "action.yml must pin actions/upload-artifact by SHA"
     user = tmp_path / "user"
     (user / "models" / "llm").mkdir(parents=True)
@@ -248,63 +263,25 @@ def test_action_fix_under_act_uploads_the_files_and_summarises_the_patch(tmp_pat
     out = tmp_path / "out"
     out.mkdir()
     artifacts = tmp_path / "artifacts"
-    source = action_copy(tmp_path / "action-src")
-    workflow = user / ".github" / "workflows" / "guard.yml"
-    workflow.parent.mkdir(parents=True)
-    workflow.write_text(f"""\
-on: push
-jobs:
-  guard:
-    runs-on: ubuntu-latest
-    steps:
-      - name: Copy the repository and the action (actions/checkout cannot be fetched offline)
-        shell: bash
-        env:
-          USER_REPO: {json.dumps(str(user))}
-          ACTION_SRC: {json.dumps(str(source))}
-        run: |
-          cp -a "$USER_REPO/." .
-          mkdir -p .ckpt-guard-action && cp -a "$ACTION_SRC/." .ckpt-guard-action/
-      - id: guard
-        uses: ./.ckpt-guard-action
-        with:
+    act_workflow(user, action_copy(tmp_path / "action-src"), inputs="""\
           paths: models
           fix: true
-          fix-artifact: fixed-checkpoints
-      - name: Keep what the test checks
-        if: always()
-        shell: bash
-        env:
+          fix-artifact: fixed-checkpoints""", keep_env=f"""\
           OUT: {json.dumps(str(out))}
           FIXED: ${{{{ steps.guard.outputs.fixed }}}}
           FILES: ${{{{ steps.guard.outputs.fixed-files }}}}
           PATCH: ${{{{ steps.guard.outputs.patch }}}}
-          FIX_REPORT: ${{{{ steps.guard.outputs.fix-report }}}}
-        run: |
+          FIX_REPORT: ${{{{ steps.guard.outputs.fix-report }}}}""", keep_run="""\
           printf '%s\\n' "$FIXED" "$FILES" > "$OUT/outputs.txt"
           cp "$PATCH" "$OUT/fix.patch"
           cp "$FIX_REPORT" "$OUT/fix.json"
           cp models/llm/config.json "$OUT/config.json"
           git status --porcelain > "$OUT/status.txt"
-          git log --oneline > "$OUT/log.txt"
-""")
-    lint = actionlint(workflow)
-    assert lint.returncode == 0, lint.stdout
-    git(user, "init", "-q", "-b", "main")
-    git(user, "add", "-A")
-    git(user, "commit", "-q", "-m", "models")
-    event = tmp_path / "event.json"
-    event.write_text(json.dumps({"before": ZERO, "after": git(user, "rev-parse", "HEAD").strip(),
-                                 "created": True, "ref": "refs/heads/main"}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
-    env |= {"HOME": str(tmp_path / "home"), "GIT_CONFIG_GLOBAL": os.devnull}
+          git log --oneline > "$OUT/log.txt\"""")
     standin = upload_artifact_standin(tmp_path / "upload-artifact")
-    result = subprocess.run(
-        [act, "push", "-P", "ubuntu-latest=-self-hosted", "-e", str(event), "--detect-event",
-         "--artifact-server-path", str(artifacts), "--artifact-server-addr", "127.0.0.1",
-         "--artifact-server-port", str(free_port()), "--local-repository", f"{UPLOAD_ARTIFACT[1]}={standin}"],
-        cwd=user, env=env, capture_output=True, text=True, timeout=600,
-    )
+    result = run_act(tmp_path, user, "--artifact-server-path", str(artifacts), "--artifact-server-addr", "127.0.0.1",
+                     "--artifact-server-port", str(free_port()),
+                     "--local-repository", f"{UPLOAD_ARTIFACT[1]}={standin}")
     log = result.stdout + result.stderr
     # the verdict stays the scan's (CG103 here is an error): the fix changed the workspace, not the branch
     assert result.returncode != 0 and "Job failed" in log and "Fix checkpoints" in log, log[-6000:]

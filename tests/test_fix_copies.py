@@ -23,16 +23,14 @@ from guard.fix.context import FixOptions  # noqa: E402
 from guard.fixes import Fix, make_fix  # noqa: E402
 from guard.inventory import discover_models, load_local_model  # noqa: E402
 from guard.rules.copies import plan_add_copy  # noqa: E402
+from test_convert import _offline  # noqa: E402,F401  (autouse: no Hub, no network)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:  # with test_convert's _offline (imported above)
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    monkeypatch.setenv("CI", "true")
 
 
 def tiny_bert() -> transformers.BertModel:
