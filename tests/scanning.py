@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -38,3 +39,17 @@ def sets_of(report: dict, suffix: str) -> dict[str, dict]:
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+def tree_state(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every file and directory under root (hidden ones too), with its bytes and mode: a dry run, a refused
+    or a killed fix must leave it equal, staging directories included."""
+    out: dict[str, tuple[bytes | None, int]] = {}
+    for current, dirs, files in os.walk(root):
+        for name in dirs:
+            path = os.path.join(current, name)
+            out[os.path.relpath(path, root)] = (None, os.stat(path).st_mode)
+        for name in files:
+            path = os.path.join(current, name)
+            out[os.path.relpath(path, root)] = (Path(path).read_bytes(), os.stat(path).st_mode)
+    return out

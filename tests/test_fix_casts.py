@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 import layouts  # noqa: E402
 from guard.cli import main  # noqa: E402
 from guard.fixes import Fix  # noqa: E402
-from scanning import codes, copy_tree, json_scan  # noqa: E402
+from scanning import codes, copy_tree, json_scan, tree_state  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -43,10 +43,6 @@ def fix_of(report: dict, code: str) -> Fix:
     found = {Fix.from_json(f["fix"]) for f in report["findings"] if f["code"] == code}
     assert len(found) == 1 and None not in found, [f["fix"] for f in report["findings"] if f["code"] == code]
     return found.pop()  # type: ignore[return-value]
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -84,10 +80,10 @@ def test_missing_vae_variant_is_written_and_loads_in_diffusers(pipeline: Path, t
 
     root = copy_tree(pipeline, tmp_path / "sd")
     (root / "vae" / "diffusion_pytorch_model.fp16.safetensors").unlink()
-    before = tree_bytes(root)
+    before = tree_state(root)
     code, report = fix_json(capsys, str(root))  # a dry run: the plan, nothing written
     fix = fix_of(report, "CG109")
-    assert code == 1 and tree_bytes(root) == before
+    assert code == 1 and tree_state(root) == before
     assert fix.action == "variant-add" and fix.safety == "safe" and fix.arguments["to"] == "F16"
     assert fix.writes == (f"{root}/vae/diffusion_pytorch_model.fp16.safetensors",)
     assert fix.arguments["dir"] == f"{root}/vae" and fix.arguments["reads"] == ["diffusion_pytorch_model.safetensors"]
@@ -199,12 +195,12 @@ def test_fp16_variant_holding_fp32_is_recast(tmp_path: Path, capsys, max_shard_s
     model.save_pretrained(tmp_path)
     shard = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(tmp_path, variant="fp16", **shard)  # fp32 weights under the fp16 name
-    before = tree_bytes(tmp_path)
+    before = tree_state(tmp_path)
     code, report = fix_json(capsys, "--write", str(tmp_path))
     fix = fix_of(report, "CG108")
     assert fix.action == "variant-recast" and fix.safety == "needs-flag" and fix.flag == "--replace"
     assert [p["waiting_for"] for p in report["extra"]["fix"]["plan"]] == ["--replace"]
-    assert code == 1 and tree_bytes(tmp_path) == before  # it replaces files: not without --replace
+    assert code == 1 and tree_state(tmp_path) == before  # it replaces files: not without --replace
 
     code, report = fix_json(capsys, "--write", "--replace", str(tmp_path))
     done = outcome(report, "variant-recast")
@@ -214,7 +210,7 @@ def test_fp16_variant_holding_fp32_is_recast(tmp_path: Path, capsys, max_shard_s
     assert done["ok"] and sorted(Path(b).name for b in done["backups"]) == sorted(f"{n}.orig" for n in replaced)
     assert code == 0 and not codes(report) & {"CG108", "CG109", "CG004"}
     for name in replaced:
-        assert (tmp_path / (name + ".orig")).read_bytes() == before[name]  # the replaced file kept
+        assert (tmp_path / (name + ".orig")).read_bytes() == before[name][0]  # the replaced file kept
     variant = {k: v for n in fix.arguments["files"] for k, v in load_file(tmp_path / n).items()}
     assert_half_of(variant, load_file(tmp_path / "model.safetensors"), torch.float16)
     loaded = BertForMaskedLM.from_pretrained(tmp_path, variant="fp16", torch_dtype=torch.float16)
@@ -257,14 +253,14 @@ def test_cast_that_overflows_bf16_is_refused_then_written_with_allow_lossy(tmp_p
     from transformers import BertForMaskedLM
 
     _tiny_bert(plant=3.4e38).save_pretrained(tmp_path)  # fp32, but rounds to inf in bf16 (max 3.3895e38)
-    before = tree_bytes(tmp_path)
+    before = tree_state(tmp_path)
     code, report = fix_json(capsys, "--expect", "bf16", "--cast", "--replace", "--write", str(tmp_path))
     refused = outcome(report, "set-cast")
     assert code == 1 and not refused["ok"] and "CG201" in refused["error"] and not refused["written"]
     overflow = [f for f in refused["findings"] if f["code"] == "CG201"]
     assert len(overflow) == 1 and overflow[0]["severity"] == "error"
     assert overflow[0]["tensor"] == "bert.encoder.layer.0.output.dense.bias"
-    assert tree_bytes(tmp_path) == before  # nothing written, nothing left behind
+    assert tree_state(tmp_path) == before  # nothing written, nothing left behind
 
     code, report = fix_json(capsys, "--expect", "bf16", "--cast", "--replace", "--allow-lossy", "--write",
                             str(tmp_path))
@@ -293,13 +289,13 @@ def test_what_a_narrowing_cast_would_lose_refuses_it(tmp_path: Path, capsys, val
     weights = torch.randn(8, 8)
     weights[2, 5] = value
     save_file({"w": weights}, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    before = tree_bytes(tmp_path)
+    before = tree_state(tmp_path)
     rc, report = fix_json(capsys, "--expect", expect, "--cast", "--replace", "--write", str(tmp_path))
     done = outcome(report, "set-cast")
     found = [f for f in done["findings"] if f["code"] == code]
     assert len(found) == 1 and found[0]["tensor"] == "w"
     assert found[0]["severity"] == ("error" if refused else "warning") and done["ok"] is not refused
-    assert (tree_bytes(tmp_path) == before) is refused
+    assert (tree_state(tmp_path) == before) is refused
 
 
 def test_integer_tensors_are_carried_and_widening_needs_no_checks(tmp_path: Path, capsys) -> None:

@@ -23,6 +23,7 @@ from guard.fix.context import FixOptions  # noqa: E402
 from guard.fixes import Fix, make_fix  # noqa: E402
 from guard.inventory import discover_models, load_local_model  # noqa: E402
 from guard.rules.copies import plan_add_copy  # noqa: E402
+from scanning import tree_state  # noqa: E402
 from test_convert import _offline  # noqa: E402,F401  (autouse: no Hub, no network)
 
 pytestmark = pytest.mark.slow
@@ -66,10 +67,6 @@ def fix_cli(*args: object, capsys: pytest.CaptureFixture[str]) -> tuple[int, dic
     capsys.readouterr()
     code = main(["fix", *map(str, args), "--format", "json"])
     return code, json.loads(capsys.readouterr().out)
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def fixes_of(report: dict[str, Any], code: str) -> list[Fix]:
@@ -136,17 +133,17 @@ def test_stale_flax_copy_is_found_by_values_and_regenerated(
                              "to": "flax", "layout": "msgpack", "reads": ["config.json", "model.safetensors"],
                              "files": ["flax_model.msgpack"]}
 
-    before = tree_bytes(model)
+    before = tree_state(model)
     code, _report = fix_cli("bert", "--values", capsys=capsys)  # a dry run: the plan, nothing written
-    assert code == 1 and tree_bytes(model) == before
+    assert code == 1 and tree_state(model) == before
     code, report = fix_cli("bert", "--values", "--write", capsys=capsys)  # waits for --replace
-    assert tree_bytes(model) == before
+    assert tree_state(model) == before
 
     code, report = fix_cli("bert", "--values", "--write", "--replace", capsys=capsys)
     outcome = report["extra"]["fix"]["outcomes"][0]
     assert code == 0 and outcome["ok"] and outcome["action"] == "copy-regenerate", outcome
     assert [Path(p).name for p in outcome["written"]] == ["flax_model.msgpack"]
-    assert (model / "config.json").read_bytes() == before["config.json"]  # only weight files are published
+    assert (model / "config.json").read_bytes() == before["config.json"][0]  # only weight files are published
     assert (model / "flax_model.msgpack.orig").read_bytes() == stale_bytes
     assert sorted(p.name for p in model.iterdir()) == ["config.json", "flax_model.msgpack",
                                                          "flax_model.msgpack.orig", "model.safetensors"]
@@ -239,10 +236,10 @@ def test_add_flax_and_orbax_to_a_pytorch_only_model(
     # a copy that exists already is refused, at planning and at staging
     for what in ("flax", "safetensors"):
         assert not add_fix(Path("bert"), what).available
-    before = tree_bytes(model)
+    before = tree_state(model)
     code, report = fix_cli("bert", "--add", "flax", "--write", capsys=capsys)
     assert "already has flax_model.msgpack" in report["extra"]["fix"]["not_added"][0]["reason"]
-    assert tree_bytes(model) == before
+    assert tree_state(model) == before
     for what in ("flax", "orbax", "safetensors"):
         request = make_fix("add-copy", f"add {what}", dir="bert", what=what)
         with pytest.raises(GuardError, match="already"):

@@ -24,6 +24,7 @@ from guard.fix.context import FixOptions, Staged
 from guard.fix.plan import plan_fixes, render_plan, selected
 from guard.jsonspan import JsonSpanError, find_values
 from guard.scan import scan_paths
+from scanning import tree_state
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text(encoding="utf-8"))
 
@@ -53,19 +54,6 @@ def model(llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return Path("m")
 
 
-def tree(root: Path) -> dict[str, tuple[bytes | None, int]]:
-    """Every file and directory under root (hidden ones too), with its bytes and mode."""
-    out: dict[str, tuple[bytes | None, int]] = {}
-    for current, dirs, files in os.walk(root):
-        for name in dirs:
-            path = os.path.join(current, name)
-            out[os.path.relpath(path, root)] = (None, os.stat(path).st_mode)
-        for name in files:
-            path = os.path.join(current, name)
-            out[os.path.relpath(path, root)] = (Path(path).read_bytes(), os.stat(path).st_mode)
-    return out
-
-
 def fix_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
     capsys.readouterr()
     code = main(["fix", "--format", "json", *args])
@@ -82,15 +70,15 @@ def scan_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict
 
 def test_a_dry_run_plans_the_rewrite_exits_1_and_changes_no_byte(model: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    before = tree(tmp_path)
+    before = tree_state(tmp_path)
     code = main(["fix", "m", "--expect", "bf16"])
     out = capsys.readouterr().out
     assert code == 1
     assert "[safe] config-dtype (CG103)" in out and 'line 8: dtype: "float32" -> "bfloat16"' in out
     assert "rewrites m/config.json" in out and "nothing written (dry run)" in out
-    assert tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
     code, report = fix_json(capsys, "m", "--expect", "bf16")
-    assert code == 1 and tree(tmp_path) == before
+    assert code == 1 and tree_state(tmp_path) == before
     plan = report["extra"]["fix"]["plan"]
     assert [(p["action"], p["codes"], p["enabled"]) for p in plan] == [("config-dtype", ["CG103"], True)]
     assert report["extra"]["fix"]["outcomes"] == [] and report["extra"]["fix"]["after"] is None
@@ -124,14 +112,14 @@ def test_write_rewrites_only_the_value_and_transformers_loads_the_weights_dtype(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     old = (model / "config.json").read_bytes()
-    before = tree(tmp_path)
+    before = tree_state(tmp_path)
     code = main(["fix", "m", "--expect", "bf16", "--write", "--changed", str(tmp_path.parent / "changed.txt")])
     out = capsys.readouterr().out
     assert code == 0, out
     new = (model / "config.json").read_bytes()
     at = old.index(b'"float32"')
     assert new == old[:at] + b'"bfloat16"' + old[at + len(b'"float32"'):]
-    after = tree(tmp_path)
+    after = tree_state(tmp_path)
     assert set(after) == set(before)  # no staging directory, no backup of config.json
     assert {k for k in after if after[k] != before[k]} == {"m/config.json"}
     assert after["m/config.json"][1] == before["m/config.json"][1]  # its mode kept
@@ -324,9 +312,9 @@ def test_the_patch_applies_with_git_and_equals_the_write(model: Path, tmp_path: 
     shutil.copytree(tmp_path / "m", tmp_path / "repo" / "m")
     subprocess.run(["git", "init", "-q"], cwd=tmp_path / "repo", check=True)
     patch = tmp_path.parent / "fix.patch"
-    before = tree(tmp_path)
+    before = tree_state(tmp_path)
     assert main(["fix", "m", "--expect", "bf16", "--patch", str(patch)]) == 1
-    assert tree(tmp_path) == before  # the patch is staged outside the tree
+    assert tree_state(tmp_path) == before  # the patch is staged outside the tree
     text = patch.read_text()
     assert text.startswith("diff --git a/m/config.json b/m/config.json\n--- a/m/config.json\n+++ b/m/config.json\n")
     assert '-  "dtype": "float32",\n+  "dtype": "bfloat16",\n' in text
@@ -361,12 +349,12 @@ def test_a_fix_whose_verification_fails_is_rolled_back(model: Path, tmp_path: Pa
     import guard.fix.actions.config_dtype as action
 
     monkeypatch.setattr(action, "verify_rewrite", lambda old, new, edits: ["planted: the value did not stick"])
-    before = tree(tmp_path)
+    before = tree_state(tmp_path)
     code = main(["fix", "m", "--expect", "bf16", "--write"])
     out = capsys.readouterr().out
     assert code == 1  # the re-scan alone would pass (CG103 is a warning): a fix that failed fails the run
     assert "NOT FIXED" in out and "planted: the value did not stick" in out
-    assert tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
 
 
 def test_a_file_changed_since_the_scan_is_refused(model: Path) -> None:
@@ -410,9 +398,9 @@ def test_replacing_a_weight_file_needs_replace_and_keeps_a_backup(model: Path, t
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     old = (model / "model.safetensors").read_bytes()
     plan = _fake_plan(monkeypatch, {"model.safetensors": b"new weights", "extra.json": b"{}"})
-    before = tree(tmp_path)
+    before = tree_state(tmp_path)
     [outcome] = apply_plan(plan, FixOptions(write=True), Policy())
-    assert not outcome.ok and "give --replace" in (outcome.error or "") and tree(tmp_path) == before
+    assert not outcome.ok and "give --replace" in (outcome.error or "") and tree_state(tmp_path) == before
     [outcome] = apply_plan(plan, FixOptions(write=True, replace=True), Policy())
     assert outcome.ok and outcome.backups == ["m/model.safetensors.orig"]
     assert (model / "model.safetensors").read_bytes() == b"new weights"
@@ -429,7 +417,7 @@ def test_replacing_a_weight_file_needs_replace_and_keeps_a_backup(model: Path, t
 def test_an_error_between_two_renames_restores_the_old_files(model: Path, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     plan = _fake_plan(monkeypatch, {"config.json": b"{}", "model.safetensors": b"new", "new.json": b"{}"})
-    before = tree(tmp_path)
+    before = tree_state(tmp_path)
     real_replace, calls = os.replace, []
 
     def failing_replace(src, dst):  # type: ignore[no-untyped-def]
@@ -441,7 +429,7 @@ def test_an_error_between_two_renames_restores_the_old_files(model: Path, tmp_pa
     monkeypatch.setattr(os, "replace", failing_replace)
     [outcome] = apply_plan(plan, FixOptions(write=True, replace=True), Policy())
     assert not outcome.ok and "No space left on device" in (outcome.error or "")
-    assert tree(tmp_path) == before  # config.json old again, no backup, no staging directory
+    assert tree_state(tmp_path) == before  # config.json old again, no backup, no staging directory
 
 
 def test_an_exception_in_an_action_leaves_nothing_behind(model: Path, tmp_path: Path,
@@ -454,10 +442,10 @@ def test_an_exception_in_an_action_leaves_nothing_behind(model: Path, tmp_path: 
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(fake_fix_action, "stage_fake", broken)
-    before = tree(tmp_path)
+    before = tree_state(tmp_path)
     with pytest.raises(RuntimeError):  # a bug is not turned into a quiet outcome
         apply_plan(plan, FixOptions(write=True), Policy())
-    assert tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
 
 
 def test_staging_directories_are_never_scanned_and_stale_ones_are_swept(model: Path) -> None:

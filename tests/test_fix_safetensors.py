@@ -27,6 +27,7 @@ from guard.rules.pickle_only import copy_names, shard_count  # noqa: E402
 from guard.scan import scan_paths  # noqa: E402
 from guard.tensors import TensorInfo  # noqa: E402
 from guard.write.writer import Naming, plan_shards  # noqa: E402
+from scanning import tree_state  # noqa: E402
 
 
 class Foreign:
@@ -69,10 +70,6 @@ def tiny_bert() -> Any:
                                       intermediate_size=32, max_position_embeddings=32))
 
 
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 # ---------------------------------------------------------------- transformers, end to end
 
 def test_pickle_only_bert_with_tied_embeddings_gets_a_safetensors_copy_that_from_pretrained_loads(
@@ -88,7 +85,8 @@ def test_pickle_only_bert_with_tied_embeddings_gets_a_safetensors_copy_that_from
     assert fix.writes == (f"{report.findings[0].path.rpartition('/')[0]}/model.safetensors",)
     assert fix.arguments["reads"] == ["pytorch_model.bin", "config.json"] and fix.arguments["variant"] is None
 
-    assert main(["fix", str(model)]) == 1 and not (model / "model.safetensors").exists()  # a dry run
+    before = tree_state(model)
+    assert main(["fix", str(model)]) == 1 and tree_state(model) == before  # a dry run: every byte, no staging
     capsys.readouterr()
     assert main(["fix", "--write", "--format", "json", str(model)]) == 0
     (outcome,) = json.loads(capsys.readouterr().out)["extra"]["fix"]["outcomes"]
@@ -251,14 +249,14 @@ def test_a_hostile_pickle_gets_no_fix_and_nothing_is_written(tmp_path: Path) -> 
     assert {f.code for f in report.findings} >= {"CG003", "CG008"}
     (finding,) = [f for f in report.findings if f.code == "CG008"]
     assert finding.fix is not None and not finding.fix.available and "CG003" in finding.fix.description
-    before = tree_bytes(model)
+    before = tree_state(model)
     planned = Fix("safetensors-copy", "", "safe", None, (), json.dumps(
         {"dir": str(model), "stem": "model", "variant": None, "files": ["pytorch_model.bin"], "index": None}))
     staging = tmp_path / "staging"
     staging.mkdir()
     with pytest.raises(GuardError, match="CG003"):
         stage(planned, ActionContext(model, staging, FixOptions(write=True), Policy()))
-    assert tree_bytes(model) == before and list(staging.iterdir()) == []
+    assert tree_state(model) == before and list(staging.iterdir()) == []
 
 
 def test_a_sharded_set_with_a_broken_shard_gets_the_note_without_a_fix(tmp_path: Path) -> None:
@@ -287,13 +285,13 @@ def test_partially_overlapping_views_of_one_storage_are_refused(tmp_path: Path) 
     base = torch.randn(10)
     torch.save({"head": base[:6], "tail": base[4:]}, model / "pytorch_model.bin")
     (finding,) = cg008(model)
-    before = tree_bytes(model)
+    before = tree_state(model)
     staging = tmp_path / "staging"
     staging.mkdir()
     assert finding.fix is not None
     with pytest.raises(GuardError, match="'head' and 'tail' share bytes of one storage"):
         stage(finding.fix, ActionContext(model.resolve(), staging, FixOptions(write=True), Policy()))
-    assert tree_bytes(model) == before and list(staging.iterdir()) == []
+    assert tree_state(model) == before and list(staging.iterdir()) == []
 
 
 def test_a_deflated_storage_is_refused_naming_file_and_tensor(tmp_path: Path) -> None:
