@@ -16,13 +16,13 @@ import atheris
 
 with atheris.instrument_imports(include=["guard"]):
     from guard.readers import READ_FAILURES, READERS, reader_for
-    from guard.readers import torch_pickle
+    from guard.readers.torch import pickle as torch_pickle
 
     _LOADED = {fmt: reader_for(fmt) for fmt in READERS}  # reader modules load lazily: instrument them here
     from guard.sources import BytesSource
 
     try:  # the torch helpers moved between modules while the readers were written
-        from guard.readers import torch_tensors as _tensor_helpers
+        from guard.readers.torch import tensors as _tensor_helpers
     except ImportError:
         _tensor_helpers = torch_pickle  # type: ignore[assignment]
 

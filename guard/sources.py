@@ -21,7 +21,7 @@ class ByteSource:
 class CountingSource:
     """Counts what a reader asked of a source: the one way readers count ``FileScan.bytes_read``.
 
-    Readers that fetch through ``guard.readers.window.Window`` count through it; the others
+    Readers that fetch through ``guard.readers.binary.window.Window`` count through it; the others
     wrap their source in one.  A reader's count leaves out what the dispatcher read to
     sniff the format; a source's own counter (LocalFile, a Hub file) counts everything.
     """

@@ -157,7 +157,7 @@ KNOWN_EXPORT: tuple[tuple[str, tuple[str, ...], bool, str], ...] = (
     # in a dtype code or a size is a corrupted file, not another model.
     ("crc-checked", _EXPORT, False, r"does not match its CRC-32"),
     # miniz, behind torch's archive reader, tolerates records that disagree; the zip directory is
-    # read by the torch zip's rules (guard.readers.zipdir), and torch.export.load then also tries zipfile.
+    # read by the torch zip's rules (guard.readers.binary.zipdir), and torch.export.load then also tries zipfile.
     ("stricter-zip", _EXPORT, False,
      r"zip does not hold|multi-disk|zip64|End Of Central Directory|does not fit|inconsistent sizes|overlaps"),
 )

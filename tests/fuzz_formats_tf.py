@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from guard.readers.tf_bundle import is_training_state
+from guard.readers.tf.bundle import is_training_state
 
 Inventory = dict[str, tuple[str, tuple[int, ...]]]
 CORPUS = Path(__file__).resolve().parent.parent / "fuzz" / "corpus"
@@ -170,7 +170,7 @@ KNOWN_TF: tuple[tuple[str, tuple[str, ...], bool, str], ...] = (
     # decodes some of them as UTF-8.
     ("non-utf8-name", ("tflite",), True, r"UnicodeDecodeError"),
     # The Verifier walks every table of the schema, operator options and sparsity parameters included; we
-    # check the tables that place tensors and the bounds of the rest (guard/readers/tflite.py).
+    # check the tables that place tensors and the bounds of the rest (guard/readers/tf/tflite.py).
     ("verifier-deeper", ("tflite",), True, r"not a valid Flatbuffer buffer"),
 )
 
@@ -191,7 +191,7 @@ def repair_crcs(data: bytes) -> bytes:
     alone; re-sealed mutants reach the entry and restart parsing on both sides.
     """
     from guard.errors import MalformedCheckpoint
-    from guard.readers.leveldb_table import FOOTER, TRAILER, block_entries, masked_crc, read_footer, varint
+    from guard.readers.tf.leveldb_table import FOOTER, TRAILER, block_entries, masked_crc, read_footer, varint
 
     out = bytearray(data)
 

@@ -359,7 +359,7 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     # its CRC-32 is not checked (config.json and metadata.json are read whole and checked);
     # zipfile (and so keras.saving.load_model) checks it on extraction.
     Known("data-crc-not-read", ("keras",), True, r"Bad CRC-32 for file 'model\.weights\.h5'"),
-    # The zip directory is read by the same rules as a torch zip's (guard.readers.torch_zip):
+    # The zip directory is read by the same rules as a torch zip's (guard.readers.torch.zip):
     # records that disagree (entry count, comment length) are refused; zipfile tolerates them.
     Known("stricter-zip", ("keras",), False,
           r"zip central directory|End Of Central Directory|does not fit|zip64|multi-disk"

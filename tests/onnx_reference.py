@@ -1,6 +1,6 @@
 """The reference inventory of an ONNX model: ``onnx.load``'s protos, every place a weight can live walked.
 
-Not a test module.  ``onnx_weights`` lists what ``guard.readers.onnx`` must list, by the
+Not a test module.  ``onnx_weights`` lists what ``guard.readers.onnx.graph`` must list, by the
 rules its docstring states: initializers and sparse initializers of every graph,
 Constant nodes (``value``, ``sparse_value``, ``value_float(s)``, ``value_int(s)``,
 ``value_string(s)``), subgraphs of GRAPH and GRAPHS attributes to any depth, and
@@ -21,7 +21,7 @@ LISTS = {"value_floats": ("floats", "F32"), "value_ints": ("ints", "I64"), "valu
 
 
 def _code(data_type: int) -> str:
-    from guard.readers.onnx_schema import DATA_TYPES
+    from guard.readers.onnx.schema import DATA_TYPES
 
     return DATA_TYPES.get(data_type, f"onnx:{data_type}")
 

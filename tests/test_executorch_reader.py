@@ -12,7 +12,7 @@ from fuzz_inputs import assert_refused, assert_well_behaved, bounded_scan
 from scanning import codes, json_scan
 
 from guard.readers import scan_file
-from guard.readers.executorch import SCALAR_TYPES
+from guard.readers.torch.executorch import SCALAR_TYPES
 from guard.sources import LocalFile
 
 torch = pytest.importorskip("torch")

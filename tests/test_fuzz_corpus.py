@@ -35,9 +35,9 @@ def test_replay_never_raises_hangs_or_balloons(path: Path) -> None:
 
 @pytest.mark.parametrize("path", sorted((FUZZ / "corpus" / "torch_pickle").glob("*.pkl")), ids=lambda p: p.name)
 def test_pickle_seeds_walk_without_error(path: Path) -> None:
-    from guard.readers import torch_pickle
+    from guard.readers.torch import pickle as torch_pickle
 
-    helpers = pytest.importorskip("guard.readers.torch_tensors") if not hasattr(
+    helpers = pytest.importorskip("guard.readers.torch.tensors") if not hasattr(
         torch_pickle, "storage_from_pid") else torch_pickle
     walker = torch_pickle.PickleWalker(helpers.storage_from_pid)
     walker.walk(io.BytesIO(path.read_bytes()))

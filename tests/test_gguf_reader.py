@@ -215,7 +215,7 @@ def test_every_truncation_of_a_real_file_is_cg001(tmp_path: Path) -> None:
 
 
 def test_a_string_longer_than_the_limit_is_refused_before_it_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    from guard.readers import gguf as reader
+    from guard.readers.gguf import file as reader
 
     monkeypatch.setattr(reader, "MAX_STRING", 1024)
     data = _file([_kv(b"k" * 2048, 0, b"\1")], [])

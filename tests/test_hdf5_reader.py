@@ -18,8 +18,8 @@ from fuzz_inputs import assert_well_behaved, bounded_scan
 
 from guard.cli import main
 from guard.readers import scan_file, sniff_format
-from guard.readers import hdf5 as hdf5_reader
-from guard.readers import hdf5_walk
+from guard.readers.hdf5 import file as hdf5_reader
+from guard.readers.hdf5 import walk as hdf5_walk
 from guard.sources import BytesSource, LocalFile
 
 h5py = pytest.importorskip("h5py")
@@ -287,7 +287,7 @@ def test_a_crash_of_libhdf5_is_cg001_and_the_next_file_still_reads(tmp_path: Pat
     import os
     import signal
 
-    from guard.readers import hdf5_worker
+    from guard.readers.hdf5 import worker as hdf5_worker
 
     data = _small_h5(tmp_path)
 

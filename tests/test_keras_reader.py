@@ -210,7 +210,7 @@ def test_cli_without_h5py_keras_is_cg006(written: tuple[Path, dict[str, Any]], t
 
 
 def test_declared_policy_of_quantized_and_odd_configs() -> None:
-    from guard.readers.keras import declared_policy
+    from guard.readers.hdf5.keras import declared_policy
 
     quantized = {"config": {"dtype": {"class_name": "QuantizedDTypePolicy",
                                       "config": {"mode": "int8", "source_name": "mixed_bfloat16"}}}}

@@ -20,7 +20,7 @@ from onnx_reference import onnx_weights
 from onnx_reference import varint as _varint
 
 from guard.readers import scan_file
-from guard.readers.onnx import external_data_findings
+from guard.readers.onnx.graph import external_data_findings
 from guard.sources import BytesSource, LocalFile
 
 np = pytest.importorskip("numpy")

@@ -115,7 +115,7 @@ def test_constant_weights_saved_as_external_data(tmp_path: Path) -> None:
     """Constant values in the data file: onnx's external_data_helper moves them with convert_attribute=True."""
     from onnx.external_data_helper import convert_model_to_external_data
 
-    from guard.readers.onnx import external_data_findings
+    from guard.readers.onnx.graph import external_data_findings
 
     model = paddle_style(np.float32)
     convert_model_to_external_data(model, all_tensors_to_one_file=True, location="model.onnx_data",

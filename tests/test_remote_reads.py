@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from guard.readers import scan_file
-from guard.readers.window import FIRST_BLOCK, Window
+from guard.readers.binary.window import FIRST_BLOCK, Window
 from guard.sources import BytesSource
 from guard.tensors import FileScan
 

@@ -18,8 +18,8 @@ import tf_writers as tw
 from fuzz_inputs import assert_refused, bounded_scan
 
 from guard.cli import main
-from guard.readers.tf_bundle import is_training_state, read_tf_bundle
-from guard.readers.tflite import read_tflite
+from guard.readers.tf.bundle import is_training_state, read_tf_bundle
+from guard.readers.tf.tflite import read_tflite
 from guard.sources import BytesSource, LocalFile
 
 

@@ -18,9 +18,9 @@ from bounds import no_hang, traced
 from guard.dtypes import TORCH_NAMES
 from guard.errors import MalformedCheckpoint
 from guard.readers import scan_file
-from guard.readers.torch_legacy import read_torch_legacy
-from guard.readers.torch_pickle import ALLOWED_GLOBALS, ITEMSIZES, STORAGE_DTYPES
-from guard.readers.torch_zip import locate_torch_zip_storages, read_torch_zip
+from guard.readers.torch.legacy import read_torch_legacy
+from guard.readers.torch.pickle import ALLOWED_GLOBALS, ITEMSIZES, STORAGE_DTYPES
+from guard.readers.torch.zip import locate_torch_zip_storages, read_torch_zip
 from guard.sources import BytesSource, LocalFile
 from guard.tensors import FileScan
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from guard.readers.window import FIRST_BLOCK, Window
+from guard.readers.binary.window import FIRST_BLOCK, Window
 from guard.sources import BytesSource
 
 
@@ -45,7 +45,7 @@ def test_large_payloads_are_jumped() -> None:
 
 def test_the_pickle_stream_never_fetches_past_its_limit() -> None:
     from guard.errors import MalformedCheckpoint
-    from guard.readers.window import WindowStream
+    from guard.readers.binary.window import WindowStream
 
     source = Recording(b"line one\nline two\n" + b"\0" * 200_000)
     stream = WindowStream(source, 0, 18)  # the pickle ends where the storages begin

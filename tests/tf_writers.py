@@ -14,7 +14,7 @@ from typing import Any
 
 from onnx_reference import varint as onnx_varint
 
-from guard.readers.leveldb_table import MAGIC_BYTES, masked_crc
+from guard.readers.tf.leveldb_table import MAGIC_BYTES, masked_crc
 
 Listing = dict[str, tuple[str, tuple[int, ...]]]
 TF_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",

@@ -37,7 +37,7 @@ KNOWN: dict[str, tuple[bool, str]] = {
     # data.pkl's and constants.pkl's CRC-32 are checked (torch does not verify CRCs): a flipped
     # bit in a name or a shape is a corrupted file to us, another model to torch.
     "crc-checked": (False, r"does not match its CRC-32"),
-    # The archive is held to torch.load's checks (guard.readers.torch_records), which torch.load
+    # The archive is held to torch.load's checks (guard.readers.torch.records), which torch.load
     # makes before it hands a TorchScript archive to torch.jit.load: every record name UTF-8 text,
     # .data/serialization_id too, every record inside the archive's folder, byteorder little or big,
     # sizes that agree.  torch.jit.load alone skips some of them.

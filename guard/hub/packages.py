@@ -62,7 +62,7 @@ def package_scanner(packages: dict[str, dict[str, int]], scan_file: Callable[...
 
 def scan_remote_package(client: HubClient, repo_id: str, sha: str, root: str, files: dict[str, int], *,
                         stat: Callable[..., Any]) -> tuple[FileScan, Any]:
-    from guard.readers.coreml import read_mlpackage
+    from guard.readers.coreml.blob import read_mlpackage
 
     display = f"{repo_id}/{root}"
     opened: list[HubFile] = []

@@ -169,11 +169,11 @@ def companion_findings(files: Iterable[FileScan], sizes: Mapping[str, int | None
     """A companion that is missing or too short for what its file places in it (CG004)."""
     for scan in files:
         if scan.companions and scan.format in ("onnx", "openvino"):  # an IR's .bin: checked as external data
-            from guard.readers.onnx_tensors import external_data_findings  # only where ONNX files are
+            from guard.readers.onnx.tensors import external_data_findings  # only where ONNX files are
 
             yield from external_data_findings(scan, sizes)
         elif scan.companions and scan.format == "tf-bundle":  # the data shards of a TF bundle index
-            from guard.readers.tf_bundle import shard_findings
+            from guard.readers.tf.bundle import shard_findings
 
             yield from shard_findings(scan, sizes)
 

@@ -67,7 +67,7 @@ def enclosing_package(path: Path) -> Path | None:
 
 def scan_local_package(directory: Path, *, name: str) -> FileScan:
     from guard.inventory.orbax_dirs import MAX_ORBAX_FILES, orbax_files  # a folder's files, bounded, no symlinks
-    from guard.readers.coreml import read_mlpackage
+    from guard.readers.coreml.blob import read_mlpackage
 
     if not directory.is_dir():
         return unreadable(BytesSource(b"", name=name), "a .mlpackage that is not a folder")

@@ -1,6 +1,11 @@
 """Readers: one pure parser per format over a ByteSource, and the dispatcher that turns any
 parse failure into CG001.
 
+The tree shows what reads what: a folder per family (``torch/``, ``onnx/``, ``coreml/``, ``tf/``,
+``hdf5/``, ``gguf/``), single-module formats beside them (``safetensors``, ``flax_msgpack``,
+``numpy_files``, ``orbax``, ``openvino``, ``lfs``), and the byte machinery they share in ``binary/``
+(forward windows, zip directories, protobuf and flatbuffers walkers).
+
 Each reader takes a ``ByteSource`` (local or remote alike) and returns a ``FileScan``
 built from headers only.  May import sources, tensors, dtypes, findings and the
 catalogue; never the inventory, rules, report or CLI, and no heavy library on a
@@ -25,24 +30,24 @@ Reader = Callable[[ByteSource], FileScan]
 # format is seen, so a scan of safetensors files never loads the pickle or msgpack machinery.
 READERS: dict[str, str] = {
     "safetensors": "guard.readers.safetensors:read_safetensors",
-    "torch-zip": "guard.readers.torch_zip:read_torch_zip",
-    "torch-legacy": "guard.readers.torch_legacy:read_torch_legacy",
-    "torch-export": "guard.readers.torch_export:read_torch_export",  # reached through torch-zip's dispatch
+    "torch-zip": "guard.readers.torch.zip:read_torch_zip",
+    "torch-legacy": "guard.readers.torch.legacy:read_torch_legacy",
+    "torch-export": "guard.readers.torch.export:read_torch_export",  # reached through torch-zip's dispatch
     "flax-msgpack": "guard.readers.flax_msgpack:read_flax_msgpack",
     "lfs-pointer": "guard.readers.lfs:read_lfs_pointer",
     # HDF5 / Keras / Orbax; h5py and tensorstore load only inside these readers
-    "hdf5": "guard.readers.hdf5:read_hdf5",
-    "keras": "guard.readers.keras:read_keras",
-    "gguf": "guard.readers.gguf:read_gguf",
-    "onnx": "guard.readers.onnx:read_onnx",
+    "hdf5": "guard.readers.hdf5.file:read_hdf5",
+    "keras": "guard.readers.hdf5.keras:read_keras",
+    "gguf": "guard.readers.gguf.file:read_gguf",
+    "onnx": "guard.readers.onnx.graph:read_onnx",
     "npy": "guard.readers.numpy_files:read_npy",
     "npz": "guard.readers.numpy_files:read_npz",
-    "tf-bundle": "guard.readers.tf_bundle:read_tf_bundle",  # the .index; its data shards are companions
-    "tflite": "guard.readers.tflite:read_tflite",
+    "tf-bundle": "guard.readers.tf.bundle:read_tf_bundle",  # the .index; its data shards are companions
+    "tflite": "guard.readers.tf.tflite:read_tflite",
     "openvino": "guard.readers.openvino:read_openvino",  # the .xml; its .bin is a companion
-    "coreml": "guard.readers.coreml:read_mil_blob_file",  # a weight.bin alone; packages: guard.inventory.package_dirs
-    "coreml-spec": "guard.readers.coreml_spec:read_mlmodel",  # .mlmodel: neural-network WeightParams
-    "executorch": "guard.readers.executorch:read_executorch",
+    "coreml": "guard.readers.coreml.blob:read_mil_blob_file",  # a weight.bin alone; packages: guard.inventory.package_dirs
+    "coreml-spec": "guard.readers.coreml.spec:read_mlmodel",  # .mlmodel: neural-network WeightParams
+    "executorch": "guard.readers.torch.executorch:read_executorch",
 }
 
 

@@ -19,7 +19,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding
-from guard.readers.window import Window
+from guard.readers.binary.window import Window
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 

@@ -30,7 +30,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.zipdir import MemberPrefix, ZipEntry, open_member, read_zip_archive
+from guard.readers.binary.zipdir import MemberPrefix, ZipEntry, open_member, read_zip_archive
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan, TensorInfo
 

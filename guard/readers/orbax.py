@@ -32,7 +32,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import shown
-from guard.readers.hdf5 import unknown_dtype_findings
+from guard.readers.hdf5.file import unknown_dtype_findings
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 

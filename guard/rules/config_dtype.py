@@ -12,7 +12,7 @@ whose policy is ``bfloat16`` over float32 variables loads in bfloat16 (a silent
 downcast: an error), ``float32`` over bfloat16 ones loads widened (a warning).
 ``mixed_float16`` / ``mixed_bfloat16`` build float32 variables, so float32 is
 what they should hold.  The reader maps the layers to their h5 groups
-(``metadata["keras_layer_dtypes"]``, ``guard.readers.keras.layer_policies``).
+(``metadata["keras_layer_dtypes"]``, ``guard.readers.hdf5.keras.layer_policies``).
 
 CG103's fix rewrites config.json's dtype values to the primary set's dtype, as transformers
 names it, byte for byte but the values (``guard.rules.dtype_fixes``); ``--to-config`` casts

@@ -113,7 +113,7 @@ def _located_tensors(inv: ModelInventory) -> Iterator[TensorInfo]:
 
 def _relocate_torch_zip(path: str) -> tuple[TensorInfo, ...] | None:
     from guard.readers import READ_FAILURES
-    from guard.readers.torch_zip import read_torch_zip
+    from guard.readers.torch.zip import read_torch_zip
     from guard.sources import LocalFile
 
     try:

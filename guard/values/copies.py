@@ -113,7 +113,7 @@ _NOT_LOADED = _NotLoaded()
 def _located(ws: WeightSet) -> dict[str, TensorInfo]:
     """The set's tensors by name; a torch zip scanned headers-only is re-read to place its storages."""
     from guard.readers import READ_FAILURES
-    from guard.readers.torch_zip import read_torch_zip
+    from guard.readers.torch.zip import read_torch_zip
     from guard.sources import LocalFile
 
     out: dict[str, TensorInfo] = {}

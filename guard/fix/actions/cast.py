@@ -266,7 +266,7 @@ def _torch_tensors(ctx: ActionContext, path: Path, scan: FileScan, source: Sourc
 
     infos = scan.tensors
     if scan.format == "torch-zip":  # place the storages, which ties are told by
-        from guard.readers.torch_zip import read_torch_zip
+        from guard.readers.torch.zip import read_torch_zip
         from guard.sources import LocalFile
 
         try:

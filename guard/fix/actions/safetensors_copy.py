@@ -119,13 +119,13 @@ def _located_scan(path: Path) -> FileScan:
         with LocalFile(path) as source:
             fmt = sniff_format(source)
             if fmt == "torch-zip":
-                from guard.readers.torch_zip import read_torch_zip
+                from guard.readers.torch.zip import read_torch_zip
 
                 scan = read_torch_zip(source, locate_data=True)
                 if scan.format == "torch-zip":
                     _check_zip_storages(source, scan)
             elif fmt == "torch-legacy":
-                from guard.readers.torch_legacy import read_torch_legacy
+                from guard.readers.torch.legacy import read_torch_legacy
 
                 scan = read_torch_legacy(source)
             else:
@@ -151,8 +151,8 @@ def _located_scan(path: Path) -> FileScan:
 
 def _check_zip_storages(source: LocalFile, scan: FileScan) -> None:
     """Little-endian bytes, and no storage that only something other than a plain tensor uses."""
-    from guard.readers.torch_records import read_record
-    from guard.readers.zipdir import read_zip_directory
+    from guard.readers.torch.records import read_record
+    from guard.readers.binary.zipdir import read_zip_directory
 
     entries = read_zip_directory(source)
     prefix = next(iter(entries)).split("/", 1)[0]

@@ -1,6 +1,6 @@
 """TensorFlow tensor bundles (``variables/variables.index``, ``ckpt-N.index``): dtypes and shapes from the index.
 
-The ``.index`` file is a LevelDB-format table (``guard.readers.leveldb_table``)
+The ``.index`` file is a LevelDB-format table (``guard.readers.tf.leveldb_table``)
 from variable names to ``BundleEntryProto`` (tensorflow/core/protobuf/tensor_bundle.proto:
 dtype, shape, shard_id, offset, size, crc32c, slices); its first entry, under the
 empty key, is the ``BundleHeaderProto`` (num_shards, endianness, version).  The
@@ -34,9 +34,9 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.leveldb_table import table_entries
-from guard.readers.protobuf import FIXED32, LEN, VARINT, Wire
-from guard.readers.window import Window
+from guard.readers.tf.leveldb_table import table_entries
+from guard.readers.binary.protobuf import FIXED32, LEN, VARINT, Wire
+from guard.readers.binary.window import Window
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan, TensorInfo
 

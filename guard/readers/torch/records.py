@@ -19,7 +19,7 @@ from __future__ import annotations
 import zlib
 
 from guard.errors import MalformedCheckpoint
-from guard.readers.zipdir import _LOCAL, ZipArchive, ZipEntry, open_member, read_member
+from guard.readers.binary.zipdir import _LOCAL, ZipArchive, ZipEntry, open_member, read_member
 from guard.sources import ByteSource
 
 MIN_VERSION, MAX_VERSION = 1, 10  # caffe2/serialize/versions.h: kMin/kMaxSupportedFileFormatVersion

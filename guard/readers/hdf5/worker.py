@@ -38,7 +38,7 @@ MAX_READ_BYTES = 16 << 20  # one metadata read; libhdf5 reads object headers and
 MAX_TOTAL_BYTES = 256 << 20  # per file: a walk that reads this much is reading more than headers
 CHILD_ADDRESS_SPACE = 4 << 30
 _FRAME = struct.Struct("<cQQ")
-_ROOT = str(Path(__file__).resolve().parents[2])
+_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 class WorkerDied(Exception):
@@ -93,7 +93,7 @@ class Hdf5Worker:
 
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
-            code = f"import sys; sys.path.insert(0, {_ROOT!r}); from guard.readers.hdf5_worker import child_main; child_main()"
+            code = f"import sys; sys.path.insert(0, {_ROOT!r}); from guard.readers.hdf5.worker import child_main; child_main()"
             self._proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             try:
@@ -175,7 +175,7 @@ def child_main() -> None:
     inp = sys.stdin.buffer
     import h5py
 
-    from guard.readers.hdf5_walk import CallbackFile, walk
+    from guard.readers.hdf5.walk import CallbackFile, walk
 
     def send(kind: bytes, first: int, second: int, payload: bytes = b"") -> None:
         out.write(_FRAME.pack(kind, first, second) + payload)

@@ -26,10 +26,10 @@ from itertools import chain
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, Severity, shown
-from guard.readers.torch_archive import locate_storages, storage_locator, walk_record
-from guard.readers.torch_pickle import PickleWalker, StorageRef
-from guard.readers.torch_records import check_directory, check_small_records
-from guard.readers.torch_tensors import (
+from guard.readers.torch.archive import locate_storages, storage_locator, walk_record
+from guard.readers.torch.pickle import PickleWalker, StorageRef
+from guard.readers.torch.records import check_directory, check_small_records
+from guard.readers.torch.tensors import (
     build_tensor_infos,
     iter_named_tensors,
     no_tensor_findings,
@@ -38,7 +38,7 @@ from guard.readers.torch_tensors import (
     unsafe_and_unreadable,
     unsafe_findings,
 )
-from guard.readers.zipdir import ZipArchive
+from guard.readers.binary.zipdir import ZipArchive
 from guard.sources import ByteSource, BytesSource, CountingSource, LocalFile
 from guard.tensors import FileScan
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 
 from guard.errors import MalformedCheckpoint
-from guard.readers.torch_pickle import (
+from guard.readers.torch.pickle import (
     ITEMSIZES,
     MAX_PICKLE_BYTES,
     DictDesc,
@@ -20,13 +20,13 @@ from guard.readers.torch_pickle import (
     StorageRef,
     Unsafe,
 )
-from guard.readers.torch_tensors import (
+from guard.readers.torch.tensors import (
     CountingSource,
     storage_from_pid,
     torch_file_scan,
     unsafe_and_unreadable,
 )
-from guard.readers.window import WindowStream
+from guard.readers.binary.window import WindowStream
 from guard.sources import ByteSource
 from guard.tensors import FileScan
 

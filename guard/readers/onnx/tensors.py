@@ -10,7 +10,7 @@ it too, and it would make a scan read files the model does not own.
 
 ``read_tensor`` and ``read_sparse`` walk a TensorProto / SparseTensorProto in
 place (``raw_data`` is a span, never read); ``constant_info`` turns a Constant
-node's value attribute into a TensorInfo (``guard.readers.onnx`` says which).
+node's value attribute into a TensorInfo (``guard.readers.onnx.graph`` says which).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.onnx_schema import DATA_TYPES, SCHEMA, TYPED_FIELDS
-from guard.readers.protobuf import LEN, MAX_DEPTH, VARINT, Field, Wire
+from guard.readers.onnx.schema import DATA_TYPES, SCHEMA, TYPED_FIELDS
+from guard.readers.binary.protobuf import LEN, MAX_DEPTH, VARINT, Field, Wire
 from guard.tensors import FileScan, TensorInfo
 
 MAX_RANK = 64  # numpy's limit: to_array cannot build more dims

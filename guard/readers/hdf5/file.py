@@ -56,7 +56,7 @@ def missing_h5py(source: ByteSource, what: str = "an HDF5 file") -> FileScan:
 
 def walk_hdf5(source: ByteSource, *, fmt: str = "hdf5", path: str | None = None) -> FileScan:
     """The datasets of an HDF5 file, as TensorInfo records named by their HDF5 path."""
-    from guard.readers.hdf5_worker import walk_in_worker
+    from guard.readers.hdf5.worker import walk_in_worker
 
     if source.size < len(HDF5_MAGIC):
         raise MalformedCheckpoint(f"file is {source.size} bytes, too short for HDF5")
@@ -76,7 +76,7 @@ def file_scan(result: dict[str, Any], source: ByteSource, *, fmt: str, path: str
 
 
 def dataset_code(kind: str, itemsize: int, declared: str | None, typestr: str) -> str:
-    from guard.readers.hdf5_walk import NUMPY_KINDS
+    from guard.readers.hdf5.walk import NUMPY_KINDS
 
     if kind == "V" and declared is not None:
         # Keras 3 stores dtypes h5py lacks (bfloat16, float8_*) as opaque bytes plus a dtype attribute

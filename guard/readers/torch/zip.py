@@ -16,17 +16,17 @@ therefore leaves ``data_start``/``data_end`` as None; ``locate_torch_zip_storage
 from __future__ import annotations
 
 from guard.errors import MalformedCheckpoint
-from guard.readers.torch_archive import locate_storages, storage_locator, walk_record
-from guard.readers.torch_pickle import PickleWalker
-from guard.readers.torch_tensors import (
+from guard.readers.torch.archive import locate_storages, storage_locator, walk_record
+from guard.readers.torch.pickle import PickleWalker
+from guard.readers.torch.tensors import (
     CountingSource,
     storage_from_pid,
     torch_file_scan,
     unsafe_and_unreadable,
 )
-from guard.readers.torch_export import is_export_archive, read_export_archive
-from guard.readers.torch_records import check_directory, check_small_records
-from guard.readers.zipdir import ZipEntry, read_zip_archive, read_zip_directory
+from guard.readers.torch.export import is_export_archive, read_export_archive
+from guard.readers.torch.records import check_directory, check_small_records
+from guard.readers.binary.zipdir import ZipEntry, read_zip_archive, read_zip_directory
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
 
@@ -69,7 +69,7 @@ def read_torch_zip(source: ByteSource, *, locate_data: bool = False) -> FileScan
     if pickle_entry is None:
         raise MalformedCheckpoint(f"zip has no {prefix}/data.pkl: not a torch checkpoint")
     if f"{prefix}/constants.pkl" in entries:  # torch.load hands such an archive to torch.jit.load
-        from guard.readers.torchscript import read_torchscript
+        from guard.readers.torch.torchscript import read_torchscript
 
         return read_torchscript(source, counted, archive, prefix, locate_data=locate_data)
     walker = PickleWalker(storage_from_pid)

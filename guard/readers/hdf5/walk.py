@@ -1,4 +1,4 @@
-"""The h5py side of the HDF5 reader: runs in the worker process (guard.readers.hdf5_worker).
+"""The h5py side of the HDF5 reader: runs in the worker process (guard.readers.hdf5.worker).
 
 libhdf5 is C: on a malformed file it can loop without end or crash (a vlen
 attribute whose global-heap reference is corrupt spins forever in HDF5 2.0), so

@@ -21,7 +21,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import shown
-from guard.readers.flatbuffers import FlatBuffer
+from guard.readers.binary.flatbuffers import FlatBuffer
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 

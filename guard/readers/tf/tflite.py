@@ -8,7 +8,7 @@ tensor whose buffer holds bytes is a weight; buffer 0 is the empty sentinel and
 activations point at empty buffers.  A weight of int8/uint8/int16/int4 with
 quantization scales is quantized: ``metadata["quantization"]`` says so, and the
 inventory reports the set as quantized.  The flatbuffer walk is bounded
-(``guard.readers.flatbuffers``): offsets past the end, misaligned or looping
+(``guard.readers.binary.flatbuffers``): offsets past the end, misaligned or looping
 tables are CG001.
 """
 
@@ -20,7 +20,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.flatbuffers import FlatBuffer
+from guard.readers.binary.flatbuffers import FlatBuffer
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 

@@ -8,7 +8,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.torch_pickle import (
+from guard.readers.torch.pickle import (
     DictDesc,
     Global,
     ITEMSIZES,

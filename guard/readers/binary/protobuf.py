@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
 from guard.errors import MalformedCheckpoint
-from guard.readers.window import Window
+from guard.readers.binary.window import Window
 
 VARINT, FIXED64, LEN, START_GROUP, END_GROUP, FIXED32 = 0, 1, 2, 3, 4, 5
 MAX_DEPTH = 100  # protobuf's default recursion limit (upb and the C++ parser)

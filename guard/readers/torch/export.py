@@ -27,16 +27,16 @@ import zlib
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding
-from guard.readers.torch_pickle import ITEMSIZES, MAX_PICKLE_BYTES, PickleWalker, StorageRef, TensorRef
-from guard.readers.torch_records import MAX_SMALL_RECORD, check_directory
-from guard.readers.torch_records import _check_version as check_version
-from guard.readers.torch_tensors import (
+from guard.readers.torch.pickle import ITEMSIZES, MAX_PICKLE_BYTES, PickleWalker, StorageRef, TensorRef
+from guard.readers.torch.records import MAX_SMALL_RECORD, check_directory
+from guard.readers.torch.records import _check_version as check_version
+from guard.readers.torch.tensors import (
     CountingSource,
     build_tensor_infos,
     storage_from_pid,
     unsafe_findings,
 )
-from guard.readers.zipdir import (
+from guard.readers.binary.zipdir import (
     MemberSource,
     ZipArchive,
     ZipEntry,

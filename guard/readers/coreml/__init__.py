@@ -1,0 +1,1 @@
+"""Core ML: MIL blob weights and .mlmodel specs."""

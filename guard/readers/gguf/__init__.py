@@ -1,0 +1,1 @@
+"""GGUF: the header and its type table."""

@@ -1,0 +1,1 @@
+"""ONNX: the ModelProto walk, its field numbers and its tensors."""

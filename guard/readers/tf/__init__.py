@@ -1,0 +1,1 @@
+"""TensorFlow: tensor bundles (over a LevelDB table) and TFLite."""

@@ -1,0 +1,1 @@
+"""The PyTorch family: zip and legacy pickles, torch.export, TorchScript and ExecuTorch."""
