@@ -106,6 +106,28 @@ RULES: tuple[Rule, ...] = (
          "their index; `from_pretrained(variant=...)` fails on exactly this.",
          "unet/diffusion_pytorch_model.fp16.safetensors exists but text_encoder/ has no fp16 file.",
          "Save every component with the same variant, or remove the partial variant."),
+    Rule("CG110", "quantized-component-missing", E, "headers",
+         "A quantized module's packed weight without a component its method needs (scales, zero points "
+         "where the scheme is asymmetric, bitsandbytes' quant_state, MLX biases in affine mode). "
+         "transformers fails to load it, or loads garbage.",
+         "model.layers.0.mlp.down_proj.qweight with no model.layers.0.mlp.down_proj.scales (GPTQ).",
+         "Re-export the quantized model with its quantizer; never drop companions when filtering tensors."),
+    Rule("CG111", "quantized-shape-mismatch", E, "headers",
+         "A packed payload or its scales disagree with the bits and group size the config declares, or "
+         "with the logical shape the method records (a truncated payload, a wrong `bits`).",
+         "GPTQ bits 4, group_size 128: qweight [512, 4096] where in=4096 needs [512, ...] but scales are [16, 4096].",
+         "Fix quantization_config to what the quantizer used, or re-quantize."),
+    Rule("CG112", "quantization-method-mismatch", E, "headers",
+         "The config declares a quantization method while no tensor is packed that way, or tensors are "
+         "packed by a method the config does not declare.",
+         "quantization_config says gptq while the weights are plain F16 (a dequantized re-save), or "
+         "weight_packed tensors with no quantization_config.",
+         "Make config.json describe the weights: remove quantization_config after dequantizing, or add it."),
+    Rule("CG113", "quantized-modules-mismatch", E, "headers",
+         "Modules the config keeps unquantized (modules_to_not_convert, ignore, llm_int8_skip_modules, "
+         "MLX per-module false) are packed, or modules it quantizes are stored unpacked.",
+         "compressed-tensors `ignore: [\"lm_head\"]` with lm_head.weight_packed in the shards.",
+         "Re-export with the quantizer, or correct the config's list of unquantized modules."),
     Rule("CG201", "fp16-overflow", E, "values",
          "Values beyond ±65504 become inf when cast to fp16.",
          "An fp32 embedding with max |x| = 1.2e5 and --target torch:fp16.",
@@ -122,6 +144,16 @@ RULES: tuple[Rule, ...] = (
          "The rounding error of casting to the requested narrower dtype.",
          "fp32 weights cast to bf16: max relative error 3.9e-3.",
          "Informational; keep sensitive tensors in fp32 with --keep-fp32."),
+    Rule("CG205", "invalid-quantization-scale", E, "values",
+         "Quantization scales that are NaN, Inf, zero or negative where the scheme forbids it, "
+         "or E8M0 scales of 0xFF (NaN): every weight they scale dequantizes to garbage.",
+         "model.layers.3.mlp.experts.down_proj_scales holds 0xFF bytes (MXFP4).",
+         "Re-quantize from the full-precision weights."),
+    Rule("CG206", "fp8-saturated", W, "values",
+         "An FP8 payload with many values at the format's maximum (448 for E4M3, 57344 for E5M2): a cast "
+         "with no scaling, which clips every larger weight.",
+         "model.layers.0.mlp.up_proj.weight F8_E4M3 with 3% of its values at ±448 and weight_scale 1.0.",
+         "Quantize with per-tensor or per-block scales (the quantizer's calibration), not a bare cast."),
     Rule("CG301", "roundtrip-not-exact", E, "conversion",
          "A same-dtype conversion changed tensor bytes.",
          "A bf16 tensor that went through an fp32 bridge and lost its NaN payload.",
