@@ -3,8 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# mlx-lm wants transformers 5 (the main venv pins 4.57): its writer tests run it from a venv of its own
+# (tests/quant_mlx.py builds the same venv when it is missing).
+MLX_VENV := .venv-mlx
+# auto-gptq's torch dequantization (its QuantLinear), the reference for GPTQ: unpacked, not installed
+AUTO_GPTQ := .auto-gptq
 
-.PHONY: demo test bench fuzz clean
+.PHONY: demo test bench fuzz clean mlx-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +25,16 @@ node_modules/.installed: package.json package-lock.json
 demo: $(STAMP)
 	$(PY) -m guard.demo
 
-test: $(STAMP) node_modules/.installed
+$(MLX_VENV)/.installed: constraints-mlx.txt
+	$(PYTHON) -m venv $(MLX_VENV)
+	$(MLX_VENV)/bin/python -m pip install -q -c constraints-mlx.txt 'mlx[cpu]' mlx-lm
+	touch $@
+
+$(AUTO_GPTQ)/.installed: $(STAMP)
+	$(PY) -m pip install -q --no-deps --upgrade --target $(AUTO_GPTQ) auto-gptq==0.7.1
+	touch $@
+
+test: $(STAMP) node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -31,5 +45,7 @@ fuzz: $(STAMP)
 	$(PY) -c 'import atheris' 2>/dev/null || $(PY) -m pip install -q atheris
 	$(PY) fuzz/run.py --seconds $${FUZZ_SECONDS:-60}
 
+mlx-venv: $(MLX_VENV)/.installed
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache demo-models
+	rm -rf $(VENV) $(MLX_VENV) $(AUTO_GPTQ) build *.egg-info .pytest_cache demo-models

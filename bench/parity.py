@@ -9,10 +9,19 @@
   --wall:   wall time of `ckpt-guard convert DIR --to flax --parity` on bench/convert.py's bf16
             Llama-style model (12 layers, 1.5 GB) against the conversion alone, whole processes,
             and the time of each of the four forward passes (in-process, one run).
+  --memory: peak RSS and wall time of `ckpt-guard parity` and `convert --parity` on bench/convert.py's
+            bf16 Llamas (12 and 24 layers, 1.5 and 2.7 GB) against the transformers path (PyTorch
+            from_pretrained, Flax from_pretrained(from_pt=True), one forward each) on the 12-layer
+            one, whole processes in the same run; the ratios the issue sets (<= 0.5x memory,
+            <= 1x time, 24 layers within 1.25x of 12).
+  --deep:   the 70B-class simulation: a deep, narrow Llama with a 70B's proportions (GQA 8:1, MLP
+            3.5x, 128k vocabulary) at 12, 24 and 48 layers; peak RSS of `ckpt-guard parity` each.
 
     python bench/parity.py --sweep [--bases] [-k NAME ...] [--dtype bf16|f16]
     python bench/parity.py --summary [--dtype bf16|f16]
     python bench/parity.py --wall [--layers 12]
+    python bench/parity.py --memory [--layers 12,24]
+    python bench/parity.py --deep [--layers 12,24,48]
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import argparse
 import json
 import math
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -160,6 +170,114 @@ def passes(src: Path, flax_dir: Path) -> None:
           f"findings {[f.code for f in findings]}", flush=True)
 
 
+THEIRS = """
+import sys, numpy as np, torch, jax.numpy as jnp
+from transformers import FlaxLlamaForCausalLM, LlamaForCausalLM
+ids = np.random.default_rng(0).integers(3, 32000, (2, 16))
+pt = LlamaForCausalLM.from_pretrained(sys.argv[1])
+with torch.no_grad():
+    a = pt(input_ids=torch.from_numpy(ids)).logits.float().numpy()
+flax = FlaxLlamaForCausalLM.from_pretrained(sys.argv[1], from_pt=True)
+b = np.asarray(flax(ids.astype(np.int32)).logits, dtype=np.float32)
+print(float(np.abs(a - b).max()))
+"""
+# the deep, narrow stand-in for a 70B Llama: its proportions (GQA 64:8, MLP 28672/8192, 128k vocabulary)
+NARROW = dict(vocab_size=128256, hidden_size=512, intermediate_size=1792, num_attention_heads=8,
+              num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=False,
+              rms_norm_eps=1e-5, torch_dtype="bfloat16")
+LLAMA_70B = dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
+                 num_key_value_heads=8, num_hidden_layers=80)
+
+
+def memory(layers: list[int], rounds: int, theirs_layers: int = 12) -> None:
+    """Whole processes, alternating, after one untimed import of the libraries (the first process
+    after a pause pays the page cache for torch, jax and transformers); the median of ``rounds``."""
+    from convert import ensure_model, load_average, median_run, run_child
+
+    sources = {n: ensure_model(n) for n in layers}
+    flaxes = {n: converted(src, OUT / f"llama-bf16-{n}l-flax") for n, src in sources.items()}
+    run_child([sys.executable, "-c", "import torch, jax, flax, transformers"])
+    print(f"load average before: {load_average()}", flush=True)
+    samples: dict[str, list[tuple[float, int]]] = {}
+    work = OUT / "memory-convert"
+    for _ in range(rounds):
+        for n, src in sources.items():
+            samples.setdefault(f"parity {n}l", []).append(
+                run_child([sys.executable, "-m", "guard", "parity", str(src), str(flaxes[n])]))
+            shutil.rmtree(work, ignore_errors=True)
+            samples.setdefault(f"convert {n}l", []).append(run_child(
+                [sys.executable, "-m", "guard", "convert", str(src), "--to", "flax", "--out", str(work), "--parity"]))
+            shutil.rmtree(work, ignore_errors=True)
+            if n == theirs_layers:
+                samples.setdefault(f"theirs {n}l", []).append(run_child([sys.executable, "-c", THEIRS, str(src)]))
+    rows = {key: median_run(runs) for key, runs in samples.items()}
+    labels = {"parity": "ckpt-guard parity", "convert": "ckpt-guard convert --parity", "theirs": "transformers path"}
+    for key, row in rows.items():
+        kind, n = key.split()
+        report(f"{labels[kind]} ({n[:-1]} layers, median of {rounds})", row)
+    t = rows.get(f"theirs {theirs_layers}l")
+    for label in ("parity", "convert"):
+        ours = rows.get(f"{label} {theirs_layers}l")
+        if t and ours:
+            print(f"{label} {theirs_layers}l / transformers: memory {ours[1] / t[1]:.2f}x, time {ours[0] / t[0]:.2f}x")
+        if f"{label} 12l" in rows and f"{label} 24l" in rows:
+            print(f"{label} 24l / 12l peak: {rows[f'{label} 24l'][1] / rows[f'{label} 12l'][1]:.3f}x")
+    print(f"load average after: {load_average()}", flush=True)
+
+
+def deep(layers: list[int]) -> None:
+    from convert import load_average, run_child
+
+    print(f"load average before: {load_average()}", flush=True)
+    peaks = {}
+    for n in layers:
+        src = OUT / f"narrow-{n}l"
+        if not (src / "model.safetensors").is_file():
+            subprocess.run([sys.executable, __file__, "--generate-narrow", str(src), str(n)], check=True)
+        flax = converted(src, OUT / f"narrow-{n}l-flax")
+        size = (src / "model.safetensors").stat().st_size
+        peaks[n] = run_child([sys.executable, "-m", "guard", "parity", str(src), str(flax)])
+        report(f"ckpt-guard parity, narrow 70B-class, {n} layers ({size / 2**20:.0f} MiB bf16)", peaks[n])
+    if len(peaks) > 1:
+        low, high = min(peaks), max(peaks)
+        print(f"peak {high}l / {low}l: {peaks[high][1] / peaks[low][1]:.3f}x")
+    print(f"load average after: {load_average()}", flush=True)
+
+
+def make_narrow(directory: Path, layers: int) -> None:
+    """Random bf16 weights, tensor by tensor, as bench/convert.py writes its Llamas."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from guard.write.framing import safetensors_header
+
+    config = LlamaConfig(**NARROW, num_hidden_layers=layers, architectures=["LlamaForCausalLM"])
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in LlamaForCausalLM(config).state_dict().items()}
+    directory.mkdir(parents=True, exist_ok=True)
+    entries = [(name, "BF16", shape) for name, shape in shapes.items()]
+    gen = torch.Generator().manual_seed(0)
+    with open(directory / "model.safetensors", "wb") as fh:
+        fh.write(safetensors_header(entries, {"format": "pt"}))
+        for name, _code, shape in entries:
+            t = torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=gen) * 0.02
+            fh.write(t.to(torch.bfloat16).view(torch.uint8).numpy().tobytes())
+    config.save_pretrained(directory)
+
+
+def converted(src: Path, flax: Path) -> Path:
+    """ckpt-guard's own conversion, once (untimed)."""
+    from convert import run_child
+
+    if not (flax / "flax_model.msgpack").is_file() and not (flax / "flax_model.msgpack.index.json").is_file():
+        run_child([sys.executable, "-m", "guard", "convert", str(src), "--to", "flax", "--out", str(flax)])
+    return flax
+
+
+def report(label: str, row: tuple[float, int]) -> None:
+    print(f"{label:<58} {row[0]:7.1f} s  peak RSS {row[1] / 2**30:5.2f} GiB", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true")
@@ -168,14 +286,26 @@ def main() -> int:
     parser.add_argument("-k", dest="names", action="append", default=[])
     parser.add_argument("--bases", action="store_true", help="each model_type's base class (and those of -k)")
     parser.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
-    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--layers", default=None, help="--wall: one count; --memory/--deep: a comma list")
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--rounds", type=int, default=2, help="--memory: runs of each, alternating (median)")
+    parser.add_argument("--deep", action="store_true")
+    parser.add_argument("--generate-narrow", nargs=2, metavar=("DIR", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.generate_narrow:
+        make_narrow(Path(args.generate_narrow[0]), int(args.generate_narrow[1]))
+        return 0
+    counts = [int(n) for n in args.layers.split(",")] if args.layers else None
+    if args.memory:
+        memory(counts or [12, 24], args.rounds)
+    if args.deep:
+        deep(counts or [12, 24, 48])
     if args.sweep:
         sweep(args.names, args.dtype, bases=args.bases)
     if args.sweep or args.summary:
         print(summary(args.dtype))
     if args.wall:
-        wall(args.layers)
+        wall(counts[0] if counts else 12)
     return 0
 
 

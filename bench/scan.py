@@ -12,7 +12,16 @@ model_index.json at the root) and compares the time per file with the previous r
 (v0.1.0, commit BASELINE_REV, checked out of git into a scratch folder) in the same run: grouping
 files into weight sets must not make a scan slower per file.
 
+At scale (``--cases scale``): a sharded index of 4,000 shards x 50 tensors (200,000 tensors), the
+whole `ckpt-guard scan DIR` process against a fresh interpreter listing every dtype of the same
+shards with `safe_open` (target: at most 1.5x, peak RSS at most 100 MB), and the same at 1,000
+shards to show the cost per tensor stays flat.
+
+Discovery (``--cases discovery``): a tree of 50,000 non-weight files (sources, configs, images,
+data) plus one model, `ckpt-guard scan TREE` against `find TREE -type f` (target: at most 5x).
+
 Usage: .venv/bin/python bench/scan.py [--size-gib 1.0] [--rounds 7] [--out bench/out/scan]
+                                      [--cases loaders layout scale discovery]
 """
 
 from __future__ import annotations
@@ -131,7 +140,30 @@ def main() -> int:
     parser.add_argument("--size-gib", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scan")
+    parser.add_argument("--cases", nargs="+", choices=("loaders", "layout", "scale", "discovery"),
+                        default=["loaders", "layout", "scale", "discovery"])
+    parser.add_argument("--generate-sharded", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # An installed package runs from compiled bytecode; with PYTHONDONTWRITEBYTECODE set, every child
+    # would compile each guard module from source again (a third of a tiny scan's start-up here).
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    if args.generate_sharded:
+        generate_sharded(Path(args.generate_sharded[0]), int(args.generate_sharded[1]), 50)
+        return 0
+    print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if "scale" in args.cases:
+        scale(args.out, args.rounds)
+    if "discovery" in args.cases:
+        discovery(args.out, args.rounds)
+    if "loaders" in args.cases:
+        loaders(args)
+    if "layout" in args.cases:
+        layout_per_file(args.out, args.rounds)
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+def loaders(args: argparse.Namespace) -> None:
     bin_path, st_path = generate(args.out, args.size_gib)
     py = sys.executable
     cases = {
@@ -164,8 +196,6 @@ def main() -> int:
         read, size = bytes_share(path)
         print(f"bytes read, {path.name:<22} {read:>10,} of {size:>14,} = {read / size:.5%}  (target < 1%)")
     import_profile(st_path)
-    layout_per_file(args.out, args.rounds)
-    return 0
 
 
 def import_profile(path: Path, top: int = 5) -> None:
@@ -207,6 +237,129 @@ def layout_per_file(out: Path, rounds: int) -> None:
     print(f"  v0.1.0 ({BASELINE_REV}) scan: {statistics.median(old) * 1000:8.1f} ms = {per_old:.2f} ms per file")
     print(f"  weight-set scan:       {statistics.median(new) * 1000:8.1f} ms = {per_new:.2f} ms per file")
     print(f"  per file, weight sets / v0.1.0: {per_new / per_old:5.2f}x  (target <= 1.0x)")
+
+
+def generate_sharded(out: Path, shards: int, per_shard: int) -> Path:
+    """A sharded bf16 model: ``shards`` files of ``per_shard`` small tensors, its index, config.json, each
+    written as its library writes it (compact safetensors headers; transformers' indented, sorted index)."""
+    root = out / f"sharded-{shards}x{per_shard}"
+    if (root / ".built").exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm", "rotary")
+    for shard in range(shards):
+        file = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
+        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for i in range(per_shard):
+            layer = shard * (per_shard // len(names) + 1) + i // len(names)
+            name = f"model.layers.{layer}.{names[i % len(names)]}.weight"
+            header[name] = {"dtype": "BF16", "shape": [8, 4], "data_offsets": [offset, offset + 64]}
+            weight_map[name] = file
+            offset += 64
+        raw = json.dumps(header, separators=(",", ":")).encode()  # as the safetensors library writes it
+        raw += b" " * (-len(raw) % 8)
+        (root / file).write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+    index = {"metadata": {"total_size": shards * per_shard * 64}, "weight_map": dict(sorted(weight_map.items()))}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")  # as transformers does
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
+    (root / ".built").touch()
+    return root
+
+
+def timed_rss(cmd: list[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS (bytes) and CPU seconds (user + system) of one whole process, run in bench/out.
+
+    CPU time is the steadier figure on a shared machine: a loaded machine stretches wall time by
+    the time a process waits for a core, CPU time much less."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=OUT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, 1):
+        raise SystemExit(f"{cmd[:4]} exited {code}")
+    return wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
+
+
+def scale(out: Path, rounds: int) -> None:
+    """The whole scan of a 200k-tensor sharded index against a fresh safe_open listing of its shards."""
+    py = sys.executable
+    print("scale: whole processes, alternating, median wall time and peak RSS")
+    per_tensor = []
+    for shards in (1000, 4000):
+        root = out / f"sharded-{shards}x50"  # built in a child: a forked child's peak RSS starts at its parent's
+        subprocess.run([py, __file__, "--generate-sharded", str(out), str(shards)], check=True)
+        cmds = {
+            "ckpt-guard scan": [py, "-m", "guard", "scan", "--expect", "config", "--no-summary", str(root)],
+            "safe_open listing": [py, "-c", "import glob\nfrom safetensors import safe_open\n"
+                                  f"for p in sorted(glob.glob({str(root)!r} + '/*.safetensors')):\n"
+                                  "    with safe_open(p, framework='numpy') as f:\n"
+                                  "        [f.get_slice(k).get_dtype() for k in f.keys()]"],
+            "python -c pass": [py, "-c", "pass"],
+        }
+        for cmd in cmds.values():
+            timed_rss(cmd)
+        runs: dict[str, list[tuple[float, int, float]]] = {name: [] for name in cmds}
+        for i in range(rounds):
+            for name in (list(cmds) if i % 2 == 0 else list(reversed(cmds))):
+                runs[name].append(timed_rss(cmds[name]))
+        wall = {n: statistics.median(w for w, _, _ in r) for n, r in runs.items()}
+        cpu = {n: statistics.median(c for _, _, c in r) for n, r in runs.items()}
+        rss = {n: max(m for _, m, _ in r) for n, r in runs.items()}
+        tensors = shards * 50
+        for name in cmds:
+            print(f"  {shards} shards x 50 ({tensors:,} tensors)  {name:<20} wall {wall[name] * 1000:6.0f} ms"
+                  f"  cpu {cpu[name] * 1000:6.0f} ms  peak RSS {rss[name] / 1e6:6.1f} MB")
+        ratio = wall["ckpt-guard scan"] / wall["safe_open listing"]
+        cpu_ratio = cpu["ckpt-guard scan"] / cpu["safe_open listing"]
+        work = (cpu["ckpt-guard scan"] - cpu["python -c pass"]) / tensors * 1e6
+        per_tensor.append(work)
+        print(f"  ckpt-guard / safe_open: wall {ratio:.2f}x, cpu {cpu_ratio:.2f}x (target <= 1.5x); "
+              f"{work:.2f} us of cpu per tensor above start-up")
+    print(f"  cpu per tensor, 4,000 shards / 1,000 shards: {per_tensor[1] / per_tensor[0]:.2f} (linear: ~1.0)")
+
+
+def generate_tree(out: Path, files: int = 50_000) -> Path:
+    """``files`` non-weight files in nested folders (a source tree, docs, data) and one model folder."""
+    root = out / f"tree-{files}"
+    if (root / ".built").exists():
+        return root
+    suffixes = ("py", "md", "json", "txt", "png", "yaml", "c", "h", "js", "csv")
+    for i in range(files):
+        folder = root / f"pkg{i // 2500:02d}" / f"sub{(i // 100) % 25:02d}"
+        if i % 100 == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"file{i:05d}.{suffixes[i % len(suffixes)]}").write_bytes(b"x" * (i % 200))
+    model = root / "models" / "tiny"
+    model.mkdir(parents=True)
+    _header_only_safetensors(model / "model.safetensors", "F32", 16)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
+    (root / ".built").touch()
+    return root
+
+
+def discovery(out: Path, rounds: int) -> None:
+    """The scan of a big non-weight tree with one model in it, against `find` listing the same tree."""
+    root = generate_tree(out)
+    cmds = {
+        "ckpt-guard scan TREE": [sys.executable, "-m", "guard", "scan", "--no-summary", str(root)],
+        "find TREE -type f": ["find", str(root), "-type", "f"],
+        "python -c pass": [sys.executable, "-c", "pass"],
+    }
+    for cmd in cmds.values():
+        timed(cmd)
+    runs: dict[str, list[float]] = {name: [] for name in cmds}
+    for i in range(rounds):
+        for name in (list(cmds) if i % 2 == 0 else list(reversed(cmds))):
+            runs[name].append(timed(cmds[name]))
+    med = {n: statistics.median(r) for n, r in runs.items()}
+    print("discovery: 50,000 non-weight files and one model, whole processes, alternating, medians")
+    for name, value in med.items():
+        print(f"  {name:<24} {value * 1000:8.1f} ms")
+    print(f"  ckpt-guard / find: {med['ckpt-guard scan TREE'] / med['find TREE -type f']:.2f}x (target <= 5x)")
 
 
 if __name__ == "__main__":

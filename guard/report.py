@@ -5,6 +5,7 @@ from __future__ import annotations
 from guard import __version__, dtypes
 from guard.findings import Finding, Severity, fail_threshold
 from guard.inventory import DtypeStats, ModelInventory, WeightSet
+from guard.inventory.quantization import Quantization, bits_per_weight, logical_parameters
 from guard.records import record
 
 TYPE_CHECKING = False
@@ -41,10 +42,12 @@ class SetSummary:
     claimed_dtype: str | None = None
     quantized: bool = False
     notes: tuple[str, ...] = ()  # what the files say of themselves: ONNX graph I/O, GGUF file type, ...
+    logical: int | None = None  # the logical parameter count (quantized: what the full-precision model counts)
+    bits_per_weight: float | None = None  # quantized: stored bits over logical parameters
 
     @property
     def parameters(self) -> int:
-        return count_parameters(self.dtypes, quantized=self.quantized)
+        return self.logical if self.logical is not None else count_parameters(self.dtypes, quantized=self.quantized)
 
     @property
     def elements(self) -> int:
@@ -55,10 +58,13 @@ class SetSummary:
         return sum(s.bytes for s in self.dtypes.values())
 
     @classmethod
-    def from_set(cls, ws: WeightSet, *, quantized: bool) -> SetSummary:
+    def from_set(cls, ws: WeightSet, *, inv: ModelInventory) -> SetSummary:
         files = tuple(p for s in ws.files for p in (s.path, *(_beside(s.path, c) for c in s.companions)))
+        quantized = inv.quantization(ws) is not None
         return cls(ws.name, ws.role, ws.layout, ws.variant, ws.format, files,
-                   ws.dtype_summary(), ws.primary, ws.claimed_dtype, quantized, set_notes(ws))
+                   ws.dtype_summary(), ws.primary, ws.claimed_dtype, quantized, set_notes(ws),
+                   logical_parameters(inv, ws) if quantized else None,
+                   bits_per_weight(inv, ws) if quantized else None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +73,7 @@ class SetSummary:
             "quantized": self.quantized, "notes": list(self.notes), "files": list(self.files),
             "parameters": self.parameters,
             "bytes": self.bytes,
+            "bits_per_weight": self.bits_per_weight,
             "dtypes": _dtypes_json(self.dtypes),
         }
 
@@ -75,7 +82,8 @@ class SetSummary:
         return cls(str(obj["name"]), str(obj.get("role", "weights")), str(obj.get("layout", "file")),
                    obj.get("variant"), str(obj.get("format", "")), tuple(str(f) for f in obj.get("files", [])),
                    _dtypes_from_json(obj.get("dtypes", {})), bool(obj.get("primary")), obj.get("claimed_dtype"),
-                   bool(obj.get("quantized")), tuple(str(n) for n in obj.get("notes", [])))
+                   bool(obj.get("quantized")), tuple(str(n) for n in obj.get("notes", [])),
+                   _logical(obj), obj.get("bits_per_weight"))
 
 
 # FileScan.metadata key -> how the summary says it (the files' own word on their dtypes)
@@ -105,6 +113,12 @@ def count_parameters(stats: dict[str, DtypeStats], *, quantized: bool) -> int:
     return sum(s.parameters for code, s in stats.items() if quantized or dtypes.is_float(code))
 
 
+def _logical(obj: dict[str, Any]) -> int | None:
+    """A report's own parameter count, read back as written (a quantized set's is its logical count)."""
+    value = obj.get("parameters")
+    return value if isinstance(value, int) and obj.get("quantized", obj.get("quantization")) else None
+
+
 def _dtypes_json(stats: dict[str, DtypeStats]) -> dict[str, Any]:
     return {code: s.to_json() for code, s in stats.items()}
 
@@ -119,11 +133,15 @@ class ModelSummary:
     files: tuple[FileSummary, ...]
     dtypes: dict[str, DtypeStats]
     config_dtype: str | None = None
-    quantization: str | None = None
+    quantization: Quantization | None = None
     sets: tuple[SetSummary, ...] = ()
+    logical: int | None = None  # quantized: the primary set's logical parameter count
+    bits_per_weight: float | None = None
 
     @property
     def parameters(self) -> int:
+        if self.logical is not None:
+            return self.logical
         return count_parameters(self.dtypes, quantized=self.quantization is not None)
 
     @property
@@ -141,14 +159,19 @@ class ModelSummary:
     @classmethod
     def from_inventory(cls, inv: ModelInventory) -> ModelSummary:
         declared = inv.config_dtypes()
+        primary = inv.primary
+        quantization = inv.quantization()
+        counted = quantization is not None and primary is not None
         return cls(
             path=inv.path,
             files=tuple(FileSummary(s.path, s.format, s.size, len(s.tensors), s.metadata.get("unsupported"))
                         for s in inv.files),
             dtypes=inv.dtype_summary(),
             config_dtype=declared[0].value if declared else None,
-            quantization=inv.quantization(),
-            sets=tuple(SetSummary.from_set(ws, quantized=inv.quantization(ws) is not None) for ws in inv.sets),
+            quantization=quantization,
+            sets=tuple(SetSummary.from_set(ws, inv=inv) for ws in inv.sets),
+            logical=logical_parameters(inv, primary) if counted else None,  # type: ignore[arg-type]
+            bits_per_weight=bits_per_weight(inv, primary) if counted else None,  # type: ignore[arg-type]
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -161,8 +184,9 @@ class ModelSummary:
             "dtypes": _dtypes_json(self.dtypes),
             "parameters": self.parameters,
             "bytes": self.bytes,
+            "bits_per_weight": self.bits_per_weight,
             "config_dtype": self.config_dtype,
-            "quantization": self.quantization,
+            "quantization": self.quantization.to_json() if self.quantization is not None else None,
             "sets": [ws.to_json() for ws in self.sets],
         }
 
@@ -177,8 +201,10 @@ class ModelSummary:
             ),
             dtypes=_dtypes_from_json(obj.get("dtypes", {})),
             config_dtype=obj.get("config_dtype"),
-            quantization=obj.get("quantization"),
+            quantization=Quantization.from_json(obj.get("quantization")),  # a string before the record
             sets=tuple(SetSummary.from_json(ws) for ws in obj.get("sets", [])),  # version 1 had none
+            logical=_logical(obj),
+            bits_per_weight=obj.get("bits_per_weight"),
         )
 
 

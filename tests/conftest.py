@@ -22,7 +22,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # (the per-file importorskip calls keep single files runnable in a partial environment).
 _REQUIRED = ("numpy", "ml_dtypes", "torch", "jax", "flax", "safetensors", "msgpack", "transformers",
              "huggingface_hub", "starlette", "uvicorn", "httpx", "hypothesis", "jsonschema", "tensorflow",
-             "openvino", "coremltools", "executorch", "tflite", "ai_edge_litert")
+             "openvino", "coremltools", "executorch", "tflite", "ai_edge_litert",
+             # the quantizers that write the quantized layouts and dequantize them for reference
+             "bitsandbytes", "hqq", "optimum.quanto", "compressed_tensors", "torchao")
 
 
 # CI has 24 GiB: a test whose process outgrows this is stopped with its name, not OOM-killed unnamed

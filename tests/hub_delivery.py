@@ -32,7 +32,7 @@ from hub_standin import StandinHub, tiny_safetensors
 
 from guard.config import build_policy
 from guard.hub.client import HubClient
-from guard.hub.comment import discussion_title, marker
+from guard.hub.comment import branch_thread_title, marker
 from guard.hub.queue import open_queue
 from guard.hub.retry import RateLimiter
 from guard.hub.reviewer import Reviewer, ReviewSettings
@@ -123,9 +123,10 @@ def answers(hub: StandinHub, pushes: Sequence[Push]) -> list[int]:
             if push.ref.startswith("refs/pr/"):
                 pr = repo.discussions[int(push.ref.rsplit("/", 1)[1]) - 1]
                 out.append(sum(marker(push.sha) in text for _, text in pr.comments))
-            else:
-                title = discussion_title(push.sha, push.ref)
-                out.append(sum(d.title == title and marker(push.sha) in d.description for d in repo.discussions))
+            else:  # the branch's thread: its description or one of its comments
+                title = branch_thread_title(push.ref)
+                out.append(sum(marker(push.sha) in text for d in repo.discussions if d.title == title
+                               for text in (d.description, *(c for _, c in d.comments))))
         return out
 
 

@@ -346,6 +346,14 @@ class Routes:
                 return _error(400, None, "This pull request cannot be merged")
             self.hub.merge_pull_request(repo_id, discussion.num)
             return _json(200, {})
+        if rest[1:] == ["status"] and method == "POST":  # HfApi.change_discussion_status
+            status = self.r.json().get("status")
+            if status not in ("open", "closed"):
+                return _error(400, None, "status must be open or closed")
+            discussion.status = status
+            return _json(200, {"newStatus": {"id": f"{discussion.num}-status", "type": "status-change",
+                                             "createdAt": _now(), "author": {"name": self.r.user or "?"},
+                                             "data": {"status": status}}})
         if rest[1:] == ["comment"] and method == "POST":
             text = self.r.json()["comment"]
             discussion.comments.append((self.r.user or "?", text))

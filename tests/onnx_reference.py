@@ -3,9 +3,12 @@
 Not a test module.  ``onnx_weights`` lists what ``guard.readers.onnx.graph`` must list, by the
 rules its docstring states: initializers and sparse initializers of every graph,
 Constant nodes (``value``, ``sparse_value``, ``value_float(s)``, ``value_int(s)``,
-``value_string(s)``), subgraphs of GRAPH and GRAPHS attributes to any depth, and
-the nodes of ``model.functions``; breadth first, the main graph then the
-functions, a Constant named after the graph's initializers.  Written against the
+``value_string(s)``), the tensors in the attributes of every other node (``t``,
+``sparse_tensor``, ``tensors``, ``sparse_tensors``: ConstantOfShape's ``value``, a
+custom operator's tensors), named ``<node>/<attribute>`` (``[k]`` in a list),
+subgraphs of GRAPH and GRAPHS attributes to any depth, and the nodes of
+``model.functions``; breadth first, the main graph then the functions, the node
+tensors named after the graph's initializers, in node order.  Written against the
 protobuf classes of the ``onnx`` package, sharing no code with the reader.
 """
 
@@ -54,6 +57,31 @@ def constant_value(node: Any, check: Callable[[Any], None]) -> tuple[str, tuple[
     return None
 
 
+def attribute_tensors(node: Any, where: str,
+                      check: Callable[[Any], None]) -> list[tuple[str, tuple[str, tuple[int, ...]]]]:
+    """(name, (dtype, shape)) of every tensor in the attributes of a node that is not a Constant."""
+    out = []
+    for attr in node.attribute:
+        if attr.ref_attr_name:
+            continue
+        name = f"{where}{_esc(_text(attr.name))}"
+        if attr.HasField("t"):
+            check(attr.t)
+            out.append((name, (_code(attr.t.data_type), tuple(attr.t.dims))))
+        if attr.HasField("sparse_tensor"):
+            check(attr.sparse_tensor.values)
+            check(attr.sparse_tensor.indices)
+            out.append((name, (_code(attr.sparse_tensor.values.data_type), tuple(attr.sparse_tensor.dims))))
+        for k, t in enumerate(attr.tensors):
+            check(t)
+            out.append((f"{name}[{k}]", (_code(t.data_type), tuple(t.dims))))
+        for k, sparse in enumerate(attr.sparse_tensors):
+            check(sparse.values)
+            check(sparse.indices)
+            out.append((f"{name}[{k}]", (_code(sparse.values.data_type), tuple(sparse.dims))))
+    return out
+
+
 def onnx_weights(model: Any, check: Callable[[Any], None] = lambda t: None) -> list[Weight]:
     """Every weight of ``model`` (an onnx ModelProto) as (name, dtype, shape), in the reader's order."""
     out: list[Weight] = []
@@ -90,6 +118,8 @@ def onnx_weights(model: Any, check: Callable[[Any], None] = lambda t: None) -> l
                 if value is not None:
                     base = _text(node.output[0] if node.output else "") or _text(node.name) or f"Constant#{i}"
                     constants.append((f"{prefix}{_esc(base)}" if prefix else base, value))
+            else:
+                constants.extend(attribute_tensors(node, f"{prefix}{label}/", check))
         for name, (code, shape) in constants:
             unique, n = name, 2
             while unique in names:

@@ -99,12 +99,13 @@ def test_action_hardening():
     # every input reaches a step, and only through env:
     used = json.dumps([step.get("env", {}) for step in action["runs"]["steps"]])
     assert all(f"inputs.{name}" in used or name == "working-directory" for name in action["inputs"])
-    assert set(action["outputs"]) == {"findings", "errors", "warnings", "report", "sarif-file",
-                                      "fixed", "fixed-files", "patch", "fix-report"}
+    assert set(action["outputs"]) == {"findings", "errors", "warnings", "report", "sarif-file", "introduced",
+                                      "diff-report", "fixed", "fixed-files", "patch", "fix-report"}
     defaults = {name: spec.get("default") for name, spec in action["inputs"].items()}
     assert defaults | {"paths": "."} == defaults and defaults["changed-only"] == "true"
     assert defaults["fail-on"] == "error" and defaults["values"] == "false" and defaults["summary"] == "true"
     assert defaults["fix"] == "false"  # fixing is opt-in, and never pushes
+    assert defaults["report-existing"] == "false"  # a pull request is judged by what it introduces
 
 
 def test_fix_never_pushes_and_uploads_through_a_pinned_action():
@@ -127,6 +128,62 @@ def test_workflow_uses_are_pinned_by_sha():
     assert example["steps"][0]["with"]["lfs"] is True
 
 
+def sarif_of(repo: Path) -> dict:
+    out = subprocess.run([str(CKPT_GUARD), "scan", ".", "--format", "sarif", "--expect", "fp32"], cwd=repo,
+                         capture_output=True, text=True, env={**os.environ, "GITHUB_WORKSPACE": str(repo)})
+    assert out.returncode == 1, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_sarif_fingerprints_survive_moved_lines_and_reworded_messages(tmp_path, monkeypatch):
+    """code scanning tracks a finding by partialFingerprints: (code, path, tensor, set), never line or wording.
+    A config.json edited above its flagged line, or a message worded anew, is the same alert; the files
+    validate against the official SARIF 2.1.0 schema."""
+    import jsonschema
+
+    from guard.findings import Finding, Severity
+    from guard.report import Report
+    from guard.reporters.sarif import FINGERPRINT_KEY, render_sarif
+
+    schema = json.loads((ROOT / "tests" / "data" / "sarif-schema-2.1.0.json").read_text())  # the official schema
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    repo = tmp_path / "repo"
+    safetensors_file(repo / "m" / "model.safetensors", "F16", tensors=3)
+    (repo / "m" / "config.json").write_text('{\n  "torch_dtype": "float32"\n}\n')
+    before = sarif_of(repo)
+    (repo / "m" / "config.json").write_text('{\n  "model_type": "llama",\n  "vocab_size": 4,\n'
+                                            '  "torch_dtype": "float32"\n}\n')
+    after = sarif_of(repo)
+    for log in (before, after):
+        validator.validate(log)
+
+    def prints(log: dict) -> dict[tuple[str, str], str]:
+        out = {}
+        for r in log["runs"][0]["results"]:
+            where = r["locations"][0]["physicalLocation"]
+            assert r["partialFingerprints"][FINGERPRINT_KEY] == r["partialFingerprints"]["primaryLocationLineHash"]
+            key = (r["ruleId"], where["artifactLocation"]["uri"],
+                   (r["locations"][0].get("logicalLocations") or [{}])[0].get("name", ""))
+            out[key] = r["partialFingerprints"]["primaryLocationLineHash"]
+        return out
+
+    lines = [r["locations"][0]["physicalLocation"].get("region", {}).get("startLine")
+             for log in (before, after) for r in log["runs"][0]["results"] if r["ruleId"] == "CG103"]
+    assert len(lines) == 2 and lines[0] != lines[1]  # the flagged line moved...
+    assert prints(before) == prints(after) and len(set(prints(after).values())) == len(prints(after))  # ...same alerts
+
+    monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
+
+    def one(message: str, line: int | None, weight_set: str | None) -> str:
+        finding = Finding("CG101", Severity.error, "m/model.safetensors", message, "layer.0.weight", line, weight_set)
+        log = json.loads(render_sarif(Report(models=[], findings=[finding], policy={"fail_on": "error"})))
+        validator.validate(log)
+        return log["runs"][0]["results"][0]["partialFingerprints"]["primaryLocationLineHash"]
+
+    assert one("tensor is F16, expected fp32", None, "model") == one("F16 where fp32 is expected", 7, "model")
+    assert one("x", None, "model") != one("x", None, "model.fp16")  # another weight set: another finding
+
+
 # ------------------------------------------------------------------ the action under act
 
 
@@ -134,14 +191,14 @@ def action_copy(dest: Path) -> Path:
     return copy_project(dest, ACTION_FILES)
 
 
-def act_workflow(user: Path, source: Path, *, inputs: str, keep_env: str, keep_run: str) -> Path:
+def act_workflow(user: Path, source: Path, *, inputs: str, keep_env: str, keep_run: str, on: str = "push") -> Path:
     """.github/workflows/guard.yml in ``user``: copy the repository and the action (actions/checkout cannot
     be fetched offline), run the action ``with`` ``inputs``, then a step that keeps what the test checks.
     ``inputs``, ``keep_env`` and ``keep_run`` are YAML lines at their own indentation (10 spaces)."""
     workflow = user / ".github" / "workflows" / "guard.yml"
     workflow.parent.mkdir(parents=True)
     workflow.write_text(f"""\
-on: push
+on: {on}
 jobs:
   guard:
     runs-on: ubuntu-latest
@@ -171,18 +228,27 @@ jobs:
     return workflow
 
 
-def run_act(tmp_path: Path, user: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    """Commit ``user`` as a fresh repository and run its push workflow under act, on the host."""
-    git(user, "init", "-q", "-b", "main")
-    git(user, "add", "-A")
-    git(user, "commit", "-q", "-m", "models")
+def run_act(tmp_path: Path, user: Path, *extra: str, pull_request: dict | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """Run ``user``'s workflow under act, on the host: a push of ``user`` committed as a fresh repository,
+    or, with ``pull_request`` (the event payload), that event on ``user``'s existing history."""
     event = tmp_path / "event.json"
-    event.write_text(json.dumps({"before": ZERO, "after": git(user, "rev-parse", "HEAD").strip(),
-                                 "created": True, "ref": "refs/heads/main"}))
+    if pull_request is None:
+        git(user, "init", "-q", "-b", "main")
+        git(user, "add", "-A")
+        git(user, "commit", "-q", "-m", "models")
+        event.write_text(json.dumps({"before": ZERO, "after": git(user, "rev-parse", "HEAD").strip(),
+                                     "created": True, "ref": "refs/heads/main"}))
+    else:
+        git(user, "add", "-A")  # the workflow itself, committed on the pull request's head
+        git(user, "commit", "-q", "--amend", "--no-edit")
+        pull_request["pull_request"]["head"]["sha"] = git(user, "rev-parse", "HEAD").strip()
+        event.write_text(json.dumps(pull_request))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
     env |= {"HOME": str(tmp_path / "home"), "GIT_CONFIG_GLOBAL": os.devnull}
+    name = "push" if pull_request is None else "pull_request"
     return subprocess.run(
-        [tool("act"), "push", "-P", "ubuntu-latest=-self-hosted", "-e", str(event), "--detect-event", *extra],
+        [tool("act"), name, "-P", "ubuntu-latest=-self-hosted", "-e", str(event), "--detect-event", *extra],
         cwd=user, env=env, capture_output=True, text=True, timeout=600,
     )
 
@@ -532,11 +598,13 @@ def test_ten_thousand_findings_are_capped_in_annotations_but_all_in_the_json(tmp
 
 
 @pytest.mark.parametrize("name, value", [("fail-on", "sometimes"), ("values", "yes"), ("convert", "onnx"),
-                                         ("fix", "push")])
+                                         ("fix", "push"), ("report-existing", "yes")])
 def test_install_rejects_bad_inputs_before_installing(tmp_path, name, value):
     env = {"CG_VERSION": "", "CG_VALUES": "false", "CG_CONVERT": "", "CG_PARITY": "false", "CG_FIX": "false",
-           "CG_FAIL_ON": "error", "CG_CHANGED_ONLY": "true", "CG_SUMMARY": "true", "CG_ANNOTATE": "true"}
-    env[{"fail-on": "CG_FAIL_ON", "values": "CG_VALUES", "convert": "CG_CONVERT", "fix": "CG_FIX"}[name]] = value
+           "CG_FAIL_ON": "error", "CG_CHANGED_ONLY": "true", "CG_SUMMARY": "true", "CG_ANNOTATE": "true",
+           "CG_REPORT_EXISTING": "false"}
+    env[{"fail-on": "CG_FAIL_ON", "values": "CG_VALUES", "convert": "CG_CONVERT", "fix": "CG_FIX",
+         "report-existing": "CG_REPORT_EXISTING"}[name]] = value
     runner = Runner(tmp_path, tmp_path)
     result, _ = runner.run("install.sh", **env)
     assert result.returncode == 2 and f"::error title=ckpt-guard::{name}" in result.stdout
@@ -641,3 +709,158 @@ def test_fix_script_lists_fixes_that_wait_for_a_flag_and_applies_none_of_them(tm
     summary = runner.summary.read_text(encoding="utf-8")
     assert "variant-recast" in summary and "waits for `--replace`" in summary
     assert {p.name: p.read_bytes() for p in (repo / "m").iterdir()} == before
+
+
+# ------------------------------------------------------------------ pull requests: the change, not the snapshot
+
+
+def pr_history(repo: Path) -> tuple[str, str]:
+    """Base: a good model, a model already bad (F16), one about to be recast, one an LFS pointer in git.
+    Head: the recast (introduced), a config.json added beside the already-bad model (nothing introduced),
+    the pointer model replaced by real weights, a README edit."""
+    safetensors_file(repo / "models" / "good" / "model.safetensors")
+    safetensors_file(repo / "models" / "old bad" / "model.safetensors", "F16")
+    safetensors_file(repo / "models" / "recast" / "model.safetensors", "F32", tensors=3)
+    (repo / "models" / "pointer").mkdir(parents=True)
+    (repo / "models" / "pointer" / "model.safetensors").write_text(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:" + "a" * 64 + "\nsize 123456789\n")
+    (repo / "README.md").write_text("base\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "-b", "feature")
+    safetensors_file(repo / "models" / "recast" / "model.safetensors", "F16", tensors=3)
+    (repo / "models" / "old bad" / "config.json").write_text('{"model_type": "llama"}\n')
+    safetensors_file(repo / "models" / "pointer" / "model.safetensors", "F32")
+    (repo / "README.md").write_text("head\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "head")
+    return base, git(repo, "rev-parse", "HEAD").strip()
+
+
+def pr_event(base: str, head: str) -> dict:
+    return {"action": "synchronize", "number": 7,
+            "pull_request": {"number": 7, "base": {"sha": base, "ref": "main"}, "head": {"sha": head, "ref": "feature"}}}
+
+
+def test_pull_request_verdict_covers_only_what_it_introduces(tmp_path):
+    repo = tmp_path / "repo"
+    base, head = pr_history(repo)
+    runner = Runner(tmp_path, repo)
+    runner.event(pr_event(base, head), "pull_request")
+    _, outputs = runner.run("select.sh")
+    assert outputs["base"] == base
+    listing = outputs["list"]
+    diff, diff_out = runner.run("diff.sh", CG_LIST=listing, CG_BASE=base, CG_REPORT_EXISTING="false")
+    assert diff.returncode == 0 and diff_out.get("exit-code") == "1", diff.stdout + diff.stderr
+    assert diff_out["introduced"] == "1"
+    change = json.loads(Path(diff_out["diff-report"]).read_text())
+    keys = {m["key"]: m["status"] for m in change["models"]}
+    assert keys.get("models/recast") == "changed" and "models/good" not in keys, keys
+    scan_env = {"CG_LIST": listing, "CG_DIFF_REPORT": diff_out["report"], "CG_DIFF_EXIT": diff_out["exit-code"],
+                "CG_DIFF_SUMMARY": diff_out["summary"], "CG_DIFF_INTRODUCED": diff_out["introduced"],
+                "CG_REPORT_EXISTING": "false", "CG_SARIF_FILE": "out.sarif"}
+    result, outputs = runner.run("scan.sh", **scan_env)
+    annotated = re.findall(r"^::error file=([^,]+),title=(CG\d+)", result.stdout, re.M)
+    assert annotated == [("models/recast/model.safetensors", "CG101")], result.stdout
+    assert outputs["exit-code"] == "1" and outputs["errors"] == "1"
+    summary = runner.summary.read_text(encoding="utf-8")
+    assert summary.startswith(f"## ckpt-guard: this pull request against its base `{base[:12]}`")
+    assert "| model | weight set |" in summary and "recast" in summary
+    assert "models/pointer/model.safetensors" in summary and "could not be fetched" in summary  # the LFS note
+    # SARIF still holds every finding of the scanned models: code scanning tells new from old by fingerprint
+    sarif = json.loads((repo / "out.sarif").read_text())
+    assert {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+            for r in sarif["runs"][0]["results"]} >= {"models/recast/model.safetensors",
+                                                      "models/old%20bad/model.safetensors"}
+
+    # report-existing: true: the whole snapshot of the changed models is the verdict again
+    runner.summary.unlink()
+    result, outputs = runner.run("scan.sh", **(scan_env | {"CG_REPORT_EXISTING": "true"}))
+    annotated = {a for a in re.findall(r"^::error file=([^,]+)", result.stdout, re.M)}
+    assert annotated >= {"models/recast/model.safetensors", "models/old bad/model.safetensors"}, result.stdout
+    assert int(outputs["errors"]) >= 2 and outputs["exit-code"] == "1"
+    summary = runner.summary.read_text(encoding="utf-8")
+    assert "| model | weight set |" in summary and ":x: ckpt-guard failed" in summary
+
+
+def test_pull_request_that_resolves_a_finding_passes(tmp_path):
+    repo = tmp_path / "repo"
+    safetensors_file(repo / "m" / "model.safetensors", "F16")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    safetensors_file(repo / "m" / "model.safetensors", "F32")
+    git(repo, "commit", "-q", "-am", "fix")
+    runner = Runner(tmp_path, repo)
+    runner.event(pr_event(base, git(repo, "rev-parse", "HEAD").strip()), "pull_request")
+    _, selected = runner.run("select.sh")
+    _, diff_out = runner.run("diff.sh", CG_LIST=selected["list"], CG_BASE=base)
+    assert diff_out["exit-code"] == "0" and diff_out["introduced"] == "0" and diff_out["resolved"] == "1"
+
+
+def test_lfs_base_objects_are_fetched_through_git_lfs(tmp_path):
+    """A repository that stores its weights in LFS: the base revision's object is smudged by git-lfs."""
+    tool("git-lfs")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "lfs", "install", "--local")
+    (repo / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    safetensors_file(repo / "m" / "model.safetensors", "F32", tensors=2)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    assert git(repo, "cat-file", "-p", f"{base}:m/model.safetensors").startswith("version https://git-lfs")
+    safetensors_file(repo / "m" / "model.safetensors", "F16", tensors=2)
+    git(repo, "commit", "-q", "-am", "recast")
+    runner = Runner(tmp_path, repo)
+    runner.event(pr_event(base, git(repo, "rev-parse", "HEAD").strip()), "pull_request")
+    _, selected = runner.run("select.sh")
+    result, diff_out = runner.run("diff.sh", CG_LIST=selected["list"], CG_BASE=base)
+    assert diff_out["notes"] == "0", Path(diff_out["summary"]).read_text()
+    change = json.loads(Path(diff_out["diff-report"]).read_text())
+    [ws] = change["models"][0]["sets"]
+    assert sorted((c["old"]["dtype"], c["new"]["dtype"]) for c in ws["changed"]) == [("F32", "F16")] * 2
+    assert diff_out["introduced"] == "1"
+
+
+@pytest.mark.parametrize("report_existing", ["false", "true"])
+def test_action_on_a_pull_request_under_act(tmp_path, report_existing):
+    """pull_request under act, with a base commit: the summary is the diff against the base, and the
+    annotations and verdict cover what the pull request introduces (report-existing: true: everything)."""
+    tool("act")
+    user = tmp_path / "user"
+    base, head = pr_history(user)
+    out = tmp_path / "out"
+    out.mkdir()
+    act_workflow(user, action_copy(tmp_path / "action-src"), on="pull_request", inputs=f"""\
+          paths: models
+          report-existing: {report_existing}
+          sarif-file: out/ckpt-guard.sarif""", keep_env=f"""\
+          OUT: {json.dumps(str(out))}
+          ERRORS: ${{{{ steps.guard.outputs.errors }}}}
+          INTRODUCED: ${{{{ steps.guard.outputs.introduced }}}}
+          DIFF: ${{{{ steps.guard.outputs.diff-report }}}}""", keep_run="""\
+          printf '%s\\n' "$ERRORS" "$INTRODUCED" > "$OUT/outputs.txt"
+          cp "$DIFF" "$OUT/diff.json\"""")
+    result = run_act(tmp_path, user, pull_request=pr_event(base, head))
+    log = result.stdout + result.stderr
+    assert result.returncode != 0 and "Job failed" in log, log[-4000:]
+    annotated = set(re.findall(r"::error file=([^,:]+)", log))
+    summary = log.split("Summary - ", 1)[1]
+    assert f"ckpt-guard: this pull request against its base `{base[:12]}`" in summary
+    assert "| model | weight set |" in summary and "recast" in summary
+    assert "could not be fetched" in summary  # the pointer committed without LFS: a note, not a failure
+    change = json.loads((out / "diff.json").read_text())
+    assert {m["key"]: m["status"] for m in change["models"]}["models/recast"] == "changed"
+    errors, introduced = (out / "outputs.txt").read_text().split()
+    assert introduced == "1"
+    if report_existing == "false":
+        assert annotated == {"models/recast/model.safetensors"}, annotated
+        assert errors == "1"
+    else:
+        assert {"models/recast/model.safetensors", "models/old bad/model.safetensors"} <= annotated
+        assert int(errors) >= 2 and ":x: ckpt-guard failed" in summary

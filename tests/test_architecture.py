@@ -14,14 +14,21 @@ import pytest
 GUARD = Path(__file__).resolve().parents[1] / "guard"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(GUARD.parent).with_suffix("").parts
+def _module_name(path: Path, root: Path = GUARD) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the guard modules it imports, anywhere in its body (lazy imports count too)."""
-    modules = {_module_name(p): p for p in GUARD.rglob("*.py")}
+def import_graph(root: Path = GUARD) -> dict[str, set[str]]:
+    """module -> the modules of ``root``'s package it imports, anywhere in its body (function-level imports too).
+
+    ``from pkg import name`` runs ``pkg/__init__.py`` and reads ``name`` off it, so it is an edge to
+    ``pkg`` even where ``name`` is a submodule (an edge to that submodule as well): a submodule
+    that takes anything from its own package while the package's ``__init__`` imports it is a
+    cycle, the one ``from guard.inventory import tf_dirs`` in ``guard.inventory.discovery`` was.
+    ``from pkg.sub import name`` and ``import pkg.sub`` name the submodule, not the package's namespace.
+    """
+    modules = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -33,12 +40,12 @@ def import_graph() -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
-                           for alias in node.names]
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names
+                                   if f"{base}.{alias.name}" in modules)]
             for target in targets:
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
-                if target and target != name and target.startswith("guard"):
+                if target and target != name and (target + ".").startswith(root.name + "."):
                     graph[name].add(target)
     return graph
 
@@ -66,17 +73,34 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_module_imports_one_that_imports_it_back() -> None:
-    graph = import_graph()
-    # a package __init__ that re-exports its submodules is its own entry point, not a cycle with them
-    for name in graph:
-        graph[name] = {t for t in graph[name] if not (name.startswith(t + ".") and t + ".__init__")}
-    cycle = _cycle(graph)
+    cycle = _cycle(import_graph())  # package __init__ files included: no exemption for re-exports
     assert cycle is None, " -> ".join(cycle or [])
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("back, cyclic", [
+    ("from pkg import helper", True),  # reads the package's namespace while its __init__ runs
+    ("from pkg import sibling", True),  # a submodule, but fetched through the package
+    ("from . import sibling", True),
+    ("import pkg", True),
+    ("from pkg.sibling import helper", False),  # names the submodule itself
+    ("import pkg.sibling", False),
+])
+def test_the_cycle_check_finds_a_function_level_cycle_through_a_package_init(tmp_path: Path, back: str,
+                                                                              cyclic: bool) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from pkg.user import use\nfrom pkg.sibling import helper\n")
+    (package / "sibling.py").write_text("def helper() -> None:\n    pass\n")
+    (package / "user.py").write_text(f"def use() -> None:\n    {back}\n")
+    cycle = _cycle(import_graph(package))
+    assert (cycle is not None) == cyclic, cycle
+    if cyclic:
+        assert cycle is not None and cycle[0] == cycle[-1] and "pkg.user" in cycle
 
 
 def test_options_module_imports_no_command() -> None:
@@ -96,7 +120,8 @@ SCAN_MODULES = {
     "guard.inventory.package_dirs",  # IR pairs and Core ML packages are found by name in every directory
     "guard.inventory.tf_dirs",  # TF bundles and SavedModel folders, likewise (stdlib only)
     "guard.inventory.sets",
-    "guard.inventory.stats", "guard.jsonspan",  # CG103's fix: the byte spans of config.json's dtype values
+    "guard.inventory.quant_conventions", "guard.inventory.quantization", "guard.rules.quantized",  # quantized sets
+    "guard.inventory.stats",  # guard.jsonspan (CG103's fix) only where config.json's dtype is to be rewritten
     "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.records",
     "guard.report",
     "guard.reporters", "guard.reporters.inert", "guard.reporters.text", "guard.rules", "guard.rules.config_dtype",

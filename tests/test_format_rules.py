@@ -98,7 +98,7 @@ def test_q8_0_gguf_is_quantized_not_mixed(tmp_path: Path, capsys: pytest.Capture
     code, report = scan(capsys, str(tmp_path / "m"))
     assert code == 0 and report["findings"] == []
     (model,) = report["models"]
-    assert model["quantization"] == "Q8_0"
+    assert model["quantization"]["method"] == "gguf" and model["quantization"]["format"] == "Q8_0"
     assert model["dtypes"]["Q8_0"] == {"tensors": 2, "parameters": 1024, "bytes": 2 * 16 * 34}
 
 

@@ -281,7 +281,7 @@ def odd_constants() -> Any:
              helper.make_node("Constant", [], [""], name="unnamed_out", value=numpy_helper.from_array(
                  np.zeros(2, np.float32))),
              helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(np.ones(3, np.float32))),
-             helper.make_node("ConstantOfShape", ["perm"], ["filled"],  # its value is not a weight
+             helper.make_node("ConstantOfShape", ["perm"], ["filled"],  # a tensor in an attribute: counted
                               value=numpy_helper.from_array(np.ones(1, np.float32)))]
     initializer = numpy_helper.from_array(np.ones(2, np.float32), "w")  # an SSA violation onnx.load accepts
     graph = helper.make_graph(nodes, "g", [], [_out("filled", shape=[2, 1])], [initializer],
@@ -299,7 +299,92 @@ def test_every_constant_attribute_and_sparse_tensors() -> None:
     assert {t.name: (t.dtype, t.shape) for t in scan.tensors} == {
         "eps": ("F32", ()), "scales": ("F32", (3,)), "axis": ("I64", ()), "perm": ("I64", (2,)),
         "label": ("STRING", ()), "sp": ("F32", (2, 3)), "unnamed_out": ("F32", (2,)), "w": ("F32", (2,)),
-        "w#2": ("F32", (3,)), "si": ("F16", (8,))}
+        "w#2": ("F32", (3,)), "si": ("F16", (8,)), "ConstantOfShape#8/value": ("F32", (1,))}
+
+
+# ---------------------------------------------------------------- tensors in attributes of any node (issue 22)
+
+def attribute_tensors_graph(dtype: Any = np.float32) -> Any:
+    """Tensors in attributes of nodes that are not Constants: ConstantOfShape's ``value`` (where onnx's own
+    "light" backend models keep weights), a custom operator's tensor, tensor list and sparse tensor,
+    and a ConstantOfShape inside an If branch."""
+    value = numpy_helper.from_array(np.full([1], 0.25, dtype), "")
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.ones(2, dtype), ""),
+                                       numpy_helper.from_array(np.array([1, 4], np.int64), ""), [3, 2])
+    custom = helper.make_node("Pack", ["filled"], ["packed"], name="pack/0", domain="custom.ops",
+                              table=numpy_helper.from_array(np.arange(6, dtype=dtype).reshape(2, 3), ""),
+                              banks=[numpy_helper.from_array(np.ones(k + 1, dtype), "") for k in range(2)],
+                              mask=sparse)
+    branch = helper.make_graph([helper.make_node("ConstantOfShape", ["dims"], ["y"], name="fill", value=value)],
+                               "then", [], [_out("y", helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [2])])
+    empty = helper.make_graph([helper.make_node("Identity", ["packed"], ["y"])], "else", [],
+                              [_out("y", helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [2])])
+    nodes = [helper.make_node("ConstantOfShape", ["dims"], ["filled"], value=value), custom,
+             helper.make_node("If", ["cond"], ["out"], name="If_0", then_branch=branch, else_branch=empty)]
+    graph = helper.make_graph(nodes, "g", [_out("dims", TensorProto.INT64, [1]), _out("cond", TensorProto.BOOL, [])],
+                              [_out("out", helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [2])])
+    return helper.make_model(graph, opset_imports=[*OPSET, helper.make_opsetid("custom.ops", 1)])
+
+
+def test_tensors_in_attributes_of_any_node_are_weights(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    onnx.save(attribute_tensors_graph(), str(folder / "model.onnx"))  # a custom operator: no checker for it
+    scan = assert_reads_like_onnx_load(folder / "model.onnx")
+    assert {t.name: (t.dtype, t.shape) for t in scan.tensors} == {
+        "ConstantOfShape#0/value": ("F32", (1,)), "pack%2F0/table": ("F32", (2, 3)),
+        "pack%2F0/banks[0]": ("F32", (1,)), "pack%2F0/banks[1]": ("F32", (2,)), "pack%2F0/mask": ("F32", (3, 2)),
+        "If_0/then_branch/fill/value": ("F32", (1,))}
+    raw = (folder / "model.onnx").read_bytes()  # located in the file, for --values
+    table = next(t for t in scan.tensors if t.name == "pack%2F0/table")
+    assert np.frombuffer(raw[table.data_start:table.data_end], np.float32).tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_fp16_tensors_in_attributes_are_judged_like_initializers(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    for dtype in ("float32", "float16"):
+        (tmp_path / dtype).mkdir()
+        onnx.save(attribute_tensors_graph(np.dtype(dtype)), str(tmp_path / dtype / "model.onnx"))
+    assert json_scan(capsys, str(tmp_path / "float32"), "--expect", "fp32")[0] == 0
+    rc, report = json_scan(capsys, str(tmp_path / "float16"), "--expect", "fp32")
+    assert rc == 1 and codes(report, severity="error") == {"CG101"}
+
+
+def test_attribute_tensors_in_external_data(tmp_path: Path) -> None:
+    """onnx's external_data_helper moves attribute tensors too (convert_attribute=True): placed in the data file."""
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    model = attribute_tensors_graph()
+    convert_model_to_external_data(model, all_tensors_to_one_file=True, location="model.onnx_data",
+                                   size_threshold=0, convert_attribute=True)
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    scan = assert_reads_like_onnx_load(tmp_path / "model.onnx")
+    assert scan.companions == ("model.onnx_data",)
+    external = {t.name for t in scan.tensors if t.file == "model.onnx_data"}
+    assert external >= {"pack%2F0/table", "ConstantOfShape#0/value"}
+
+
+def _backend_models() -> list[Path]:
+    root = Path(onnx.__file__).parent / "backend" / "test" / "data"
+    return sorted(root.rglob("*.onnx"))
+
+
+def test_onnx_backend_test_models_read_like_onnx_load() -> None:
+    """Every model of onnx's own backend test data: the scan lists what the reference walk of onnx.load lists.
+    Its "light" models keep weights as ConstantOfShape values: those must count (9 disagreed before)."""
+    models = _backend_models()
+    if not models:
+        pytest.skip("this onnx wheel ships no backend test data")
+    disagree, with_attribute_tensors = [], 0
+    for path in models:
+        with LocalFile(path, name=path.name) as source:
+            scan = scan_file(source)
+        expected = Counter(onnx_weights(onnx.load(str(path), load_external_data=False)))
+        if scan.format != "onnx" or _inventory(scan) != expected:
+            disagree.append(path.name)
+        with_attribute_tensors += any("/" in t.name for t in scan.tensors)
+    assert not disagree, disagree
+    assert with_attribute_tensors >= 9
 
 
 def test_constant_weights_are_read_in_place_not_downloaded() -> None:

@@ -202,3 +202,46 @@ def test_offsets_out_of_header_order_still_tile() -> None:
     header["a"]["shape"] = [3]
     scan = scan_file(BytesSource(_file(header, b"\0" * 8), name="x.safetensors"))
     assert [f.code for f in scan.findings] == ["CG001"] and "gap" in scan.findings[0].message
+
+
+# A header with no float, true or false in it is "plain": its entries are checked once per distinct
+# (dtype, shape) pair. Whatever that shortcut sees, it refuses what the entry-by-entry checks refuse.
+SHORTCUT_CASES = {
+    "reversed offsets one byte apart, shape check failed": (
+        {"a": {"dtype": "F32", "shape": [0], "data_offsets": [5, 4]}}, 5),
+    "reversed offsets, unknown dtype": ({"a": {"dtype": "XX", "shape": [1], "data_offsets": [5, 4]}}, 5),
+    "a dtype that is a list": ({"a": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, 4),
+    "offsets as strings": ({"a": {"dtype": "F32", "shape": [1], "data_offsets": ["0", "4"]}}, 4),
+    "a shape that is a string": ({"a": {"dtype": "F32", "shape": "1", "data_offsets": [0, 4]}}, 4),
+    "a shape of one float after the same shape in ints": (
+        {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+         "b": {"dtype": "F32", "shape": [2.0], "data_offsets": [8, 16]}}, 16),
+    "a shape of true after the same shape in ints": (
+        {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+         "b": {"dtype": "F32", "shape": [True], "data_offsets": [4, 8]}}, 8),
+}
+
+
+@pytest.mark.parametrize("case", SHORTCUT_CASES)
+def test_the_per_shape_shortcut_refuses_what_the_entry_checks_refuse(case: str) -> None:
+    header, body = SHORTCUT_CASES[case]
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    scan = scan_file(BytesSource(struct.pack("<Q", len(raw)) + raw + b"\0" * body, name="model.safetensors"))
+    assert scan.format is None and [f.code for f in scan.findings] == ["CG001"], scan
+
+
+def test_the_per_shape_shortcut_keeps_each_tensor_as_written() -> None:
+    header = {"__metadata__": {"format": "pt"}, **{
+        f"t{i}": {"dtype": ("BF16", "F32")[i % 2], "shape": [2, 3] if i % 3 else [6],
+                  "data_offsets": [0, 0]} for i in range(9)}}
+    offset = 0
+    for entry in list(header.values())[1:]:
+        size = 6 * (2 if entry["dtype"] == "BF16" else 4)
+        entry["data_offsets"] = [offset, offset + size]
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    scan = scan_file(BytesSource(struct.pack("<Q", len(raw)) + raw + b"\0" * offset, name="model.safetensors"))
+    assert not scan.findings
+    assert [(t.name, t.dtype, t.shape, t.data_end - t.data_start) for t in scan.tensors] == [
+        (name, e["dtype"], tuple(e["shape"]), e["data_offsets"][1] - e["data_offsets"][0])
+        for name, e in list(header.items())[1:]]

@@ -55,6 +55,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(code)
         return code
+    if args[:1] in (["diff"], ["textconv"]):  # git's textconv driver and plain diffs: no click either
+        from guard.cli.review import plain_review
+
+        review = plain_review(args)
+        if review is not None:
+            try:
+                code = int(review())
+            except GuardError as exc:
+                print(f"ckpt-guard: error: {exc}", file=sys.stderr)
+                return 2
+            except KeyboardInterrupt:
+                print("ckpt-guard: interrupted", file=sys.stderr)
+                return 130
+            if argv is None:  # as a scan's process: written, flushed, the OS takes the memory back at once
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+            return code
     from guard.cli.root import run
 
     return run(args)

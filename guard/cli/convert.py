@@ -52,6 +52,9 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
 @click.option("--verify", "verify", type=click.Choice(["sampled", "full"]), default="sampled", show_default=True,
               help="Read-back check: headers, placements and sampled elements against the source; full adds "
                    "a CRC32 of every byte.")
+@click.option("--dequantize", is_flag=True,
+              help="Write a quantized model (bitsandbytes, GPTQ, AWQ, HQQ, quanto, FP8, MLX, ...) in full precision, "
+                   "at --dtype (keep: the config's dtype).")
 @click.option("--parity", "run_parity", is_flag=True, help="Then compare PyTorch and Flax outputs (CG302/CG303).")
 @click.option("--strict", is_flag=True,
               help="Refuse, instead of dropping with a warning, tensors the target class has no place for.")
@@ -61,20 +64,20 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report to FILE instead of stdout.")
 def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], layout: str | None,
-            variant: str | None, max_shard_size: str, allow_lossy: bool, verify: str, run_parity: bool,
-            strict: bool, verbose: bool, fmt: str, output: Path | None) -> int:
+            variant: str | None, max_shard_size: str, allow_lossy: bool, verify: str, dequantize: bool,
+            run_parity: bool, strict: bool, verbose: bool, fmt: str, output: Path | None) -> int:
     """Convert a model directory between PyTorch and Flax, bit-exactly unless --dtype says otherwise."""
     require_extras(CONVERT_MODULES, "convert")
     from guard.quiet import quiet_libraries
 
     with quiet_libraries(verbose=verbose):
         return _convert(src, to, out, dtype, keep_fp32, max_shard_size, allow_lossy, run_parity, strict, fmt, output,
-                        layout=layout, verify=verify, variant=variant)
+                        layout=layout, verify=verify, variant=variant, dequantize=dequantize)
 
 
 def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], max_shard_size: str,
              allow_lossy: bool, run_parity: bool, strict: bool, fmt: str, output: Path | None, *,
-             layout: str | None, verify: str, variant: str | None = None) -> int:
+             layout: str | None, verify: str, variant: str | None = None, dequantize: bool = False) -> int:
     from guard.cli.options import emit
     from guard.convert.read.io_orbax import is_orbax_checkpoint
     from guard.convert.run import output_layout
@@ -89,7 +92,7 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
 
     request = ConvertRequest(src, out, to, CastPolicy(DTYPE_CHOICES[dtype], tuple(keep_fp32)),
                              parse_size(max_shard_size), allow_lossy, strict, layout=layout, verify=verify,
-                             variant=variant)
+                             variant=variant, dequantize=dequantize)
     findings, figures = convert_model(request)
     if not figures.get("written"):
         figures["next_step"] = next_step(findings)
@@ -118,7 +121,8 @@ def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-de
     unasked), the other side is the output converted back bit-exactly."""
     import tempfile
 
-    if (figures["from"] == "flax-msgpack") == (request.to == "flax"):
+    dequantized = bool(figures.get("dequantized"))  # the quantized source has no twin: pair the output with itself
+    if (figures["from"] == "flax-msgpack") == (request.to == "flax") and not dequantized:
         raise UsageError("--parity compares a PyTorch and a Flax model; source and target are the same framework")
     require_extras(("transformers",), "parity")
     from guard.write.cast import CastPolicy
@@ -127,7 +131,7 @@ def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-de
 
     with tempfile.TemporaryDirectory(prefix="ckpt-guard-parity-") as scratch:
         pair = request.src
-        if figures.get("casts") or request.variant:
+        if figures.get("casts") or request.variant or dequantized:
             pair = Path(scratch) / "pair"
             back = ConvertRequest(request.out, pair, "torch" if request.to == "flax" else "flax", CastPolicy(None),
                                   request.max_shard_size)
@@ -150,6 +154,13 @@ NEXT_STEPS = {  # the first error's code -> what the user can do about it
     "CG003": "the pickle is refused unread; convert from model.safetensors instead (or re-save it as safetensors)",
     "CG004": "the shard index and the shards disagree: restore the missing shard or fix the index",
     "CG201": "choose a wider --dtype, hold the tensors in fp32 with --keep-fp32, or write anyway with --allow-lossy",
+    "CG110": "a quantized module lacks a part it needs (a scale, zeros, its quant_state): re-download or re-quantize "
+             "the model; --dequantize reads only complete modules",
+    "CG111": "the packed tensors disagree with the bits, group size or shape declared: check quantization_config "
+             "against the files, or re-download them",
+    "CG112": "the tensors are not packed the way quantization_config says: check its quant_method and format",
+    "CG205": "a scale is NaN, infinite or zero where the method forbids it: the weights it scales are lost; "
+             "re-download or re-quantize the model",
     "CG301": "the written output did not read back: check the disk, then report it as a bug",
     "CG304": "the tensors do not fit the architecture config.json names: check its model_type and architectures; "
              "a tensor the target class has no place for is dropped with a warning unless --strict",
@@ -178,6 +189,8 @@ def conversion_line(figures: dict) -> str:  # type: ignore[type-arg]
         return f"ckpt-guard: convert: refused, nothing written to {figures['output']}"
     casts = ", ".join(f"{k} x{n}" for k, n in figures.get("casts", {}).items()) or "none (bit-exact)"
     variant = f"variant {figures['variant']}, " if figures.get("variant") else ""
+    if figures.get("dequantized"):  # "bitsandbytes nf4 4-bit, 14 modules dequantized, "
+        variant += f"{figures['dequantized']['label']}, {figures['dequantized']['modules']} modules dequantized, "
     return (f"ckpt-guard: converted {figures['source']} ({figures['from']}, {variant}{figures['tensors_in']} tensors, "
             f"{figures['shards_in']} file(s)) -> {figures['output']} ({figures['to']}, {figures['tensors_out']} "
             f"tensors, {figures['shards_out']} shard(s)); mapping: {figures.get('mapping')} "

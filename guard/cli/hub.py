@@ -1,4 +1,4 @@
-"""`ckpt-guard hub scan|upload|fix|webhook|jobs`: the command wiring of ``guard.hub``.
+"""`ckpt-guard hub scan|upload|fix|diff|webhook|jobs`: the command wiring of ``guard.hub``.
 
 huggingface_hub, starlette, uvicorn and psycopg are imported inside the
 commands, so `--help` works without the `hub` extra and a command run without
@@ -163,6 +163,50 @@ def fix_cmd(repo_id: str, revision: str | None, create_pr: bool, replace: bool, 
     return result.exit_code
 
 
+DIFF_FORMATS = ("text", "json", "markdown", "github", "sarif")  # guard.diff.render.VIEWS (a test keeps them equal)
+
+
+@click.command("diff", short_help="Compare two revisions of a repository from their headers (no download).")
+@click.argument("repo_id")
+@click.option("--from", "old", required=True, metavar="REV", help="The revision before: branch, tag, commit or "
+                                                                  "refs/pr/N.")
+@click.option("--to", "new", default="main", show_default=True, metavar="REV", help="The revision after.")
+@click.option("--format", "-f", "fmt", type=click.Choice(DIFF_FORMATS), default="text", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report to this file (written to a temporary name, then renamed).")
+@max_rps_option
+@token_option
+@timeout_option
+@deadline_option
+@policy_options
+def diff_cmd(repo_id: str, old: str, new: str, fmt: str, output: Path | None, max_rps: float | None,
+             token: str | None, timeout: float, retry_deadline: float, **policy_flags: object) -> int:
+    """Compare two revisions of REPO_ID from their remote headers: tensors added, removed, recast and
+    reshaped, sizes, and the findings the change introduces and resolves (no weights downloaded).
+
+    Exit 0 when the change introduces no finding at or above --fail-on, 1 when it does, 2 when it cannot
+    run (a revision that does not exist, an unreachable Hub).
+    """
+    from guard.diff import render_change
+    from guard.hub.diff import hub_change
+
+    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
+    client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
+    result = hub_change(client, repo_id, old, new, policy)
+    text = render_change(result.change, fmt)
+    if fmt == "json":  # what each side cost: the header-only promise, checkable
+        data = json.loads(text)
+        data.setdefault("extra", {})["hub"] = {"endpoint": client.endpoint, **result.traffic()}
+        text = json.dumps(data, indent=1) + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        from guard.atomic import write_text_atomic
+
+        write_text_atomic(output, text)
+    return result.change.exit_code
+
+
 @click.command("webhook")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
@@ -249,11 +293,13 @@ def jobs_cmd(state: str | None, states: tuple[str, ...], requeue_failed: bool, f
 
 @click.group()
 def hub() -> None:
-    """Scan Hub repositories remotely, gate uploads, propose fixes, review pushes, list the review queue."""
+    """Scan Hub repositories remotely, compare revisions, gate uploads, propose fixes, review pushes, list the
+    review queue."""
 
 
 hub.add_command(scan_cmd)
 hub.add_command(upload_cmd)
 hub.add_command(fix_cmd)
+hub.add_command(diff_cmd)
 hub.add_command(webhook_cmd)
 hub.add_command(jobs_cmd)

@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "rules": ("guard.cli.rules", "rules", "List the rules, or explain one."),
     "report": ("guard.cli.report", "report_cmd", "Render a saved JSON result in another format."),
     "fix": ("guard.cli.fix", "fix", "Plan and apply mechanical fixes of findings (dry run by default)."),
+    "diff": ("guard.cli.diff", "diff", "What a change did: tensors, dtypes, sizes, findings."),
+    "textconv": ("guard.cli.textconv", "textconv", "Print a weight file as text for `git diff` (one line per tensor)."),
     "convert": ("guard.cli.convert", "convert", "Convert between PyTorch and Flax, bit-exactly."),
     "parity": ("guard.cli.parity", "parity", "Compare PyTorch and Flax outputs of one model."),
     "hub": ("guard.cli.hub", "hub", "Scan Hub repositories remotely, gate uploads, review pushes."),

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from guard import dtypes
+from guard.convert.read.dequant import DequantError
 from guard.convert.carry import carry_files, main_dtype, read_config
 from guard.write.cast import CastPolicy
 from guard.convert.read.io_orbax import is_orbax_checkpoint
@@ -21,6 +22,8 @@ from guard.write.writer import LAYOUTS, Naming, OutputTensor, plan_shards, write
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
 from guard.findings import Finding, Severity
 from guard.progress import progress
+from guard.convert.read.dequant.full_precision import (dequantized_cast, drop_quantization_files,
+                                                       full_precision_config)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class ConvertRequest:
     verify: str = "sampled"  # "sampled" | "full" (verify.py says what each checks)
     variant: str | None = None  # the weight set to read: None is the one the scanner calls primary
     naming: Naming | None = None  # the written files' names (fix: a variant's); None: model.safetensors, ...
+    dequantize: bool = False  # a quantized source is refused unless this says to write it in full precision
 
     @property
     def output_layout(self) -> str:
@@ -75,6 +79,7 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
     else:
         source = open_source(req.src, to=req.to, variant=req.variant)
     findings += source.findings
+    quantized = None if _blocking(findings) else _quantization(req, source)
     figures: dict[str, Any] = {
         "source": str(req.src), "output": str(req.out), "from": source.format, "to": req.to,
         "dtype": req.cast.target or "keep", "keep_fp32": list(req.cast.keep_fp32),
@@ -83,6 +88,21 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
     }
     if _blocking(findings):
         return findings, figures
+    stored = source  # the set as stored: where a dequantizer's complaint points
+    if quantized is not None:
+        from guard.convert.read.dequant.source import dequantized_source, refusal
+
+        figures["dequantized"] = {"method": quantized.quant.method, "label": quantized.quant.label,
+                                  "modules": len(quantized.modules)}
+        findings += quantized.findings
+        if _blocking(findings):
+            return findings, figures
+        try:
+            source = dequantized_source(source, quantized, config)
+        except DequantError as exc:
+            return findings + [refusal(exc, source)], figures
+        req = replace(req, cast=dequantized_cast(req.cast, config))
+        figures["dtype"] = req.cast.target
     for tensor in source.tensors:
         info = dtypes.DTYPES.get(tensor.info.dtype)
         if info is None or info.numpy is None or info.bits < 8:
@@ -101,7 +121,8 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
     shards = plan_shards(outputs, req.max_shard_size)
 
     def ticks(it: Any) -> Any:
-        return progress(it, total=len(outputs), desc=f"converting to {req.to}", unit="tensors")
+        verb = "dequantizing" if quantized is not None else "converting"
+        return progress(it, total=len(outputs), desc=f"{verb} to {req.to}", unit="tensors")
 
     temp = make_temp_dir(req.out)
     try:
@@ -118,8 +139,15 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
         if _blocking(findings):
             discard(temp)
             return findings, figures
+        if quantized is not None:
+            config = full_precision_config(config)
         figures["carried"] = carry_files(req.src, temp, config=config, dtype_name=main_dtype(counts))
+        if quantized is not None:
+            figures["carried"] = drop_quantization_files(temp, figures["carried"])
         publish(temp, req.out)
+    except DequantError as exc:  # a module the headers promised turns out inconsistent when read
+        discard(temp)
+        return findings + [refusal(exc, stored)], figures
     except (MalformedCheckpoint, OSError) as exc:  # a source that turns out unreadable mid-way, a full disk
         discard(temp)
         raise GuardError(f"{req.src}: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}; "
@@ -129,6 +157,22 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
         raise
     figures.update(written=True, seconds=round(time.monotonic() - start, 3))
     return findings, figures
+
+
+def _quantization(req: ConvertRequest, source: SourceModel):  # type: ignore[no-untyped-def]
+    """The source's quantization; refused in one line (exit 2) unless --dequantize asks for full precision."""
+    from guard.convert.read.dequant.source import open_quantization
+
+    if source.format == "orbax" and not req.dequantize:
+        return None  # an Orbax tree holds no quantization record convert reads
+    quantized = open_quantization(req.src, source)
+    if quantized is None and req.dequantize:
+        raise UsageError(f"{req.src}: --dequantize: the weights are not quantized; convert without it")
+    if quantized is not None and not req.dequantize:
+        raise UsageError(f"{req.src}: quantized with {quantized.quant.label}: convert would copy packed integers "
+                         "no model class loads; add --dequantize (with --dtype bf16|fp16|fp32) for a "
+                         "full-precision copy; nothing written")
+    return quantized
 
 
 def _param_counts(outputs: list[OutputTensor]) -> dict[str, int]:

@@ -24,8 +24,10 @@ SERIES = {
     "ckpt_guard_jobs_enqueued_total": ("counter", "Jobs accepted into the queue.", None),
     "ckpt_guard_jobs_duplicate_total": ("counter", "Jobs delivered again while queued, running or done.", None),
     "ckpt_guard_jobs_finished_total": (
-        "counter", "Review attempts of this process: answered, skipped (already answered), retried, failed, lost (lease taken over).",
+        "counter", "Review attempts of this process: answered, skipped (already answered), quiet (no checkpoint file changed), retried, failed, lost (lease taken over).",
         "outcome"),
+    "ckpt_guard_pushes_quiet_total": (
+        "counter", "Pushes reviewed without an answer: they changed no weight file, index or config.json.", None),
     "ckpt_guard_hub_requests_total": ("counter", "Hub requests of this process by answer (2xx, 429, error...).",
                                       "status"),
     "ckpt_guard_jobs": ("gauge", "Jobs in the queue by state (shared by every replica).", "state"),

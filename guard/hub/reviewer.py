@@ -30,7 +30,7 @@ from guard.config import Policy
 from guard.errors import GuardError
 from guard.hub import faults
 from guard.hub.access import Identity
-from guard.hub.answer import LeaseLost, answer_push
+from guard.hub.answer import LeaseLost, Outcome, answer_push
 from guard.hub.client import HubClient
 from guard.hub.metrics import Metrics
 from guard.hub.queue import PR_REF, Job, JobQueue, QueuedJob, QueueError
@@ -202,7 +202,7 @@ class Reviewer:
         fields: dict[str, Any] = {"job": item.id, "repo": job.repo_id, "ref": job.ref, "sha": job.sha,
                                   "attempt": item.attempts}
         try:
-            outcome = "answered" if self.review(job, before_post=lambda: self._still_held(item)) else "skipped"
+            outcome = self.review(job, before_post=lambda: self._still_held(item))
         except LeaseLost:
             outcome = "lost"
             log.warning("lease of job %d lost: another worker answers it", item.id, extra=fields)
@@ -216,10 +216,13 @@ class Reviewer:
             faults.reached("after-answer")
             seconds = time.monotonic() - started
             try:
-                self.queue.finish(item.id, str(item.worker), outcome)
+                # a quiet push (no checkpoint file changed) is done without an answer: skipped in the queue
+                self.queue.finish(item.id, str(item.worker), "answered" if outcome == "answered" else "skipped")
             except QueueError as exc:  # the lease runs out; a re-run finds the marker and skips
                 log.error("job %d %s but not marked done: %s", item.id, outcome, exc, extra=fields)
             self.metrics.observe_scan(seconds)
+            if outcome == "quiet":
+                self.metrics.inc("ckpt_guard_pushes_quiet_total")
             log.info("job %d %s", item.id, outcome, extra={
                 **fields, "outcome": outcome, "scan_seconds": round(seconds, 4),
                 "latency_seconds": round(time.time() - item.enqueued_at, 4)})
@@ -267,8 +270,9 @@ class Reviewer:
             for lost in {job_id for job_id, _ in claims} - kept:
                 log.warning("lease of job %d expired before its review ended", lost)
 
-    def review(self, job: Job, *, before_post: Callable[[], bool] | None = None) -> bool:
-        """Scan and post; False when the Hub already has our answer for this revision.
+    def review(self, job: Job, *, before_post: Callable[[], bool] | None = None) -> Outcome:
+        """Review and post: "answered"; "skipped" when the Hub already has our answer for this
+        revision; "quiet" for a push that changed no checkpoint file (nothing posted).
 
         With ``fix``: a push to a pull request we opened (or whose commit is a fix of ours) is
         not reviewed at all, and a failing push to a branch is offered one fix pull request.
@@ -283,14 +287,14 @@ class Reviewer:
         if own_pull_request(self.client, job, identity):
             log.info("push to our own pull request %s of %s: not reviewed", job.ref, job.repo_id,
                      extra={"repo": job.repo_id, "ref": job.ref, "sha": job.sha, "fix": "own-pull-request"})
-            return False
+            return "skipped"
         answered = answer_push(self.client, self.policy, job, before_post=before_post)
         refusal = refusal_of(answer, job.repo_id)
         status = f"no access ({refusal})" if refusal else offer_fix(
             self.client, self.policy, FixOptions(), job, identity=identity, before_post=before_post)
         log.info("fix for %s@%s: %s", job.repo_id, job.sha[:12], status,
                  extra={"repo": job.repo_id, "ref": job.ref, "sha": job.sha, "fix": status})
-        return answered or status == "opened"
+        return "answered" if status == "opened" else answered
 
     def _identity(self) -> tuple[Identity, dict[str, Any]]:
         with self._lock:

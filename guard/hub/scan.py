@@ -25,6 +25,7 @@ from guard.inventory import (
     scan_weight,
 )
 from guard.inventory.discovery import head_is_weights, may_be_weights
+from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
 from guard.hub.packages import fold_packages, package_scanner
 from guard.inventory import tf_dirs
 from guard.inventory.package_dirs import ir_members
@@ -183,7 +184,7 @@ def _group_by_directory(siblings: Sequence[Any], *, inside: tuple[str, ...] = ()
         size = _size(sibling)
         if is_weight_file(base) or name in irs or name in tf.indexes or (directory not in inside and may_be_weights(base, size)):
             groups.setdefault(directory, ([], []))[0].append((name, size))
-        elif base == CONFIG_NAME or is_index_file(base):
+        elif base == CONFIG_NAME or base in QUANT_CONFIG_FILES or is_index_file(base):
             groups.setdefault(directory, ([], []))[1].append((name, size))
     # A directory with only a config.json is not a model (same rule as the local scan), unless a checkpoint.
     return {d: groups[d] for d in sorted(groups)

@@ -20,7 +20,7 @@ from guard.hub.queue import JobQueue
 from guard.hub.reviewer import Reviewer, ReviewSettings
 
 log = logging.getLogger("ckpt-guard.service")
-OUTCOMES = ("answered", "skipped", "retried", "failed", "lost")
+OUTCOMES = ("answered", "skipped", "quiet", "retried", "failed", "lost")
 KEEP_FINISHED = 30 * 86400.0  # seconds a finished job is remembered (redeliveries are duplicates meanwhile)
 
 

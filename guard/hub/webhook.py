@@ -5,7 +5,8 @@ before a byte of the body is read (401 missing, 403 wrong); a body declared
 or found to be larger than ``MAX_BODY`` is refused with 413 without reading
 the rest.  Only ``repo.content`` events on model repositories are acted on,
 for pushes to a branch or to ``refs/pr/N`` with a new sha; everything else is
-acknowledged and ignored.  Accepted jobs are committed to the queue *before*
+acknowledged and ignored.  A job carries the push's ``oldSha`` too: the reviewer
+answers with what changed since it (``guard.hub.answer``).  Accepted jobs are committed to the queue *before*
 the 202 goes out, so a crash after it loses nothing; if the queue cannot be
 written the answer is 503 and the Hub delivers again.  ``GET /healthz`` (the
 queue answers, the workers are alive) and ``GET /metrics`` (Prometheus text)
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,6 +32,7 @@ from guard.hub.reviewer import Reviewer
 log = logging.getLogger("ckpt-guard.webhook")
 MAX_BODY = 1024 * 1024  # Hub payloads are a few KB
 QUEUE_RETRY_AFTER = "30"  # seconds, on a 503 when the queue cannot be written
+SHA = re.compile(r"[0-9a-f]{40}")
 
 
 def parse_payload(payload: Any) -> tuple[list[Job] | None, str]:
@@ -61,10 +64,17 @@ def parse_payload(payload: Any) -> tuple[list[Job] | None, str]:
         if not isinstance(ref, str) or not isinstance(sha, str) or not sha:
             continue  # a deleted ref, or a malformed entry
         if ref.startswith("refs/heads/") or PR_REF.match(ref):
-            jobs.append(Job(repo["name"], ref, sha))
+            jobs.append(Job(repo["name"], ref, sha, old_sha=previous_head(update.get("oldSha"))))
     if not jobs:
         return None, "no branch or pull-request ref with a new commit"
     return jobs, ""
+
+
+def previous_head(old: object) -> str | None:
+    """The event's ``oldSha`` when it names a commit: null or zeros (a new ref) and garbage are None."""
+    if isinstance(old, str) and SHA.fullmatch(old) and old.strip("0"):
+        return old
+    return None
 
 
 def create_app(*, secret: str, reviewer: Reviewer) -> Any:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from guard.catalogue import make_finding
 from guard.errors import UsageError
-from guard.inventory import tf_dirs
+import guard.inventory.tf_dirs as tf_dirs  # the module itself: `from guard.inventory` would be a cycle with __init__
 from guard.inventory.conventions import UNSUPPORTED_SUFFIXES
+from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
 from guard.inventory.package_dirs import enclosing_package, is_package, local_weights, scan_local_package
 from guard.inventory.model import (
     CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
@@ -33,6 +34,11 @@ _NOT_WEIGHTS = frozenset({
     "data", "onnx_data",  # external data of an ONNX model: raw bytes its model file places and checks
     "xml",  # an OpenVINO IR is found by its pair (guard.inventory.package_dirs), never sniffed
     "orig",  # NAME.orig: the file a `fix --replace` replaced, kept as a backup; not one of the model's sets
+    # source, build and documentation files of a repository the hook runs in: never stat'ed or opened
+    "c", "h", "cc", "cpp", "cxx", "hpp", "hh", "cu", "cuh", "m", "mm", "swift", "java", "kt", "scala", "go", "rs",
+    "rb", "php", "pl", "lua", "r", "jl", "js", "mjs", "cjs", "ts", "tsx", "jsx", "vue", "css", "scss", "less", "map",
+    "pyi", "pyx", "pxd", "pyc", "pyo", "proto", "cmake", "mk", "bat", "ps1", "rst", "tex", "bib", "log", "ico",
+    "bmp", "tif", "tiff", "env", "editorconfig", "dockerignore", "gitmodules", "typed", "sum", "mod",
 })
 _WEIGHT_MAGIC = (b"GGUF", b"\x89HDF\r\n\x1a\n", b"\x93NUMPY", bytes.fromhex("80028a0a6cfc9c46f9206aa850192e"))
 
@@ -61,10 +67,20 @@ def display_path(path: Path) -> str:
 def _display_dir(directory: str, cwd: str) -> str:
     path = Path(directory)
     try:
-        rel = path.resolve().relative_to(Path(cwd).resolve())
+        rel = Path(_real(directory)).relative_to(_real(cwd))
         return rel.as_posix() or "."
     except ValueError:
         return path.as_posix()
+
+
+@functools.lru_cache(maxsize=4096)
+def _real(directory: str) -> str:
+    """``os.path.realpath`` (what ``Path.resolve`` does), built on the parent's: a folder that is no
+    symlink costs one ``lstat``, where realpath walks every component of every folder again."""
+    head, tail = os.path.split(directory)
+    if not head or not tail or tail in (".", "..") or head == directory or os.path.islink(directory):
+        return os.path.realpath(directory)
+    return os.path.join(_real(head), tail)
 
 
 def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]:
@@ -75,6 +91,7 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
     UsageError (exit 2).
     """
     directories: dict[Path, set[str]] = {}
+    listed: dict[Path, list[os.DirEntry[str]]] = {}  # the walk's own listing of a folder, not listed twice
     for raw in paths:
         path = Path(raw)
         if not path.exists() and not path.is_symlink():
@@ -83,49 +100,100 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
         if package is not None:
             directories.setdefault(package.parent, set()).add(package.name)
         elif path.is_dir():
-            for directory in _walk(path):
-                directories.setdefault(tf_dirs.model_dir(directory), set())  # variables/ is its SavedModel's
+            for directory, entries in _walk(path):
+                if not _may_hold_a_model(entries):
+                    continue  # nothing in it can be weights, an index or an Orbax checkpoint
+                folder = Path(directory)
+                model = tf_dirs.model_dir(folder)  # variables/ is its SavedModel's
+                directories.setdefault(model, set())
+                if model == folder:
+                    listed[folder] = entries
         else:
             directories.setdefault(tf_dirs.model_dir(path.parent), set()).add(path.name)
     models = []
     for directory, named in directories.items():
-        model = _local_model(directory, named)
+        model = _local_model(directory, named, listed.get(directory))
         if model.weight_files or model.orbax or any(is_index_file(p.name) for p in model.json_files):
             models.append(model)
     roots = [m.directory for m in models if m.orbax]  # nothing inside an Orbax checkpoint
     return [m for m in models if not any(r in m.directory.parents for r in roots)] if roots else models
 
 
-def _walk(root: Path) -> Iterator[Path]:
-    for current, dirnames, _files in os.walk(root, onerror=_raise_unreadable):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not is_package(d)
-                             and not d.startswith(FIX_STAGING_PREFIX))
-        yield Path(current)
+def _walk(root: Path) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
+    """Each folder under ``root`` (itself first, then its subfolders by name, depth first, as ``os.walk``
+    goes) with its entries: one ``scandir`` per folder, whose entries carry their type (``d_type``),
+    so telling files from folders costs no ``stat``.  Symlinked folders are not entered."""
+    stack = [os.fspath(root)]
+    while stack:
+        current = stack.pop()
+        try:
+            with os.scandir(current) as listing:
+                entries = list(listing)
+        except OSError as exc:
+            raise UsageError(f"{exc.filename or current}: cannot read directory ({exc.strerror})") from None
+        yield current, entries
+        subdirs = sorted(e.name for e in entries if e.name not in SKIP_DIRS and e.is_dir(follow_symlinks=False)
+                         and not is_package(e.name) and not e.name.startswith(FIX_STAGING_PREFIX))
+        stack.extend(os.path.join(current, name) for name in reversed(subdirs))
 
 
-def _raise_unreadable(exc: OSError) -> None:
-    raise UsageError(f"{exc.filename}: cannot read directory ({exc.strerror})")
-
-
-def _local_model(directory: Path, named: set[str]) -> LocalModel:
-    try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
-    except OSError as exc:
-        raise UsageError(f"{display_path(directory)}: cannot read directory ({exc.strerror})") from None
-    weights, jsons = [], []
+def _may_hold_a_model(entries: list[os.DirEntry[str]]) -> bool:
+    """Whether a walked folder needs a closer look: any entry not known by its suffix alone to be
+    something else (a source file, an image, a JSON file other than an index or config.json)."""
     for entry in entries:
+        name = entry.name
+        dot = name.rfind(".")
+        ext = name[dot + 1:].lower() if dot >= 0 else ""
+        if ext not in _NOT_WEIGHTS or ext in _SPECIAL_SUFFIXES:
+            return True  # weights by suffix, a file to sniff, a folder, a marker (_METADATA), a TF shard, an IR
+        if ext == "json" and _is_model_json(name):
+            return True
+    return False
+
+
+def _is_model_json(name: str) -> bool:
+    """config.json or a shard index (every index convention's name holds ``.index.``)."""
+    return name == CONFIG_NAME or name in QUANT_CONFIG_FILES or (".index." in name and is_index_file(name))
+
+
+def _local_model(directory: Path, named: set[str], entries: list[os.DirEntry[str]] | None = None) -> LocalModel:
+    if entries is None:
+        try:
+            with os.scandir(directory) as listing:
+                entries = list(listing)
+        except OSError as exc:
+            raise UsageError(f"{display_path(directory)}: cannot read directory ({exc.strerror})") from None
+    entries = sorted(entries, key=lambda e: e.name)
+    weights, jsons = [], []
+    special = False  # IR pairs, Core ML packages, TF bundles: the passes below look only when named so
+    for entry in entries:
+        name = entry.name
+        dot = name.rfind(".")
+        ext = name[dot + 1:].lower() if dot >= 0 else ""
+        if ext in _SPECIAL_SUFFIXES or ".data-" in name:
+            special = True
+        if ext in _NOT_WEIGHTS and name not in named:
+            # known by its suffix not to be weights: no stat, no open (config.json and indexes aside)
+            if ext == "json" and _is_model_json(name) and entry.is_file():
+                jsons.append(Path(entry.path))
+            continue
         if not entry.is_file():
             continue
-        if entry.name == CONFIG_NAME or is_index_file(entry.name):
+        if _is_model_json(name):
             jsons.append(Path(entry.path))
-        elif is_weight_file(entry.name) or _sniffs_as_weights(entry) or (
-                entry.name in named and not entry.name.lower().endswith(".json")):
+        elif is_weight_file(name) or _sniffs_as_weights(entry) or (name in named and ext != "json"):
             weights.append(Path(entry.path))
     orbax = _orbax(directory, entries)  # a named _METADATA is the checkpoint's, not weights
     weights = [w for w in weights if is_weight_file(w.name)] if orbax else weights
-    weights = local_weights(directory, entries, weights)  # IR pairs and Core ML packages
-    weights = tf_dirs.local_weights(directory, entries, weights)  # TF bundles and SavedModels
+    if special:
+        weights = local_weights(directory, entries, weights)  # IR pairs and Core ML packages
+        weights = tf_dirs.local_weights(directory, entries, weights)  # TF bundles and SavedModels
     return LocalModel(directory, tuple(weights), tuple(jsons), orbax)
+
+
+# Every suffix either pass above looks for (package_dirs: .xml, .mlpackage; tf_dirs: .index, .pb,
+# .pbtxt and data shards): a folder with none of them skips both.
+_SPECIAL_SUFFIXES = frozenset({"xml", "mlpackage", "index", "pb", "pbtxt"})
 
 
 _ORBAX_MARKERS = frozenset({"_METADATA", "_CHECKPOINT_METADATA"})
@@ -141,6 +209,7 @@ def _orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path, ...]
 
 
 def _sniffs_as_weights(entry: os.DirEntry[str]) -> bool:
+    """Only a file whose suffix says nothing is stat'ed (its size) and opened (its first 16 bytes)."""
     try:
         if not may_be_weights(entry.name, entry.stat().st_size):
             return False

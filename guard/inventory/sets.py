@@ -12,6 +12,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator, Sequence
 from math import prod
+from operator import itemgetter
 
 from guard import dtypes
 from guard.inventory.conventions import DTYPE_VARIANTS, FORMAT_ORDER, LAYOUT_ORDER, LIGHTNING_STATE_KEYS
@@ -104,6 +105,16 @@ class WeightSet:
             shared = False
             lightning = self.layout == "lightning"
             for scan in self.files:
+                codes = set(map(_DTYPE, scan.tensors)) if not lightning else ()
+                if len(codes) == 1:  # one dtype in the file (a shard of most models): the sums run in C
+                    code = codes.pop()
+                    if code not in groups:
+                        groups[code] = []
+                        totals[code] = 0
+                    groups[code].extend(scan.tensors)
+                    totals[code] += sum(map(prod, map(_SHAPE, scan.tensors)))
+                    shared = shared or any(storage is not None for storage in set(map(_STORAGE, scan.tensors)))
+                    continue
                 for tensor in scan.tensors:
                     if lightning and tensor.name.split(".", 1)[0] in LIGHTNING_STATE_KEYS:
                         continue  # what ``tensors`` leaves out
@@ -131,6 +142,9 @@ class WeightSet:
         return sorted(self.by_dtype().keys() & dtypes.QUANTIZED_CODES)
 
 
+_DTYPE, _SHAPE, _STORAGE = itemgetter(1), itemgetter(2), itemgetter(7)  # TensorInfo's fields, for map() in C
+
+
 def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list[WeightSet]:
     """Every file and index of one directory, in the set it belongs to (sorted by name)."""
     found: dict[tuple[object, ...], tuple[FileRole, str, list[FileScan], list[ShardIndex]]] = {}
@@ -143,9 +157,26 @@ def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list
         role = classify(index.path)
         key = (role.role, role.layout, role.stem, role.format, role.variant, True)
         found.setdefault(key, (role, role.format, [], []))[3].append(index)
+    _join_single_file_indexes(found)
     sets = [_new_set(role, family, sorted(scans, key=lambda s: s.path), tuple(idx))
             for role, family, scans, idx in found.values()]
     return sorted(sets, key=lambda s: s.name)
+
+
+def _join_single_file_indexes(found: dict[tuple[object, ...], tuple[FileRole, str, list[FileScan], list[ShardIndex]]]
+                              ) -> None:
+    """An index whose one shard is the unsharded file beside it (mlx-lm writes ``model.safetensors.index.json``
+    even for a single ``model.safetensors``) belongs to that file's set, not to a set of its own."""
+    singles = {(key[:5], posixpath.basename(scans[0].path)): key for key, (_, _, scans, idx) in found.items()
+               if len(scans) == 1 and not idx and not key[5]}
+    for key, (_, _, scans, idx) in list(found.items()):
+        if scans or len(idx) != 1 or not idx[0].weight_map:
+            continue
+        shards = set(idx[0].weight_map.values())
+        target = singles.get((key[:5], shards.pop())) if len(shards) == 1 else None
+        if target is not None:
+            found[target][3].append(idx[0])
+            del found[key]
 
 
 def _new_set(role: FileRole, family: str, files: list[FileScan], indexes: tuple[ShardIndex, ...]) -> WeightSet:

@@ -1,6 +1,7 @@
 """The parity smoke test: the same seeded inputs through transformers' paired PyTorch and Flax classes.
 
-Runs, each loading one model at a time:
+Runs, each streamed block by block (``guard.parity.stream_torch``, ``stream_flax``: memory one block
+deep; a model that cannot be streamed exactly loads whole, ``guard.parity.runs``), one side at a time:
 - fp32 on both sides (stored weights upcast bit-exactly): judged by the fp32 bound.
   For bf16/fp16 weights this is the sharpest check of the conversion itself.
 - for bf16/fp16 weights, also each side in its stored dtype: Flax's error against the PyTorch
@@ -60,17 +61,84 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[
             hf_config = transformers.AutoConfig.from_pretrained(torch_dir, local_files_only=True)
             inputs = make_inputs(hf_config, flax_cls, seed=seed)
             figures["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
-            runs = _run_all(pt_cls, flax_cls, torch_dir, flax_dir, inputs, stored)
+            runs, modules, blocks = _run_streamed(pt_cls, flax_cls, hf_config, torch_dir, flax_dir, inputs, stored,
+                                                  figures)
+            if runs is None:
+                runs = _run_all(pt_cls, flax_cls, torch_dir, flax_dir, inputs, stored)
     except _Unavailable as exc:
         figures.update(available=False, reason=str(exc))
         return [make_finding("CG303", where, f"parity unavailable: {exc}")], figures
     except _Failed as exc:
         figures["passed"] = False
         return [exc.finding], figures
-    figures["comparisons"] = compare_runs(runs, stored, layers=_layer_count(config))
+    figures["comparisons"] = compare_runs(runs, stored, layers=_layer_count(config), modules=modules, blocks=blocks)
     findings = comparison_findings(figures["comparisons"], where=where)
     figures["passed"] = not any(f.severity is Severity.error for f in findings)
     return findings, figures
+
+
+def _run_streamed(pt_cls: Any, flax_cls: Any, hf_config: Any, torch_dir: Path, flax_dir: Path,
+                  inputs: dict[str, Any], stored: dict[str, str], figures: dict[str, Any],
+                  ) -> tuple[dict[str, dict[str, Any]] | None, dict[str, dict[str, Any]] | None, list[str] | None]:
+    """Every pass block by block (``guard.parity.stream_torch``): memory one block deep, whatever the
+    depth.  A model that cannot be streamed exactly runs whole instead (``figures["streamed"]`` says why)."""
+    from guard.parity.stream_flax import stream_flax
+    from guard.parity.stream_torch import stream_torch
+    from guard.parity.weights import NotStreamable
+
+    runs: dict[str, dict[str, Any]] = {}
+    modules: dict[str, dict[str, Any]] = {}
+    passes = [("torch:fp32", "F32"), ("flax:fp32", "F32")]
+    low = low_dtype(stored)
+    if low is not None:
+        passes += [("torch:stored", low), ("flax:stored", low)]
+    blocks: list[str] = []
+    leaves: list[str] = []
+    # leaf units stream too unless a side reads them outside their own call (Flax's tied heads read the
+    # embedding's variables); such a pass is retried with them resident
+    whole_leaves = {"torch": [], "flax": []} if not getattr(hf_config, "tie_word_embeddings", False) else {"torch": []}
+    try:
+        for label, dtype in passes:
+            _give_back_freed_memory()
+            side = label.split(":")[0]
+            for stream_leaves in (True, False) if side in whole_leaves else (False,):
+                try:
+                    if side == "torch":
+                        runs[label], modules[label], blocks, leaves = stream_torch(
+                            pt_cls, hf_config, torch_dir, dtype, inputs, leaves=stream_leaves)
+                    else:
+                        runs[label], modules[label] = stream_flax(flax_cls, hf_config, flax_dir, dtype, inputs,
+                                                                  blocks, leaves if stream_leaves else [])
+                    break
+                except NotStreamable as exc:
+                    if not stream_leaves:
+                        raise
+                    whole_leaves.pop(side, None)
+                    figures["leaves_resident"] = str(exc)
+    except NotStreamable as exc:
+        figures.update(streamed=False, not_streamed=str(exc))
+        return None, None, None
+    figures.update(streamed=True, blocks=len(blocks), leaves_streamed=sorted(whole_leaves))
+    return runs, modules, blocks
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def _give_back_freed_memory() -> None:
+    """glibc keeps freed heap pages (a conversion's, the last pass's) in its arenas; hand them back
+    before a pass, so each pass's peak starts from what is live.  And fix the mmap threshold at
+    1 MiB: glibc raises it to the size of each freed mapping (up to 32 MiB), after which a block's
+    tensors come from the heap, and interleaved small allocations can keep a heap that grows
+    block by block.  Mapped tensors go back to the system when dropped.  Elsewhere nothing to do."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)  # the process's own symbols: glibc's where there is one
+        libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
 
 
 def _run_all(pt_cls: Any, flax_cls: Any, torch_dir: Path, flax_dir: Path, inputs: dict[str, Any],

@@ -1,7 +1,8 @@
 """One forward pass per side: load with transformers, run the seeded inputs, return float32 outputs.
 
-Each run loads its model, runs once and lets it go, so peak memory is one model
-plus the outputs.  Loading problems become findings (CG001, CG304), never a
+The whole-model path, for models the streamed runs (``guard.parity.stream_torch``) cannot place
+exactly: each run loads its model, runs once and lets it go, so peak memory is one model plus the
+outputs.  The streamed runs share its forward calls (``torch_forward``, ``flax_kwargs``).  Loading problems become findings (CG001, CG304), never a
 model left silently half-random.
 """
 
@@ -33,9 +34,7 @@ class Failed(Exception):
 
 
 def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    torch_dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype]
+    torch_dtype = torch_dtype_of(dtype)
     where = display_path(directory)
     try:
         model, info = cls.from_pretrained(directory, torch_dtype=torch_dtype, output_loading_info=True,
@@ -49,6 +48,16 @@ def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> 
     model.eval()
     if dtype == "F32":
         tables_in_fp32(model)
+    try:
+        return torch_forward(model, torch_dtype, inputs)
+    except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
+        raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
+
+
+def torch_forward(model: Any, torch_dtype: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The seeded inputs the model's ``forward`` takes, every hidden state asked for; float32 outputs."""
+    import torch
+
     accepted = inspect.signature(model.forward).parameters
     kwargs: dict[str, Any] = {}
     for name, value in inputs.items():
@@ -57,12 +66,21 @@ def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> 
             kwargs[name] = tensor.to(torch_dtype) if tensor.is_floating_point() else tensor.long()
     flags = {"output_hidden_states": True, "return_dict": True, "use_cache": False}
     kwargs.update({k: v for k, v in flags.items() if _takes(accepted, k)})
-    try:
-        with torch.no_grad():
-            out = model(**kwargs)
-    except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
-        raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
+    with torch.no_grad():
+        out = model(**kwargs)
     return {name: value.detach().float().numpy() for name, value in _flatten(out)}
+
+
+def torch_dtype_of(dtype: str) -> Any:
+    import torch
+
+    return {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype]
+
+
+def flax_dtype_of(dtype: str) -> Any:
+    import jax.numpy as jnp
+
+    return {"F32": jnp.float32, "BF16": jnp.bfloat16, "F16": jnp.float16}[dtype]
 
 
 def tables_in_fp32(model: Any) -> None:
@@ -82,10 +100,9 @@ def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> d
     """``dtype`` F32 upcasts every floating parameter bit-exactly; otherwise params stay as stored."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from flax.traverse_util import flatten_dict
 
-    compute = {"F32": jnp.float32, "BF16": jnp.bfloat16, "F16": jnp.float16}[dtype]
+    compute = flax_dtype_of(dtype)
     where = display_path(directory)
     try:
         model, params = _load_flax(cls, directory, compute)
@@ -101,18 +118,31 @@ def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> d
     if dtype == "F32":
         params = jax.tree_util.tree_map(
             lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    try:
+        out = model(**flax_kwargs(cls, inputs), params=params)
+    except TypeError as exc:  # an API drift between transformers' Flax code and the installed jax
+        raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}")
+    except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
+        raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
+    return flax_outputs(out)
+
+
+def flax_kwargs(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The seeded inputs the Flax ``__call__`` takes, every hidden state asked for, train off."""
+    import jax.numpy as jnp
+
     accepted = inspect.signature(cls.__call__).parameters
     kwargs = {name: jnp.asarray(value) for name, value in inputs.items() if name in accepted}
     if "input_values" in inputs and "input_values" not in accepted and "inputs" in accepted:
         kwargs["inputs"] = jnp.asarray(inputs["input_values"])  # FlaxSpeechEncoderDecoderModel's name for it
     flags = {"output_hidden_states": True, "return_dict": True, "train": False}
     kwargs.update({k: v for k, v in flags.items() if _takes(accepted, k)})
-    try:
-        out = model(**kwargs, params=params)
-    except TypeError as exc:  # an API drift between transformers' Flax code and the installed jax
-        raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}")
-    except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
-        raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
+    return kwargs
+
+
+def flax_outputs(out: Any) -> dict[str, Any]:
+    import numpy as np
+
     return {name: np.asarray(value).astype(np.float32) for name, value in _flatten(out)}
 
 

@@ -22,26 +22,38 @@ def low_dtype(stored: dict[str, str]) -> str | None:
     return next((code for code in LOW_PRECISION if code in stored.values()), None)
 
 
-def compare_runs(runs: dict[str, dict[str, Any]], stored: dict[str, str], *,
-                 layers: int) -> list[dict[str, Any]]:
+def compare_runs(runs: dict[str, dict[str, Any]], stored: dict[str, str], *, layers: int,
+                 modules: dict[str, dict[str, Any]] | None = None, blocks: list[str] | None = None,
+                 ) -> list[dict[str, Any]]:
+    """``modules``/``blocks``: the streamed runs' per-module outputs (``guard.parity.located``); absent
+    when the models ran whole."""
+    from guard.parity import located as pl
     from guard.parity import metrics as pm
     from guard.parity import relative as pr
 
     tol = pm.tolerance_for(layers=layers)
     ref, fp32 = runs["torch:fp32"], runs["flax:fp32"]
     outputs = {name: pm.compare_output(name, ref[name], fp32[name], tie=tol.max_rel) for name in ref if name in fp32}
+    where = None
+    if modules is not None and blocks is not None:
+        where = pl.locate(pl.module_figures(modules["torch:fp32"], modules["flax:fp32"], tol=tol), blocks)
     comparisons = [_comparison("fp32", "torch:fp32", "flax:fp32", outputs, pm.judge(outputs, tol),
-                               {"rule": "fixed", "dtype": tol.dtype, "max_rel": tol.max_rel, "source": tol.source})]
+                               {"rule": "fixed", "dtype": tol.dtype, "max_rel": tol.max_rel, "source": tol.source},
+                               where)]
     low = low_dtype(stored)
     if low is None or "torch:stored" not in runs or "flax:stored" not in runs:
         return comparisons
     rule = pr.rule_for((low,))
     torch_low, flax_low = runs["torch:stored"], runs["flax:stored"]
     outputs = pr.low_precision_outputs(ref, flax_low, torch_low, rule)
+    where = None
+    if modules is not None and blocks is not None and {"torch:stored", "flax:stored"} <= set(modules):
+        where = pl.locate(pl.module_figures(modules["torch:fp32"], modules["flax:stored"],
+                                            own=modules["torch:stored"], rule=rule), blocks)
     comparisons.append(_comparison(
         "flax vs fp32 reference", "torch:fp32", "flax:stored", outputs, pr.judge_low_precision(outputs, rule),
         {"rule": "relative", "dtype": rule.dtype, "factor": rule.factor, "floor": rule.floor,
-         "agreement_floor": rule.agreement_floor, "source": rule.source}))
+         "agreement_floor": rule.agreement_floor, "source": rule.source}, where))
     for label, a, b in (("torch vs fp32 reference", "torch:fp32", "torch:stored"),
                         ("stored dtype", "torch:stored", "flax:stored")):
         outputs = {name: pm.compare_output(name, runs[a][name], runs[b][name], tie=0.0)
@@ -52,17 +64,32 @@ def compare_runs(runs: dict[str, dict[str, Any]], stored: dict[str, str], *,
 
 def _comparison(name: str, ref: str, other: str, outputs: dict[str, Any],
                 failures: list[tuple[str, str, float, float]] | None,
-                tolerance: dict[str, Any] | None) -> dict[str, Any]:
-    """``failures`` None: reported, not judged (the yardstick and the stored-vs-stored figures)."""
-    return {"name": name, "reference": ref, "other": other, "judged": failures is not None,
-            "passed": not failures, "tolerance": tolerance, "outputs": outputs,
-            "failures": [{"output": o, "metric": m, "value": v, "threshold": t} for o, m, v, t in failures or ()]}
+                tolerance: dict[str, Any] | None, located: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``failures`` None: reported, not judged (the yardstick and the stored-vs-stored figures).
+    ``located``: the block verdict of a streamed run; a block out of bound fails the comparison too."""
+    comparison = {"name": name, "reference": ref, "other": other, "judged": failures is not None,
+                  "passed": not failures and not (located and located["failing_blocks"]), "tolerance": tolerance,
+                  "outputs": outputs,
+                  "failures": [{"output": o, "metric": m, "value": v, "threshold": t} for o, m, v, t in failures or ()]}
+    if located is not None:
+        comparison["located"] = located
+    return comparison
 
 
 def comparison_findings(comparisons: list[dict[str, Any]], *, where: str) -> list[Finding]:
+    from guard.parity.located import clause
+
     findings = []
     for comp in comparisons:
-        if not comp["judged"] or not comp["failures"]:
+        if not comp["judged"] or comp["passed"]:
+            continue
+        located = comp.get("located")
+        if not comp["failures"]:  # every output within bound, but a block is not
+            first = located["first"]
+            findings.append(make_finding("CG302", where, (
+                f"{comp['name']} ({comp['reference']} vs {comp['other']}): block {first['module']!r} max_rel = "
+                f"{first['max_rel']:.3g} exceeds {first['bound']:.3g}; {located['failing_blocks']} failing "
+                f"block(s), every model output within bound")))
             continue
         first, tol = comp["failures"][0], comp["tolerance"]
         output, metric, value, threshold = first["output"], first["metric"], first["value"], first["threshold"]
@@ -77,5 +104,5 @@ def comparison_findings(comparisons: list[dict[str, Any]], *, where: str) -> lis
             why, bound = "", f"{tol['dtype']} bound: {tol['source']}"
         findings.append(make_finding("CG302", where, (
             f"{comp['name']} ({comp['reference']} vs {comp['other']}): {metric} = {value:.3g} on {output!r} "
-            f"exceeds {threshold:.3g}{why} ({bound}); {len(comp['failures'])} failing output(s)")))
+            f"exceeds {threshold:.3g}{why} ({bound}); {len(comp['failures'])} failing output(s){clause(located)}")))
     return findings

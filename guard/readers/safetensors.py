@@ -14,12 +14,19 @@ from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 
 MAX_HEADER_SIZE = 100_000_000  # the reference (Rust) implementation's cap
-_BITS = {code: info.bits for code, info in dtypes.DTYPES.items()}
+# code -> (the code itself, its bits): the record keeps the table's own string, so 200,000 tensors
+# of a sharded model share one "BF16" instead of holding one copy each from the JSON parse
+_KNOWN = {code: (code, info.bits) for code, info in dtypes.DTYPES.items()}
 _new_record = tuple.__new__  # TensorInfo's fields in order, half the cost of its Python __new__ (once per tensor)
 
 
 def read_safetensors_header(source: ByteSource) -> tuple[int, dict[str, object]]:
     """Return (header length, parsed header) after the framing checks."""
+    length, header, _ = _read_header(source)
+    return length, header
+
+
+def _read_header(source: ByteSource) -> tuple[int, dict[str, object], bool]:
     if source.size < 8:
         raise MalformedCheckpoint(f"file is {source.size} bytes, too short for a safetensors header")
     (length,) = struct.unpack("<Q", source.read_at(0, 8))
@@ -28,10 +35,17 @@ def read_safetensors_header(source: ByteSource) -> tuple[int, dict[str, object]]
     if 8 + length > source.size:
         raise MalformedCheckpoint(f"header length {length:,} runs past the end of the file")
     raw = source.read_at(8, length)
-    return length, parse_header(raw)
+    return (length, *_parse(raw))
 
 
 def parse_header(raw: bytes) -> dict[str, object]:
+    return _parse(raw)[0]
+
+
+def _parse(raw: bytes) -> tuple[dict[str, object], bool]:
+    """The parsed header, and whether it is plain: parsed by the fast path, with no float, ``true`` or
+    ``false`` anywhere in it, so every number in it is an int (which lets equal shapes share a check)."""
+    plain = False
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -43,12 +57,12 @@ def parse_header(raw: bytes) -> dict[str, object]:
             header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
                                 parse_int=_json_int)
         else:  # the common header: no escapes, no signs, no constants; only duplicates to refuse
-            header = _parse_unique(raw, text)
+            header, plain = _parse_unique(raw, text)
     except json.JSONDecodeError as exc:
         raise MalformedCheckpoint(f"header is not valid JSON ({exc.msg} at char {exc.pos})") from None
     if not isinstance(header, dict):
         raise MalformedCheckpoint("header is not a JSON object")
-    return header
+    return header, plain and b"true" not in raw and b"false" not in raw
 
 
 def _needs_exact_parse(raw: bytes) -> bool:
@@ -61,7 +75,15 @@ def _needs_exact_parse(raw: bytes) -> bool:
 _SIGNED = rb"-\s*[0-9]"  # a number with a sign (serde reads -0 as a float); compiled on first need, re caches it
 
 
-def _parse_unique(raw: bytes, text: str) -> object:
+def _refuse_float(text: str) -> float:
+    raise ValueError("a float: not a plain header")
+
+
+# json.loads' own C scanner, except that a float (never in a valid header) ends the fast parse
+_PLAIN = json.JSONDecoder(parse_float=_refuse_float)
+
+
+def _parse_unique(raw: bytes, text: str) -> tuple[object, bool]:
     """json.loads at C speed, then proof that no object lost a key to a duplicate; else the hooked parse.
 
     A pairs hook costs a Python call and a list of pairs per object (40 % of the parse of a
@@ -73,14 +95,14 @@ def _parse_unique(raw: bytes, text: str) -> object:
     before it would have changed) is judged by the hooked parse, exactly as before.
     """
     try:
-        header = json.loads(text)
+        header = _PLAIN.decode(text)
     except (ValueError, RecursionError):
         pass
     else:
         if type(header) is dict and raw.count(b":") == len(header) + sum(
                 [len(entry) for entry in header.values() if type(entry) is dict]):
-            return header
-    return json.loads(text, object_pairs_hook=_unique_keys)
+            return header, True
+    return json.loads(text, object_pairs_hook=_unique_keys), False
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -117,7 +139,7 @@ def _json_int(text: str) -> int | float:
 
 
 def read_safetensors(source: ByteSource) -> FileScan:
-    length, header = read_safetensors_header(source)
+    length, header, plain = _read_header(source)
     metadata = _metadata(header.pop("__metadata__", None))
     buffer_start = 8 + length
     buffer_len = source.size - buffer_start
@@ -125,15 +147,35 @@ def read_safetensors(source: ByteSource) -> FileScan:
     tensors: list[TensorInfo] = []
     findings: list[Finding] = []
     unknown: dict[str, list[str]] = {}
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per distinct shape: a model repeats a few
+    spans: dict[tuple[object, ...], tuple[str | None, tuple[int, ...], int | None]] = {}  # (dtype, *dims) -> checked
     tiled = 0  # where the next tensor must begin if the offsets tile the buffer in header order
+    stop = buffer_start  # the previous tensor's absolute end
     for name, entry in header.items():
+        if plain:  # equal (dtype, shape) pairs share one check: a model repeats a few shapes many times
+            try:
+                key = (entry["dtype"], *entry["shape"])
+                known = spans.get(key)
+                if known is None:
+                    known = spans[key] = _span_of(entry["dtype"], entry["shape"])
+                dtype, shape, size = known
+                begin, end = entry["data_offsets"]
+                fits = end - begin == size and 0 <= begin and end < _U64  # ints: the header is plain
+            except (TypeError, KeyError, ValueError):
+                fits = False
+            if fits:
+                start = stop if begin == tiled else buffer_start + begin
+                stop = buffer_start + end
+                tiled = end if begin == tiled else -1
+                tensors.append(_new_record(TensorInfo, (name, dtype, shape, file, start, stop, None, None, None)))
+                continue
         # The common entry is judged inline (a pre-commit hook pays this per tensor, 4,800 on a
         # pipeline's commit): a known dtype, dims >= 1, an exact span.  It passes exactly what
         # _entry and _span_size pass; anything else (an empty or unknown-dtype tensor, a bad
         # entry) goes through them, for their message or their CG005.
         try:
-            dtype, dims, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            bits = _BITS[dtype]
+            dims, (begin, end) = entry["shape"], entry["data_offsets"]
+            dtype, bits = _KNOWN[entry["dtype"]]
         except (TypeError, KeyError, ValueError):
             bits = 0
         numel = 0
@@ -156,10 +198,13 @@ def read_safetensors(source: ByteSource) -> FileScan:
                 )
         else:
             shape = tuple(dims)
+            shape = shapes.setdefault(shape, shape)
+        # a tensor that starts where the previous one ended shares its int: one object less per tensor
+        start = stop if begin == tiled else buffer_start + begin
+        stop = buffer_start + end
         tiled = end if begin == tiled else -1
         # stride, storage, storage_offset: safetensors tensors are C-contiguous and share no storage
-        tensors.append(_new_record(TensorInfo, (name, dtype, shape, file, buffer_start + begin, buffer_start + end,
-                                                None, None, None)))
+        tensors.append(_new_record(TensorInfo, (name, dtype, shape, file, start, stop, None, None, None)))
     if tiled != buffer_len:  # out of order, a gap, an overlap or a short buffer: the sorted walk says which
         _check_layout([(t.data_start - buffer_start, t.data_end - buffer_start, t.name) for t in tensors],
                       buffer_len)
@@ -174,6 +219,26 @@ def read_safetensors(source: ByteSource) -> FileScan:
         tensors=tuple(tensors), findings=tuple(findings), metadata=metadata,
         bytes_read=8 + length,
     )
+
+
+_NO_SPAN: tuple[None, tuple[int, ...], None] = (None, (), None)  # a size no pair of offsets equals
+
+
+def _span_of(dtype: object, dims: object) -> tuple[str | None, tuple[int, ...], int | None]:
+    """(code, shape, bytes) of a known dtype with dims >= 1 in whole bytes, as the inline check in
+    ``read_safetensors`` passes them; ``_NO_SPAN`` for anything else (it goes through that check)."""
+    known = _KNOWN.get(dtype) if type(dtype) is str else None
+    if known is None or type(dims) is not list:
+        return _NO_SPAN
+    numel = 1
+    for dim in dims:
+        if type(dim) is not int or dim < 1:
+            return _NO_SPAN
+        numel *= dim
+    total = numel * known[1]
+    if total >= _U64 or total % 8:
+        return _NO_SPAN
+    return known[0], tuple(dims), total >> 3
 
 
 def _metadata(value: object) -> dict[str, str]:

@@ -86,7 +86,9 @@ def _models_section(report: Report) -> list[str]:
         name = md_escape(workspace_relative(model.path))
         extra = [x for x in (
             f"config: {md_escape(model.config_dtype, limit=40)}" if model.config_dtype else "",
-            f"quantized: {md_escape(model.quantization, limit=40)}" if model.quantization else "",
+            f"quantized: {md_escape(model.quantization.label, limit=60)}" if model.quantization is not None else "",
+            f"{model.bits_per_weight:.2f} bits per weight" if model.bits_per_weight else "",
+            model.quantization.note if model.quantization is not None else "",
         ) if x]
         sets = model.all_sets
         for ws in sets:

@@ -2,8 +2,10 @@
 
 Weight files get no `region`: upload-sarif streams every file that has a
 `startLine` through a line hasher, and a shard can be tens of GB.  We set
-`partialFingerprints` ourselves from (code, path, tensor), so alerts stay
-stable across runs without anyone reading the weights.
+`partialFingerprints` ourselves from (code, path, tensor, weight set): no line
+number and no message wording, so code scanning tracks a finding across
+commits (a re-worded message or a config.json edited above the flagged line
+is the same alert) without anyone reading the weights.
 """
 
 from __future__ import annotations
@@ -48,8 +50,16 @@ def artifact_location(path: str) -> dict[str, Any]:
     return {"uri": quote(posix, safe="/"), "uriBaseId": SRCROOT}
 
 
+FINGERPRINT_KEY = "ckptGuardFinding/v1"  # our own, beside the one code scanning reads
+
+
 def fingerprint(finding: Finding, occurrence: int) -> str:
-    key = "\x1f".join((finding.code, workspace_relative(finding.path), finding.tensor or "", str(occurrence)))
+    """What identifies a finding across commits: rule, file, tensor, weight set (and which repeat of them).
+
+    Never the line or the message: both move when nothing about the finding changed.
+    """
+    key = "\x1f".join((finding.code, workspace_relative(finding.path), finding.tensor or "", finding.set or "",
+                       str(occurrence)))
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16] + ":1"
 
 
@@ -60,12 +70,13 @@ def result(finding: Finding, rule_index: dict[str, int], occurrence: int) -> dic
     location: dict[str, Any] = {"physicalLocation": physical}
     if finding.tensor:
         location["logicalLocations"] = [{"name": bounded(finding.tensor, 1024), "kind": "member"}]
+    stable = fingerprint(finding, occurrence)
     out: dict[str, Any] = {
         "ruleId": finding.code,
         "level": finding.severity.value,
         "message": {"text": bounded(finding.message) or finding.code},
         "locations": [location],
-        "partialFingerprints": {"primaryLocationLineHash": fingerprint(finding, occurrence)},
+        "partialFingerprints": {"primaryLocationLineHash": stable, FINGERPRINT_KEY: stable},
     }
     if finding.code in rule_index:
         out["ruleIndex"] = rule_index[finding.code]
@@ -110,10 +121,10 @@ def sarif_fixes(finding: Finding) -> list[dict[str, Any]]:
 def render_sarif(report: Report) -> str:
     rule_index = {rule.code: i for i, rule in enumerate(RULES)}
     findings = report.sorted_findings()
-    seen: dict[tuple[str, str, str], int] = {}
+    seen: dict[tuple[str, str, str, str], int] = {}
     results = []
     for finding in findings[:MAX_RESULTS]:
-        key = (finding.code, finding.path, finding.tensor or "")
+        key = (finding.code, finding.path, finding.tensor or "", finding.set or "")
         seen[key] = seen.get(key, 0) + 1
         results.append(result(finding, rule_index, seen[key] - 1))
     invocation: dict[str, Any] = {"executionSuccessful": True}

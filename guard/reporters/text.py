@@ -116,8 +116,12 @@ def _model_lines(model: ModelSummary, color: bool, *, has_findings: bool) -> lis
         head += f", {len(model.sets)} weight sets"
     if model.config_dtype:
         head += f", config dtype {inert_text(model.config_dtype)}"
-    if model.quantization:
-        head += f", quantized: {inert_text(model.quantization)}"
+    if model.quantization is not None:
+        head += f", quantized: {inert_text(model.quantization.label, limit=80)}"
+        if model.bits_per_weight:
+            head += f", {model.bits_per_weight:.2f} bits per weight"
+        if model.quantization.note:
+            head += f"; {model.quantization.note}"
     lines = [_paint(head + ")", "1", color)]
     sets = model.all_sets
     if not any(ws.dtypes for ws in sets):

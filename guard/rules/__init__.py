@@ -27,6 +27,12 @@ from guard.rules.dtype_policy import (
 from guard.rules.formats import check_declared_dtypes
 from guard.rules.no_tensors import no_tensor_findings
 from guard.rules.pickle_only import check_pickle_only
+from guard.rules.quantized import (
+    check_quantization_method,
+    check_quantized_components,
+    check_quantized_modules,
+    check_quantized_shapes,
+)
 from guard.rules.shards import check_shard_index
 from guard.rules.targets import check_target_support
 from guard.rules.training import file_findings
@@ -49,6 +55,10 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG107", check_copies_agree),
     ("CG108", check_variant_dtype),
     ("CG109", check_variant_shards),
+    ("CG110", check_quantized_components),
+    ("CG111", check_quantized_shapes),
+    ("CG112", check_quantization_method),
+    ("CG113", check_quantized_modules),
 )
 
 

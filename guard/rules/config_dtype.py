@@ -32,7 +32,7 @@ from guard.dtypes import display_name as dn
 from guard.findings import Finding, Severity, shown
 from guard.fixes import Fix, make_fix
 from guard.inventory import ConfigDtype, ModelInventory, WeightSet
-from guard.rules.dtype_fixes import config_edits, config_params, set_cast_params, set_writes
+from guard.rules.dtype_fixes import config_edits, config_params, quantized_no_fix, set_cast_params, set_writes
 from guard.rules.dtype_policy import dominant_float, judged_sets, policed_parameters
 from guard.tensors import FileScan
 
@@ -45,6 +45,7 @@ def check_config_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Finding]
     items = inv.config_dtypes()
     weights = dominant_float(inv, primary, policy)
     fix = config_fix(inv, primary, weights, policy) if weights is not None else None
+    fix = quantized_no_fix(inv, primary, "CG103") or fix
     yield from (f._replace(fix=fix) for f in _both_keys_disagree(inv, items))
     if weights is None:
         return
@@ -81,8 +82,8 @@ def config_fix(inv: ModelInventory, primary: WeightSet, weights: str, policy: Po
     (``--to-config``): the weights cast to the dtype the config declares, when it declares one.
     """
     edits = config_edits(inv, weights)
-    if not edits:
-        return None
+    if not edits or inv.quantization(primary) is not None:
+        return None  # a quantized set: its config dtype is the compute dtype (dtype_fixes.quantized_no_fix)
     declared = {str(edit["was"]) for edit in edits}
     keys = sorted({str(edit["key"]) for edit in edits})
     olds = sorted({str(edit["old"]) for edit in edits})

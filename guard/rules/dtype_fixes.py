@@ -12,8 +12,8 @@ import json
 
 from guard import dtypes
 from guard.config import Policy
+from guard.fixes import Fix, no_fix
 from guard.inventory import ModelInventory, WeightSet
-from guard.jsonspan import JsonSpanError, find_values
 
 CASTABLE_FORMATS = ("safetensors",)  # sets set-cast can replace: nothing here writes pickles or msgpack again
 DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers' key before 4.56, and since
@@ -48,12 +48,16 @@ def config_edits(inv: ModelInventory, code: str) -> list[dict[str, object]] | No
     info = dtypes.DTYPES.get(code)
     if info is None or info.torch is None or inv.config_path is None or not isinstance(inv.config, dict):
         return None
+    if inv.quantization() is not None:
+        return None  # a quantized model's config dtype is its compute dtype: see quantized_no_fix
     new = json.dumps(info.torch)  # what transformers writes: "bfloat16", "float16", "float32"
     edits: list[dict[str, object]] = []
     for path, value in dtype_keys(inv.config):
         held = dtypes.parse_dtype_name(value)
         if value == "auto" or held is None or held == code:
             continue
+        from guard.jsonspan import JsonSpanError, find_values  # only where a config dtype is to be rewritten
+
         try:
             spans = find_values(inv.config_text, path)
         except JsonSpanError:
@@ -93,6 +97,17 @@ def set_cast_params(inv: ModelInventory, ws: WeightSet, policy: Policy, *, to: s
             "index": index[0] if index else None, "reads": files + index + config, "to": to,
             "keep_fp32": list(policy.keep_fp32), "bytes": cast_bytes(ws, to, policed),
             "config": {**config_params(inv, edits, to), "writes": [inv.config_path]} if edits else None}
+
+
+def quantized_no_fix(inv: ModelInventory, ws: WeightSet | None, code: str) -> Fix | None:
+    """Why a quantized set, or its config, gets no dtype fix (the fix field its CG101-CG103 findings carry)."""
+    quant = inv.quantization(ws)
+    if quant is None:
+        return None
+    return no_fix(code, f"the set is quantized ({quant.label}): a cast would rewrite its packed weights and scales, "
+                        "and config.json's dtype is the compute dtype of its unquantized tensors. Quantize again "
+                        "from full-precision weights, or write a full-precision copy with "
+                        "`ckpt-guard convert --dequantize`")
 
 
 def set_writes(inv: ModelInventory, ws: WeightSet) -> tuple[str, ...]:

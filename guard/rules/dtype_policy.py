@@ -18,8 +18,9 @@ from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
 from guard.fixes import Fix, make_fix
 from guard.inventory import ModelInventory, WeightSet
+from guard.inventory.quantization import component_roles
 from guard.rules.dtype_fixes import relative  # noqa: F401  (guard.rules.variants imports it from here)
-from guard.rules.dtype_fixes import set_cast_params, set_writes
+from guard.rules.dtype_fixes import quantized_no_fix, set_cast_params, set_writes
 from guard.tensors import TensorInfo
 
 
@@ -31,8 +32,8 @@ def judged_sets(inv: ModelInventory) -> Iterator[WeightSet]:
 def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tuple[TensorInfo, ...]]:
     """Floating tensors of one set the dtype policy applies to, by dtype code (once per set and policy).
 
-    Quantized payloads (F8/F6/F4, ggml block types) and their scales are quantization
-    by design, not a mix; tensors matching keep-fp32 that *are* fp32 are allowed to be;
+    Quantized payloads (F8/F6/F4, ggml block types) and a quantized set's components (payloads,
+    scales, zeros, metadata: ``component_roles``) are quantization by design, not a mix; tensors matching keep-fp32 that *are* fp32 are allowed to be;
     so are a GGUF file's 1-D F32 tensors.  Codes keep the set's order of first appearance.
     """
     key = ("policed", policy)
@@ -43,7 +44,11 @@ def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) ->
 
 
 def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tuple[TensorInfo, ...]]:
-    quantized = inv.quantization(ws) is not None
+    quant = inv.quantization(ws)
+    if quant is not None and not quant.known:
+        return {}  # a method the table does not know: which tensors are its components, nobody here can say
+    # a quantized set's payloads, scales, zeros and metadata are components (guard.inventory.quant_conventions)
+    roles = component_roles(inv, ws) if quant is not None else {}
     # GGUF file types are "mostly X, except 1-d tensors", which stay F32 by design
     gguf_files = {scan.path for scan in ws.files if scan.format == "gguf"}
     keeps_fp32 = fp32_keeper(policy.keep_fp32)
@@ -51,14 +56,12 @@ def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tu
     for code, group in ws.by_dtype().items():
         if not dtypes.is_float(code) or code in dtypes.QUANTIZED_CODES:
             continue
-        if code == "F32" and (gguf_files or quantized):
-            group = tuple(t for t in group if not (
-                (t.file in gguf_files and len(t.shape) <= 1) or (quantized and "scale" in t.name.lower())
-                or keeps_fp32(t.name)))
+        if roles:
+            group = tuple(t for t in group if t.name not in roles)
+        if code == "F32" and gguf_files:
+            group = tuple(t for t in group if not ((t.file in gguf_files and len(t.shape) <= 1) or keeps_fp32(t.name)))
         elif code == "F32":  # the common case: keep-fp32 alone decides
             group = tuple(t for t in group if not keeps_fp32(t.name))
-        elif quantized:
-            group = tuple(t for t in group if "scale" not in t.name.lower())
         if group:
             policed[code] = group
     whole = ws.by_dtype()
@@ -125,13 +128,14 @@ def check_unexpected_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Find
                  if "compressed" in s.metadata}
         # one fix for the set, on each of its findings (an adapter may stay fp32: the other dtype is the target)
         fix = _cast_fix(inv, ws, policy, to=next(iter(allowed - {"F32"}), "F32")) if groups else None
+        fix = quantized_no_fix(inv, ws, "CG101") or fix
         for (file, code), tensors in sorted(groups.items()):
             params = sum(t.numel for t in tensors)
             yield make_finding(
                 "CG101", file,
                 f"{len(tensors)} floating tensor(s) ({params:,} parameters) are {dn(code)}, "
                 f"expected {wanted} ({how}); e.g. {shown(tensors[0].name)}"
-                + (f". {hints[code]}" if hints.get(code) else ""),
+                + (f". {hints[code]}" if hints.get(code) else "") + _quantized_note(inv, ws),
                 tensor=tensors[0].name,
             )._replace(set=ws.name, fix=fix)
 
@@ -149,12 +153,19 @@ def check_mixed_float_dtypes(inv: ModelInventory, policy: Policy) -> Iterator[Fi
         fix = None
         if expectation is not None and ws.role != "adapter":  # uniform: which dtype is the user's to say
             fix = _cast_fix(inv, ws, policy, to=next(iter(expectation[0])))
+        fix = quantized_no_fix(inv, ws, "CG102") or fix
         yield make_finding(
             "CG102", minority.file,
             f"{ws.name} of model {inv.path!r} mixes floating dtypes ({parts}); e.g. {shown(minority.name)} is "
-            f"{dn(minority.dtype)}. Convert to one dtype or allow deliberate fp32 tensors with --keep-fp32",
+            f"{dn(minority.dtype)}. Convert to one dtype or allow deliberate fp32 tensors with --keep-fp32"
+            + _quantized_note(inv, ws),
             tensor=minority.name,
         )._replace(set=ws.name, fix=fix)
+
+
+def _quantized_note(inv: ModelInventory, ws: WeightSet) -> str:
+    quant = inv.quantization(ws)
+    return f" (the set is quantized, {quant.label}: its unquantized tensors are judged)" if quant is not None else ""
 
 
 def _cast_fix(inv: ModelInventory, ws: WeightSet, policy: Policy, *, to: str) -> Fix | None:
@@ -192,7 +203,10 @@ def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[F
             continue
         is_norm = fp32_keeper(NORM_PATTERNS)  # the same globs, matched the same way
         groups: dict[str, list[TensorInfo]] = defaultdict(list)
-        for tensor in ws.tensors:  # file order: a file's first norm is its example, whichever half dtype
+        halves = [ws.by_dtype()[code] for code in ("BF16", "F16") if code in ws.by_dtype()]
+        # one half dtype (the common case): its group is already in file order, and holds nothing else
+        candidates = halves[0] if len(halves) == 1 else ws.tensors
+        for tensor in candidates:  # file order: a file's first norm is its example, whichever half dtype
             if tensor.dtype in ("BF16", "F16") and is_norm(tensor.name):
                 groups[tensor.file].append(tensor)
         for file, tensors in sorted(groups.items()):

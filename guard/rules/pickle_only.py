@@ -96,6 +96,10 @@ def _refusal(ws: WeightSet) -> str:
                     "not copied from a file that may run code")
         if scan.format is None or codes & {"CG001", "CG005"} or not scan.tensors:
             return f"{name} is not readable as plain tensors ({', '.join(sorted(codes)) or 'no tensors'})"
+        if scan.metadata.get("torchao_subclasses"):  # guard.readers.torch: torchao's quantized weights
+            return (f"{name} holds torchao tensor subclasses; a plain safetensors copy would keep their components "
+                    "without the subclass records transformers needs to load them (save with torchao's own "
+                    "safetensors support, or dequantize with `ckpt-guard convert --dequantize`)")
         if scan.metadata.get("torch_quantized_tensors"):
             return (f"{name} holds torch-quantized tensors whose scales only the pickle keeps; safetensors would "
                     "hold bare integers")

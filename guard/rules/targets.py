@@ -10,7 +10,8 @@ from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
-from guard.inventory import ModelInventory
+from guard.inventory import ModelInventory, WeightSet
+from guard.inventory.quantization import component_roles
 from guard.tensors import FileScan, TensorInfo
 
 _NEEDS_ML_DTYPES = {"BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0",
@@ -43,6 +44,11 @@ UNSUPPORTED["onnxruntime"] = {
 # The runtime a format's files are made for: their tensors meet its limits whatever --target says.
 FORMAT_TARGETS: dict[str, str] = {"onnx": "onnxruntime"}
 
+# Weight sets in export formats that `convert` never reads: their dtypes do not reach a conversion target
+# (each runs under its own runtime; ONNX's limits are FORMAT_TARGETS above).
+EXPORT_FORMATS = frozenset({"onnx", "openvino", "tflite", "coreml", "tensorflow"})
+_EXPORT_FILE_FORMATS = frozenset({"onnx", "openvino", "tflite", "coreml", "tf-bundle"})
+
 # Integer buffers Flax models do not carry (transformers rebuilds them), so their
 # width never reaches JAX: position/token-type id tables, batch-norm counters.
 _FLAX_DROPPED_BUFFERS = ("*_ids", "*num_batches_tracked")
@@ -69,9 +75,20 @@ def check_target_support(inv: ModelInventory, policy: Policy) -> Iterator[Findin
         if ws.judged:
             for scan in ws.files:
                 yield from (f._replace(set=ws.name) for f in format_target_findings(scan))
-            if all(scan.format in FORMAT_TARGETS for scan in ws.files):
-                continue  # an .onnx is run by its runtime, never converted: its I64 shape constants are not for JAX
-            yield from (f._replace(set=ws.name) for f in _check_set(ws.by_dtype(), policy))
+            if ws.format in EXPORT_FORMATS or all(scan.format in _EXPORT_FILE_FORMATS for scan in ws.files):
+                continue  # an export is run by its runtime, never converted: its I64 shape constants are not for JAX
+            yield from (f._replace(set=ws.name) for f in _check_set(_converted_tensors(inv, ws), policy))
+
+
+def _converted_tensors(inv: ModelInventory, ws: WeightSet) -> Mapping[str, Sequence[TensorInfo]]:
+    """The set's tensors by dtype; a quantized set's components left out (a conversion dequantizes them away,
+    or refuses: their dtypes never meet the target)."""
+    by_dtype = ws.by_dtype()
+    roles = component_roles(inv, ws) if inv.quantization(ws) is not None else {}
+    if not roles:
+        return by_dtype
+    kept = {code: tuple(t for t in group if t.name not in roles) for code, group in by_dtype.items()}
+    return {code: group for code, group in kept.items() if group}
 
 
 def _check_set(by_dtype: Mapping[str, Sequence[TensorInfo]], policy: Policy) -> Iterator[Finding]:

@@ -13,7 +13,7 @@ Which checks fire:
   of an fp32 model rounds under bf16, and one note per tensor would bury the rest.
   The per-tensor figures are in ``extra["values"]``.
 
-Reading: ``os.preadv`` into one reused, page-aligned 1 MiB buffer per worker
+Reading: ``os.preadv`` into one reused, page-aligned 256 KiB buffer per worker
 thread rather than mapping the file: the same bounded memory, the chunk and its work arrays stay in
 the CPU cache across the few passes over it (16 MiB chunks ran at half the
 speed), and a file that shrinks while it is read gives a short read (a CG001
@@ -38,7 +38,9 @@ from guard.inventory import ModelInventory
 from guard.progress import ByteProgress
 from guard.tensors import TensorInfo
 
-CHUNK_BYTES = 1024 * 1024  # small enough that each chunk's passes stay in the CPU cache
+# small enough that a chunk, its magnitudes and its flags (2.5x the chunk) stay in a core's L2 cache
+# across the passes over them: 256 KiB scanned bf16 15 % faster than 1 MiB, 64 KiB paid the calls
+CHUNK_BYTES = 256 * 1024
 WORKERS = min(4, os.cpu_count() or 1)  # peak memory: a few MiB per worker
 FP16_MAX, FP16_TINY = "65504", "2^-14"
 
@@ -56,7 +58,11 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
     in_play = requested + (("F16",) if policy.expect == "F16" and "F16" not in requested else ())
     labels = {t.dtype: str(t) for t in policy.targets if t.dtype}
     labels.setdefault("F16", "--expect fp16")
-    checked = [t for t in _located_tensors(inv) if dtypes.is_float(t.dtype) or t.dtype == "C64"]
+    from guard.values.quantized import packed_under_float  # bnb 4-bit bytes stored as bf16/f32: not values
+
+    packed = packed_under_float(inv)
+    checked = [t for t in _located_tensors(inv) if (dtypes.is_float(t.dtype) or t.dtype == "C64")
+               and (t.file, t.name) not in packed]
     findings: list[Finding] = []
     stats: list[dict[str, Any]] = []
     rounding: dict[tuple[str, str], list[tuple[float, float | None, str, int]]] = {}
@@ -99,6 +105,9 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
     from guard.values.copies import copy_value_findings  # CG107: copies that agree on headers, by value
 
     findings.extend(copy_value_findings(inv, policy))
+    from guard.values.quantized import quantized_value_findings  # CG205/CG206: scales, saturated FP8
+
+    findings.extend(quantized_value_findings(inv))
     return ValueResults(findings, stats)
 
 

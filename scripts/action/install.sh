@@ -6,7 +6,8 @@ fail() { echo "::error title=ckpt-guard::$1"; exit 2; }
 
 case "$CG_FAIL_ON" in error|warning|note|never) ;; *) fail "fail-on must be error, warning, note or never" ;; esac
 for pair in "values=$CG_VALUES" "parity=$CG_PARITY" "changed-only=$CG_CHANGED_ONLY" \
-            "summary=$CG_SUMMARY" "annotate=$CG_ANNOTATE" "fix=${CG_FIX:-false}"; do
+            "summary=$CG_SUMMARY" "annotate=$CG_ANNOTATE" "fix=${CG_FIX:-false}" \
+            "report-existing=${CG_REPORT_EXISTING:-false}"; do
   case "${pair#*=}" in true|false) ;; *) fail "${pair%%=*} must be true or false" ;; esac
 done
 case "$CG_CONVERT" in ""|flax|torch) ;; *) fail "convert must be flax, torch or empty" ;; esac

@@ -24,11 +24,23 @@ if [ "$rc" -gt 1 ] || [ ! -s "$report" ]; then
   exit 0
 fi
 
+# On a pull request compared with its base (the diff step), annotations, outputs and the verdict
+# cover only the findings it introduces, unless report-existing; SARIF always holds every finding
+# (code scanning tells new alerts from old ones by their fingerprints).
+verdict="$report"
+if [ -n "${CG_DIFF_REPORT:-}" ] && [ -s "$CG_DIFF_REPORT" ] && [ "${CG_REPORT_EXISTING:-false}" != true ]; then
+  verdict="$CG_DIFF_REPORT"
+  rc="${CG_DIFF_EXIT:-$rc}"
+  echo "ckpt-guard: the verdict covers the ${CG_DIFF_INTRODUCED:-0} finding(s) this pull request introduces" \
+       "(report-existing: true judges the whole snapshot)."
+fi
+
 # render: `report` exits 1 when the result fails the policy, which is not an error here
 render() { "$CG_BIN" report "$report" "$@"; [ $? -le 1 ]; }
+render_verdict() { "$CG_BIN" report "$verdict" "$@"; [ $? -le 1 ]; }
 
 if [ "$CG_ANNOTATE" = true ]; then
-  render --format github || echo "::warning title=ckpt-guard::could not render annotations"
+  render_verdict --format github || echo "::warning title=ckpt-guard::could not render annotations"
 fi
 
 "$CG_PYTHON" - "$report" <<'PY'
@@ -42,8 +54,14 @@ if pointers:
 PY
 
 if [ "$CG_SUMMARY" = true ] && [ -n "${GITHUB_STEP_SUMMARY:-}" ]; then
-  if ! render --format markdown --output "$root/summary.md" \
-     || ! cat "$root/summary.md" >> "$GITHUB_STEP_SUMMARY" 2>/dev/null; then
+  # the pull request's diff first (its findings introduced and resolved); the snapshot's report
+  # where it is the verdict (no base to compare with, or report-existing)
+  parts=()
+  [ -n "${CG_DIFF_SUMMARY:-}" ] && [ -s "$CG_DIFF_SUMMARY" ] && parts+=("$CG_DIFF_SUMMARY")
+  if [ "$verdict" = "$report" ]; then
+    render --format markdown --output "$root/summary.md" && parts+=("$root/summary.md") || parts+=("")
+  fi
+  if [ "${#parts[@]}" -eq 0 ] || ! cat "${parts[@]}" >> "$GITHUB_STEP_SUMMARY" 2>/dev/null; then
     echo "::warning title=ckpt-guard::could not write the job summary; the findings are in the log and in $report"
   fi
 fi
@@ -59,10 +77,10 @@ if [ -n "$CG_SARIF_FILE" ]; then
   fi
 fi
 
-"$CG_PYTHON" - "$report" "$sarif" "$rc" <<'PY'
+"$CG_PYTHON" - "$report" "$sarif" "$rc" "$verdict" <<'PY'
 import json, os, sys, uuid
-report, sarif, rc = sys.argv[1:]
-summary = json.load(open(report, encoding="utf-8"))["summary"]
+report, sarif, rc, verdict = sys.argv[1:]
+summary = json.load(open(verdict, encoding="utf-8"))["summary"]
 values = {"findings": summary["findings"], "errors": summary["errors"], "warnings": summary["warnings"],
           "report": os.path.abspath(report), "sarif-file": sarif, "exit-code": rc}
 with open(os.environ["GITHUB_OUTPUT"], "a", encoding="utf-8") as out:

@@ -69,6 +69,9 @@ for commit in "$base" "$head"; do
   fi
 done
 
+# a pull request with its base in this clone: the diff step compares each changed model with it
+case "${GITHUB_EVENT_NAME:-}" in pull_request*) echo "base=$base" >> "$GITHUB_OUTPUT" ;; esac
+
 changed="$root/changed.list"
 git diff --name-only -z --no-ext-diff --diff-filter=ACMRT --relative "$base...$head" > "$changed" 2>/dev/null \
   || git diff --name-only -z --no-ext-diff --diff-filter=ACMRT --relative "$base..$head" > "$changed" \

@@ -6,6 +6,7 @@ later, one tensor at a time, by the loader attached to each tensor.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,8 @@ def choose_layout(src: Path, *, to: str, variant: str | None = None) -> tuple[st
     candidates = [fmt for fmt in _FAMILIES if (fmt, variant) in found]
     fmt = next((f for f in candidates if _FAMILIES[f][0] != to), candidates[0])
     files = found[(fmt, variant)]
+    if "single" in files and "index" in files and _indexes_only(files["index"], files["single"]):
+        del files["index"]  # mlx-lm writes an index for its one shard: one copy, not two
     if "single" in files and "index" in files:
         raise UsageError(f"{src}: both {files['single'].name} and {files['index'].name} hold the same copy; "
                          "remove the stale one (convert will not guess which is current)")
@@ -75,6 +78,17 @@ def choose_layout(src: Path, *, to: str, variant: str | None = None) -> tuple[st
         raise UsageError(f"{src}: shards such as {files['shard'].name} without their index: nothing to convert")
     framework, name = _FAMILIES[fmt]
     return framework, name, files.get("single"), files.get("index")
+
+
+def _indexes_only(index: Path, single: Path) -> bool:
+    """True when the index's weight map names no file but ``single`` (mlx-lm's one-shard index)."""
+    try:
+        with index.open("rb") as fh:
+            data = fh.read(64 * 2**20 + 1)  # an index is small; a huge one is not this case
+        weight_map = json.loads(data).get("weight_map") if len(data) <= 64 * 2**20 else None
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(weight_map, dict) and bool(weight_map) and set(weight_map.values()) == {single.name}
 
 
 def open_source(src: Path, *, to: str, variant: str | None = None) -> SourceModel:
@@ -87,10 +101,12 @@ def open_source(src: Path, *, to: str, variant: str | None = None) -> SourceMode
     elif not _check_shards(src, model, scans):
         return model
     loader: Loader = TorchBinLoader() if fmt == "torch-bin" else RangeLoader()
-    chunked = FlaxWholeFileLoader()
+    chunked, ranges = FlaxWholeFileLoader(), RangeLoader()
     for path in model.files:
         for info in _list_tensors(path, fmt, model.findings, scans.get(path)):
             use = chunked if fmt == "flax-msgpack" and info.data_start is None else loader
+            if fmt == "torch-bin" and info.data_start is not None:
+                use = ranges  # a torchao subclass's components, placed by the scanner's walker
             model.tensors.append(SourceTensor(info, use))
     return model
 
@@ -113,12 +129,28 @@ def _check_shards(src: Path, model: SourceModel, scans: dict[Path, FileScan]) ->
     return True
 
 
+def _torchao_components(path: Path) -> list[TensorInfo]:
+    """A torchao pickle's plain component tensors (``P._weight_qdata``...), each a byte range of the zip:
+    read by the scanner's walker (guard.readers.torch), never unpickled."""
+    from guard.readers.torch.zip import read_torch_zip
+    from guard.sources import LocalFile
+
+    with LocalFile(path, name=str(path)) as source:
+        infos = list(read_torch_zip(source, locate_data=True).tensors)
+    strided = next((i.name for i in infos if i.stride is not None or i.data_start is None), None)
+    if strided is not None:
+        raise MalformedCheckpoint(f"tensor {strided!r} is a strided view or not placed; not read by byte range")
+    return infos
+
+
 def _list_tensors(path: Path, fmt: str, findings: list[Finding], scan: FileScan | None) -> list[TensorInfo]:
     if fmt == "torch-bin" and scan is not None and any(f.code in ("CG001", "CG003") for f in scan.findings):
         findings.extend(scan.findings)  # unreadable or unsafe headers: torch never opens the file
         return []
     if fmt == "torch-bin":
         try:
+            if scan is not None and "torchao_subclasses" in scan.metadata:
+                return _torchao_components(path)  # torch's weights-only loader refuses torchao's classes
             return torch_bin_tensors(path)
         except UnsafePickle as exc:
             findings.append(make_finding("CG003", str(path), f"unsafe pickle: {exc}"))

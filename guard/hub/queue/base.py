@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from guard.errors import GuardError
@@ -14,7 +14,7 @@ PR_REF = re.compile(r"^refs/pr/(\d+)$")
 # failed -> queued on a redelivery or `hub jobs --requeue-failed`.
 STATES = ("queued", "running", "answered", "skipped", "failed")
 PENDING = ("queued", "running")
-SCHEMA_VERSION = 2  # 2: the Hub endpoint is part of a job's key (rows from 1 keep endpoint '')
+SCHEMA_VERSION = 3  # 2: the Hub endpoint is part of a job's key (rows from 1 keep endpoint ''); 3: old_sha
 
 
 class QueueError(GuardError):
@@ -29,6 +29,10 @@ class Job:
     # The Hub it was pushed to (no trailing /): the same (repo, ref, sha) on a staging Hub and in
     # production are two jobs.  '' is a job queued before the endpoint was recorded: any reviewer takes it.
     endpoint: str = ""
+    # The ref's head before the push (the event's oldSha): the reviewer answers with the diff against it.
+    # None: unknown (a new branch or pull request, or a job queued before it was recorded): the whole
+    # snapshot is reviewed.  Not part of the key: a redelivery of the same push is the same job.
+    old_sha: str | None = field(default=None, compare=False)
 
     @property
     def pr_num(self) -> int | None:
@@ -49,7 +53,7 @@ class QueuedJob:
 
     def to_json(self) -> dict[str, object]:
         return {"id": self.id, "endpoint": self.job.endpoint or None, "repo": self.job.repo_id,
-                "ref": self.job.ref, "sha": self.job.sha, "state": self.state, "attempts": self.attempts,
+                "ref": self.job.ref, "sha": self.job.sha, "old_sha": self.job.old_sha, "state": self.state, "attempts": self.attempts,
                 "enqueued_at": self.enqueued_at, "updated_at": self.updated_at, "worker": self.worker,
                 "error": self.error}
 

@@ -32,10 +32,12 @@ SCHEMA = (
     f"ALTER TABLE {TABLE} DROP CONSTRAINT IF EXISTS {TABLE}_repo_ref_sha_key",
     f"CREATE UNIQUE INDEX IF NOT EXISTS {TABLE}_key ON {TABLE} (endpoint, repo, ref, sha)",
     f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE} (state, next_at)",
+    # Schema 3: the push's previous head (the event's oldSha); NULL for older rows (the snapshot is reviewed).
+    f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS old_sha TEXT",
 )
 SCHEMA_LOCK = 0x636B7074  # pg_advisory_xact_lock key: "ckpt"
 COLUMNS = ("id, endpoint, repo, ref, sha, state, attempts, extract(epoch FROM enqueued_at), "
-           "extract(epoch FROM updated_at), worker, error")
+           "extract(epoch FROM updated_at), worker, error, old_sha")
 HELD = "id = %s AND worker = %s AND state = 'running'"
 
 
@@ -90,9 +92,10 @@ class PostgresQueue:
             out = []
             for job in jobs:
                 key = (job.endpoint, job.repo_id, job.ref, job.sha)
-                row = db.execute(f"INSERT INTO {TABLE} (endpoint, repo, ref, sha, state) "
-                                 "VALUES (%s, %s, %s, %s, 'queued') "
-                                 "ON CONFLICT (endpoint, repo, ref, sha) DO NOTHING RETURNING id", key).fetchone()
+                row = db.execute(f"INSERT INTO {TABLE} (endpoint, repo, ref, sha, state, old_sha) "
+                                 "VALUES (%s, %s, %s, %s, 'queued', %s) "
+                                 "ON CONFLICT (endpoint, repo, ref, sha) DO NOTHING RETURNING id",
+                                 (*key, job.old_sha)).fetchone()
                 if row is None:  # known: only a failed job comes back
                     row = db.execute(f"UPDATE {TABLE} SET state = 'queued', attempts = 0, next_at = now(), "
                                      "updated_at = now(), error = NULL, worker = NULL WHERE endpoint = %s "
@@ -192,8 +195,8 @@ class PostgresQueue:
 
 
 def _job(row: Sequence[Any]) -> QueuedJob:
-    job_id, endpoint, repo, ref, sha, state, attempts, enqueued, updated, worker, error = row
-    return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint), state, int(attempts), float(enqueued), float(updated),
+    job_id, endpoint, repo, ref, sha, state, attempts, enqueued, updated, worker, error, old_sha = row
+    return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint, old_sha), state, int(attempts), float(enqueued), float(updated),
                      worker, error)
 
 

@@ -22,7 +22,7 @@ TABLE = """CREATE TABLE IF NOT EXISTS {name} (
         endpoint TEXT NOT NULL DEFAULT '', repo TEXT NOT NULL, ref TEXT NOT NULL, sha TEXT NOT NULL,
         state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
         enqueued_at REAL NOT NULL, updated_at REAL NOT NULL, next_at REAL NOT NULL,
-        lease_until REAL, worker TEXT, error TEXT,
+        lease_until REAL, worker TEXT, error TEXT, old_sha TEXT,
         UNIQUE (endpoint, repo, ref, sha))"""
 SCHEMA = (TABLE.format(name="jobs"), "CREATE INDEX IF NOT EXISTS jobs_due ON jobs (state, next_at)")
 # Schema 1 keyed jobs by (repo, ref, sha).  SQLite cannot change a table's UNIQUE constraint, so the
@@ -35,7 +35,9 @@ MIGRATE_1_TO_2 = (
     "DROP TABLE jobs",
     "ALTER TABLE jobs_v2 RENAME TO jobs",
 )
-COLUMNS = "id, endpoint, repo, ref, sha, state, attempts, enqueued_at, updated_at, worker, error"
+# Schema 2 had no old_sha (the push's previous head): a column added with NULL, as a job of unknown base.
+MIGRATE_2_TO_3 = ("ALTER TABLE jobs ADD COLUMN old_sha TEXT",)
+COLUMNS = "id, endpoint, repo, ref, sha, state, attempts, enqueued_at, updated_at, worker, error, old_sha"
 BUSY_TIMEOUT_MS = 30_000
 
 
@@ -57,6 +59,10 @@ class SqliteQueue:
                 columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)").fetchall()}
                 if columns and "endpoint" not in columns:  # a schema-1 queue
                     for statement in MIGRATE_1_TO_2:
+                        db.execute(statement)
+                    columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)").fetchall()}
+                if columns and "old_sha" not in columns:  # a schema-2 queue
+                    for statement in MIGRATE_2_TO_3:
                         db.execute(statement)
                 for statement in SCHEMA:  # not executescript: it would commit the open transaction
                     db.execute(statement)
@@ -85,8 +91,8 @@ class SqliteQueue:
             for job in jobs:
                 key = (job.endpoint, job.repo_id, job.ref, job.sha)
                 inserted = db.execute(
-                    "INSERT OR IGNORE INTO jobs (endpoint, repo, ref, sha, state, enqueued_at, updated_at, next_at) "
-                    "VALUES (?, ?, ?, ?, 'queued', ?, ?, ?)", (*key, now, now, now)).rowcount
+                    "INSERT OR IGNORE INTO jobs (endpoint, repo, ref, sha, state, enqueued_at, updated_at, next_at, "
+                    "old_sha) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)", (*key, now, now, now, job.old_sha)).rowcount
                 if not inserted:  # known: only a failed job comes back
                     inserted = db.execute(
                         "UPDATE jobs SET state = 'queued', attempts = 0, next_at = ?, updated_at = ?, error = NULL, "
@@ -188,6 +194,6 @@ class SqliteQueue:
 
 
 def _job(row: tuple) -> QueuedJob:  # type: ignore[type-arg]
-    job_id, endpoint, repo, ref, sha, state, attempts, enqueued, updated, worker, error = row
-    return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint), state, int(attempts), float(enqueued), float(updated),
+    job_id, endpoint, repo, ref, sha, state, attempts, enqueued, updated, worker, error, old_sha = row
+    return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint, old_sha), state, int(attempts), float(enqueued), float(updated),
                      worker, error)

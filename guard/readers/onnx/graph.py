@@ -10,6 +10,11 @@ walking each of them is the reference):
   ``value_ints`` I64 by the operator's definition (``value_string(s)`` STRING), a
   0-d or 1-d tensor like any other: a float constant is computed in F32 whatever
   the rest of the graph is, so it counts as a weight like an F32 initializer;
+- tensors held in an attribute of any other node, whatever its operator:
+  ``t``, ``sparse_tensor``, ``tensors`` and ``sparse_tensors`` (ConstantOfShape's
+  ``value``, the weights onnx's own "light" backend models keep so, a custom
+  operator's tensors), named ``<node>/<attribute>`` (``[k]`` for a list), where
+  ``<node>`` is the node's name, else ``<op_type>#<index>``;
 - subgraphs held in node attributes of type GRAPH or GRAPHS (If's branches, Loop
   and Scan bodies), to any depth protobuf parses;
 - the bodies of ``model.functions`` (FunctionProto nodes).
@@ -92,6 +97,8 @@ class _Attribute:
     graphs: list[Spans] = field(default_factory=list)  # graphs: numbered
     tensor: Spans = field(default_factory=list)  # t
     sparse: Spans = field(default_factory=list)  # sparse_tensor
+    tensors: list[Spans] = field(default_factory=list)  # tensors: numbered, each its own message
+    sparses: list[Spans] = field(default_factory=list)  # sparse_tensors
     reference: bool = False  # ref_attr_name: a function's attribute stands here, no value
     value: ConstantValue = field(default_factory=ConstantValue)
 
@@ -171,16 +178,14 @@ class _Walk:
         node_field = 7 if body.function else 1
         names: set[str] = set()
         io: list[tuple[int, Field]] = []
-        constants: list[tuple[TensorInfo, bool, RawTensor | None]] = []  # named at the graph's end
+        constants: list[tuple[TensorInfo, bool, RawTensor | None]] = []  # named at the graph's end, node order
         nodes = 0
         for start, end in body.spans:
             for f in self.wire.fields(start, end, depth):
                 if f.wire != LEN:
                     self.wire.validate_field(known.get(f.number), f, depth)
                 elif f.number == node_field:
-                    constant = self.node(f, depth + 1, nodes, body.prefix)
-                    if constant is not None:
-                        info, unknown, raw = constant_info(constant[1], constant[0], self.source.name)
+                    for info, unknown, raw in self.node(f, depth + 1, nodes, body.prefix):
                         constants.append((info, unknown, raw if raw and raw.data_location == 1 else None))
                     nodes += 1
                 elif body.function:
@@ -219,8 +224,10 @@ class _Walk:
         self.model.names.add(info.name)
         self.model.tensors.append(info)
 
-    def node(self, f: Field, depth: int, index: int, prefix: str) -> tuple[str, ConstantValue] | None:
-        """Queue the node's subgraphs; a Constant's name and value."""
+    def node(self, f: Field, depth: int, index: int,
+             prefix: str) -> list[tuple[TensorInfo, bool, RawTensor | None]]:
+        """Queue the node's subgraphs; the tensors it holds: a Constant's value, any other node's tensor
+        attributes (each as ``constant_info`` gives it: the tensor, whether its dtype is unknown, its proto)."""
         known = SCHEMA["NodeProto"]
         text = {2: "", 3: "", 4: "", 7: ""}  # first output, name, op_type, domain
         outputs = 0
@@ -238,6 +245,7 @@ class _Walk:
         constant = op_type == "Constant" and domain in ("", "ai.onnx")
         label = escaped(name or f"{op_type}#{index}")
         value = None
+        held: list[tuple[TensorInfo, bool, RawTensor | None]] = []
         for attr in attributes:
             part = escaped(attr.name)
             subgraphs = [(part, attr.graph)] if attr.graph else []
@@ -253,14 +261,35 @@ class _Walk:
                                                                      self.source.name)
                     attr.sparse = []
                 value = attr.value if has_constant(attr.value) else None
-            for start, end in attr.tensor:
+            elif not constant and not attr.reference:
+                held.extend(self.attribute_tensors(attr, f"{prefix}{label}/{part}", depth + 2))
+            for start, end in [*attr.tensor, *(span for spans in attr.tensors for span in spans)]:
                 self.wire.validate("TensorProto", start, end, depth + 2)
-            for start, end in attr.sparse:
+            for start, end in [*attr.sparse, *(span for spans in attr.sparses for span in spans)]:
                 self.wire.validate("SparseTensorProto", start, end, depth + 2)
-        if value is None:
-            return None
-        base = output or name or f"Constant#{index}"
-        return (f"{prefix}{escaped(base)}" if prefix else base), value
+        if value is not None:
+            base = output or name or f"Constant#{index}"
+            held.append(constant_info(value, f"{prefix}{escaped(base)}" if prefix else base, self.source.name))
+        return held
+
+    def attribute_tensors(self, attr: _Attribute, where: str,
+                          depth: int) -> list[tuple[TensorInfo, bool, RawTensor | None]]:
+        """The tensors in one attribute of a node that is not a Constant, named ``where`` (``[k]`` for a list)."""
+        found: list[tuple[str, RawTensor, tuple[int, ...] | None]] = []
+        if attr.tensor:
+            found.append((where, read_tensor(self.wire, attr.tensor, depth), None))
+        if attr.sparse:
+            found.append((where, *read_sparse(self.wire, attr.sparse, depth, self.source.name)))
+        found += [(f"{where}[{k}]", read_tensor(self.wire, spans, depth), None) for k, spans in enumerate(attr.tensors)]
+        found += [(f"{where}[{k}]", *read_sparse(self.wire, spans, depth, self.source.name))
+                  for k, spans in enumerate(attr.sparses)]
+        attr.tensor, attr.sparse, attr.tensors, attr.sparses = [], [], [], []  # read: nothing left to validate
+        out = []
+        for name, raw, dims in found:
+            raw.name = name
+            info, unknown = tensor_info(raw, self.source.name, dims=dims, what="attribute tensor")
+            out.append((info, unknown, raw))
+        return out
 
     def attribute(self, f: Field, depth: int) -> _Attribute:
         """The attribute's name, subgraphs and tensors (spans, for node to walk), and scalar values."""
@@ -268,11 +297,11 @@ class _Walk:
         out = _Attribute()
         value = out.value
         for a in self.wire.fields(f.value, f.end, depth):
-            if a.wire == LEN and a.number in (1, 5, 6, 11, 22):
+            if a.wire == LEN and a.number in (1, 5, 6, 10, 11, 22, 23):
                 if a.number == 1:
                     out.name = read_name(self.wire, a)
-                elif a.number == 11:
-                    out.graphs.append([(a.value, a.end)])
+                elif a.number in (10, 11, 23):
+                    {10: out.tensors, 11: out.graphs, 23: out.sparses}[a.number].append([(a.value, a.end)])
                 else:
                     {5: out.tensor, 6: out.graph, 22: out.sparse}[a.number].append((a.value, a.end))
             elif a.number in (7, 8, 9):

@@ -78,6 +78,32 @@ ALLOWED_GLOBALS: frozenset[str] = frozenset({
       if t != "Bool"),
 })
 
+# torchao's quantized weights are tensor subclasses that torchao registers with torch's
+# weights-only unpickler (``add_safe_globals``).  Here they are read as *descriptions*: the class
+# names a layout, its ``_rebuild_wrapper_subclass`` arguments give the logical shape and dtype,
+# and its state dict holds plain tensors (qdata, scale, zero_point).  Nothing is imported.
+_TORCHAO_TENSORS = {
+    "Int8Tensor": "int8.int8_tensor", "Float8Tensor": "float8.float8_tensor",
+    "IntxUnpackedToInt8Tensor": "intx.intx_unpacked_to_int8_tensor", "Int4Tensor": "int4.int4_tensor",
+    "Int4PlainInt32Tensor": "int4.int4_plain_int32_tensor",
+    "Int4TilePackedTo4dTensor": "int4.int4_tile_packed_to_4d_tensor",
+}
+TORCHAO_SUBCLASSES: frozenset[str] = frozenset({
+    *(f"torchao.quantization.{name}" for name in _TORCHAO_TENSORS),
+    *(f"torchao.quantization.quantize_.workflows.{mod}.{name}" for name, mod in _TORCHAO_TENSORS.items()),
+})
+# Plain values torchao keeps in a subclass's state (enums, granularities, activation-quantization
+# records), also on its safe-globals list: a call of one is described (``Call``), never made.
+TORCHAO_VALUES: frozenset[str] = frozenset({
+    "torchao.quantization.quant_primitives.MappingType", "torchao.quantization.quant_primitives.ZeroPointDomain",
+    *(f"torchao.quantization.granularity.{name}" for name in ("PerBlock", "PerRow", "PerTensor", "PerGroup", "PerAxis")),
+    "torchao.quantization.quantize_.common.kernel_preference.KernelPreference",
+    "torchao.quantization.quantize_.workflows.float8.float8_tensor.QuantizeTensorToFloat8Kwargs",
+    "torchao.quantization.quantize_.workflows.int8.int8_tensor.QuantizeTensorToInt8Kwargs",
+    "torchao.quantization.quantize_.workflows.float8.float8_packing_format.Float8PackingFormat",
+    "torchao.quantization.quantize_.workflows.intx.intx_packing_format.IntxPackingFormat",
+})
+
 
 @dataclass(frozen=True, slots=True)
 class Global:
@@ -108,6 +134,24 @@ class Call:
     """A call to an allowlisted global we need not model (torch.device('cpu'), ...)."""
 
     func: str
+
+
+@dataclass(frozen=True, slots=True)
+class Subclass:
+    """An allowlisted torchao tensor class, named and never imported."""
+
+    dotted: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubclassTensor:
+    """A torchao subclass instance: its logical shape and dtype, plain component tensors, plain attributes."""
+
+    cls: str
+    shape: tuple[int, ...]
+    dtype: str
+    components: tuple[tuple[str, "TensorRef"], ...]
+    attributes: tuple[tuple[str, object], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +417,10 @@ class PickleWalker:
         glob = Global(module, name)
         if glob.dotted in ALLOWED_GLOBALS or (self.torchscript and glob.dotted in SCRIPT_PASS_THROUGH):
             return glob
+        if not self.torchscript and glob.dotted in TORCHAO_SUBCLASSES:
+            return Subclass(glob.dotted)
+        if not self.torchscript and glob.dotted in TORCHAO_VALUES:
+            return glob
         if self.torchscript and (module == "__torch__" or module.startswith("__torch__.")):
             self.opaque.setdefault(glob.dotted)
         else:
@@ -382,6 +430,8 @@ class PickleWalker:
     def _call(self, func: object, args: object) -> object:
         if isinstance(func, Unsafe):
             return Unsafe(func.origin, [args])  # one record per object, to hold its own state
+        if isinstance(func, Subclass):  # a torchao class called outside its rebuild: an inert value
+            return Call(func.dotted)
         if not isinstance(func, Global):
             raise _bad(f"pickle calls a {type(func).__name__}, not a global")
         if isinstance(args, list):  # REDUCE calls func(*args): a list does as well as a tuple
@@ -402,6 +452,8 @@ class PickleWalker:
         if dotted == "torch._tensor._rebuild_from_type_v2":
             if len(args) != 4:
                 raise _bad("_rebuild_from_type_v2 takes 4 arguments")
+            if isinstance(args[1], Subclass):
+                return _subclass_tensor(args[1], args[0], args[2], args[3])
             return self._call(args[0], args[2])
         if dotted == "torch._utils._rebuild_meta_tensor_no_storage" and len(args) >= 3:
             dtype = _torch_dtype(args[0])
@@ -495,3 +547,23 @@ def _rebuild_tensor(kind: str, args: tuple[object, ...]) -> TensorRef | Unsafe:
             f"{storage.key!r} ({storage.nbytes} bytes)"
         )
     return TensorRef(storage, offset, shape, stride, dtype)
+
+
+def _subclass_tensor(cls: Subclass, func: object, args: object, state: object) -> SubclassTensor:
+    """``_rebuild_from_type_v2(_rebuild_wrapper_subclass, cls, (cls, dtype, size, stride, ...), state)``."""
+    if not (isinstance(func, Global) and func.dotted == "torch._utils._rebuild_wrapper_subclass"):
+        raise _bad(f"{cls.dotted} is rebuilt through something other than _rebuild_wrapper_subclass")
+    if not isinstance(args, tuple) or len(args) < 3:
+        raise _bad(f"{cls.dotted}: _rebuild_wrapper_subclass takes at least 3 arguments")
+    dtype, shape = _torch_dtype(args[1]), _ints(args[2], "size")
+    components: list[tuple[str, TensorRef]] = []
+    attributes: list[tuple[str, object]] = []
+    for key, value in (state.items if isinstance(state, DictDesc) else []):
+        if not isinstance(key, str):
+            raise _bad(f"{cls.dotted}: state key is a {type(key).__name__}, not a string")
+        if isinstance(value, TensorRef):
+            components.append((key, value))
+        elif value is None or isinstance(value, (bool, int, float, str)) or (
+                isinstance(value, (list, tuple)) and all(type(v) is int for v in value)):
+            attributes.append((key, list(value) if isinstance(value, tuple) else value))
+    return SubclassTensor(cls.dotted, shape, dtype, tuple(components), tuple(attributes))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -17,6 +17,7 @@ from guard.readers.torch.pickle import (
     SetDesc,
     STORAGE_DTYPES,
     StorageRef,
+    SubclassTensor,
     TensorRef,
     Unsafe,
     _UNTYPED_STORAGES,
@@ -63,10 +64,13 @@ def storage_from_pid(pid: object) -> StorageRef | Unsafe:
     return StorageRef(key, dtype, view_size * itemsize, view_offset * itemsize)
 
 
-def iter_named_tensors(root: object, *, budget: int) -> Iterator[tuple[str, TensorRef]]:
+def iter_named_tensors(root: object, *, budget: int,
+                       subclasses: dict[str, SubclassTensor] | None = None) -> Iterator[tuple[str, TensorRef]]:
     """(dotted name, tensor) for every tensor reachable through dicts, lists, tuples and the
     state of objects that were not built.
 
+    A torchao subclass ``P.weight`` yields its plain components under torchao's own safetensors
+    names, ``P._weight_qdata``, ``P._weight_scale``...; the subclass itself goes to ``subclasses``.
     ``budget`` bounds the nodes visited, so memo-shared subtrees cannot expand
     exponentially (a "billion laughs" pickle).
     """
@@ -79,6 +83,17 @@ def iter_named_tensors(root: object, *, budget: int) -> Iterator[tuple[str, Tens
         if isinstance(node, TensorRef):
             named = [p for p in path if p is not None]
             yield ".".join(named) if named else "<root>", node
+            continue
+        if isinstance(node, SubclassTensor):
+            named = [p for p in path if p is not None]
+            logical = ".".join(named) if named else "<root>"
+            if subclasses is not None:
+                subclasses.pop(logical, None)
+                subclasses[logical] = node
+            module, _, attr = logical.rpartition(".")
+            stem = f"{module}._{attr}_" if module else f"_{attr}_"
+            for key, ref in node.components:
+                yield stem + key, ref
             continue
         if isinstance(node, DictDesc):
             children = [(_component(k), v) for k, v in node.items]
@@ -213,14 +228,59 @@ def torch_file_scan(source: ByteSource, fmt: str, walker: PickleWalker, root: ob
     read from them is CG001, never a silent empty file.
     """
     budget = max(100_000, 4 * walker.opcodes)  # nodes visited: bounds memo-shared blow-ups
-    tensors, findings = build_tensor_infos(iter_named_tensors(root, budget=budget), file=source.name,
-                                           locate=locate)
+    subclasses: dict[str, SubclassTensor] = {}
+    tensors, findings = build_tensor_infos(iter_named_tensors(root, budget=budget, subclasses=subclasses),
+                                           file=source.name, locate=locate)
+    metadata = pickle_metadata(walker)
+    if subclasses:
+        metadata["torchao_subclasses"] = subclass_metadata(subclasses)
     return FileScan(
         path=source.name, format=fmt, size=source.size, tensors=tensors,
         findings=(*unsafe_findings(walker, source.name), *findings,
                   *no_tensor_findings(walker, source.name, storages=storages, tensors=len(tensors))),
-        metadata=pickle_metadata(walker), bytes_read=bytes_read,
+        metadata=metadata, bytes_read=bytes_read,
     )
+
+
+def subclass_metadata(subclasses: dict[str, SubclassTensor]) -> str:
+    """JSON {logical name: {"_type", "shape", "dtype", "_tensor_data_names", attributes...}}: torchao's own
+    safetensors record of a subclass (``flatten_tensor_state_dict``) plus the logical shape the pickle gives."""
+    import json
+
+    records = {}
+    for name, sub in subclasses.items():
+        record: dict[str, object] = {"_type": sub.cls.rpartition(".")[2], "shape": list(sub.shape),
+                                     "dtype": sub.dtype, "_tensor_data_names": [key for key, _ in sub.components]}
+        record.update((key, value) for key, value in sub.attributes if key not in record)
+        records[name] = record
+    return json.dumps(records, sort_keys=True)
+
+
+def torchao_subclasses(metadata: Mapping[str, str]) -> dict[str, dict[str, object]]:
+    """The torchao subclasses a file describes, from either layout, keyed by logical tensor name.
+
+    A pickle read here: ``metadata["torchao_subclasses"]``.  A safetensors file torchao wrote:
+    ``tensor_names`` plus one JSON record per name whose ``_type`` is not a plain ``Tensor``
+    (its shape is the qdata's, filled in by the caller from the header when it needs it).
+    Malformed metadata gives an empty result, never an exception: it is attacker-controlled text.
+    """
+    import json
+
+    try:
+        if "torchao_subclasses" in metadata:
+            found = json.loads(metadata["torchao_subclasses"])
+            return {k: v for k, v in found.items() if isinstance(v, dict)} if isinstance(found, dict) else {}
+        names = json.loads(metadata["tensor_names"]) if "tensor_names" in metadata else []
+        out: dict[str, dict[str, object]] = {}
+        for name in names if isinstance(names, list) else []:
+            record = json.loads(metadata.get(name, "null")) if isinstance(name, str) else None
+            if isinstance(record, dict) and record.get("_type") not in (None, "Tensor", "torch.Tensor"):
+                data = record.get("_data") if isinstance(record.get("_data"), dict) else {}
+                out[name] = {"_type": record["_type"], "_tensor_data_names": record.get("_tensor_data_names"),
+                             **{k: v for k, v in data.items() if isinstance(v, (int, float, str, list, type(None)))}}
+        return out
+    except (ValueError, TypeError, RecursionError):
+        return {}
 
 
 def no_tensor_findings(walker: PickleWalker, path: str, *, storages: int, tensors: int) -> tuple[Finding, ...]:
