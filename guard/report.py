@@ -5,7 +5,7 @@ from __future__ import annotations
 from guard import __version__, dtypes
 from guard.findings import Finding, Severity, fail_threshold
 from guard.inventory import DtypeStats, ModelInventory, WeightSet
-from guard.inventory.quantization import Quantization, bits_per_weight, logical_parameters
+from guard.inventory.quantization import Quantization, bits_per_weight, logical_by_dtype, logical_parameters
 from guard.records import record
 
 TYPE_CHECKING = False
@@ -44,6 +44,9 @@ class SetSummary:
     notes: tuple[str, ...] = ()  # what the files say of themselves: ONNX graph I/O, GGUF file type, ...
     logical: int | None = None  # the logical parameter count (quantized: what the full-precision model counts)
     bits_per_weight: float | None = None  # quantized: stored bits over logical parameters
+    # quantized: logical parameters by label (dtype code, or "nf4 (packed)" for the payloads; components
+    # not at all), summing to ``parameters``: the reports' shares and pie chart read these
+    shares: dict[str, int] | None = None
 
     @property
     def parameters(self) -> int:
@@ -64,7 +67,8 @@ class SetSummary:
         return cls(ws.name, ws.role, ws.layout, ws.variant, ws.format, files,
                    ws.dtype_summary(), ws.primary, ws.claimed_dtype, quantized, set_notes(ws),
                    logical_parameters(inv, ws) if quantized else None,
-                   bits_per_weight(inv, ws) if quantized else None)
+                   bits_per_weight(inv, ws) if quantized else None,
+                   logical_by_dtype(inv, ws) if quantized else None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,7 +79,14 @@ class SetSummary:
             "bytes": self.bytes,
             "bits_per_weight": self.bits_per_weight,
             "dtypes": _dtypes_json(self.dtypes),
+            **({"parameters_by_label": dict(self.shares)} if self.shares is not None else {}),
         }
+
+    def parameter_shares(self) -> dict[str, int]:
+        """Parameters by label: a quantized set's logical ones, else each dtype's stored elements."""
+        if self.shares is not None:
+            return self.shares
+        return {code: s.parameters for code, s in self.dtypes.items()}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> SetSummary:
@@ -83,7 +94,7 @@ class SetSummary:
                    obj.get("variant"), str(obj.get("format", "")), tuple(str(f) for f in obj.get("files", [])),
                    _dtypes_from_json(obj.get("dtypes", {})), bool(obj.get("primary")), obj.get("claimed_dtype"),
                    bool(obj.get("quantized")), tuple(str(n) for n in obj.get("notes", [])),
-                   _logical(obj), obj.get("bits_per_weight"))
+                   _logical(obj), obj.get("bits_per_weight"), _shares(obj.get("parameters_by_label")))
 
 
 # FileScan.metadata key -> how the summary says it (the files' own word on their dtypes)
@@ -117,6 +128,12 @@ def _logical(obj: dict[str, Any]) -> int | None:
     """A report's own parameter count, read back as written (a quantized set's is its logical count)."""
     value = obj.get("parameters")
     return value if isinstance(value, int) and obj.get("quantized", obj.get("quantization")) else None
+
+
+def _shares(obj: object) -> dict[str, int] | None:
+    if not isinstance(obj, dict):
+        return None
+    return {str(k): v for k, v in obj.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def _dtypes_json(stats: dict[str, DtypeStats]) -> dict[str, Any]:

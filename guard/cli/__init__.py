@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from guard.errors import GuardError
 
@@ -39,43 +39,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         if process:
             gc.freeze()
         options, paths = fast
-        try:
-            code = run_scan(tuple(_paths(paths)), **options)  # type: ignore[arg-type]
-        except GuardError as exc:
-            print(f"ckpt-guard: error: {exc}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("ckpt-guard: interrupted", file=sys.stderr)
-            return 130
-        if process:
-            # The report is written and flushed and nothing else is left to run: the OS takes the
-            # memory back at once, where the interpreter's teardown would free every object and
-            # module one by one (callgrind: 5 M instructions, about 1 ms of each hook call).
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        return code
+        return _plain(lambda: run_scan(tuple(_paths(paths)), **options), process=process)  # type: ignore[arg-type]
     if args[:1] in (["diff"], ["textconv"]):  # git's textconv driver and plain diffs: no click either
         from guard.cli.review import plain_review
 
         review = plain_review(args)
         if review is not None:
-            try:
-                code = int(review())
-            except GuardError as exc:
-                print(f"ckpt-guard: error: {exc}", file=sys.stderr)
-                return 2
-            except KeyboardInterrupt:
-                print("ckpt-guard: interrupted", file=sys.stderr)
-                return 130
-            if argv is None:  # as a scan's process: written, flushed, the OS takes the memory back at once
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-            return code
+            return _plain(review, process=argv is None)
     from guard.cli.root import run
 
     return run(args)
+
+
+def _plain(command: Callable[[], object], *, process: bool) -> int:
+    """Run a command parsed without click: one line and exit 2 for the tool's own failures."""
+    try:
+        code = int(command())  # type: ignore[call-overload]
+    except GuardError as exc:
+        print(f"ckpt-guard: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ckpt-guard: interrupted", file=sys.stderr)
+        return 130
+    if process:
+        # The report is written and flushed and nothing else is left to run: the OS takes the
+        # memory back at once, where the interpreter's teardown would free every object and
+        # module one by one (callgrind: 5 M instructions, about 1 ms of each hook call).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _plain_scan(args: list[str]) -> tuple[dict[str, object], list[str]] | None:

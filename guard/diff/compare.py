@@ -13,10 +13,11 @@ from guard.diff.change import ChangeReport, ModelChange, SetChange, SetTotals, T
 from guard.diff.match import SetKeys, match_findings
 from guard.diff.sides import Side, relative
 from guard.inventory import ModelInventory, WeightSet
-from guard.records import record
 from guard.report import ModelSummary, Report, SetSummary
 from guard.tensors import TensorInfo
 
+_KINDS = {(False, False): (), (True, False): ("recast",), (False, True): ("reshaped",),
+          (True, True): ("recast", "reshaped")}  # (dtype differs, shape differs) -> the header kinds
 DIFFERENT_MODELS = 0.5  # fewer names in common than this share of the smaller side: two different models
 
 
@@ -79,29 +80,33 @@ def pair_sets(old: ModelInventory | None, new: ModelInventory | None
     return pairs
 
 
-@record
+# The two drafts below are internal and never leave this module: plain slotted classes, not records
+# (a record is a namedtuple built at import, about as much as the rest of this module's import).
 class _TensorPair:
-    name: str
-    old: TensorInfo
-    new: TensorInfo
-    kinds: tuple[str, ...]  # from the headers: "recast", "reshaped"
-    ticket: int | None  # its place in the values batch
+    __slots__ = ("name", "old", "new", "kinds", "ticket")
+
+    def __init__(self, name: str, old: TensorInfo, new: TensorInfo, kinds: tuple[str, ...],
+                 ticket: int | None) -> None:
+        self.name, self.old, self.new = name, old, new
+        self.kinds = kinds  # from the headers: "recast", "reshaped"
+        self.ticket = ticket  # its place in the values batch
 
 
-@record
 class _SetDraft:
     """A set pair's header comparison, waiting for the values batch."""
-    key: str
-    old: WeightSet | None
-    new: WeightSet | None
-    old_totals: SetTotals | None
-    new_totals: SetTotals | None
-    added: tuple[TensorRef, ...]
-    removed: tuple[TensorRef, ...]
-    pairs: tuple[_TensorPair, ...]
-    unknown: int  # names one side cannot vouch for: a file of it was unreadable
-    unreadable: tuple[str, ...]
-    note: str | None
+
+    __slots__ = ("key", "old", "new", "old_totals", "new_totals", "added", "removed", "pairs", "unknown",
+                 "unreadable", "note")
+
+    def __init__(self, key: str, old: WeightSet | None, new: WeightSet | None, old_totals: SetTotals | None,
+                 new_totals: SetTotals | None, added: tuple[TensorRef, ...], removed: tuple[TensorRef, ...],
+                 pairs: tuple[_TensorPair, ...], unknown: int, unreadable: tuple[str, ...],
+                 note: str | None) -> None:
+        self.key, self.old, self.new = key, old, new
+        self.old_totals, self.new_totals = old_totals, new_totals
+        self.added, self.removed, self.pairs = added, removed, pairs
+        self.unknown = unknown  # names one side cannot vouch for: a file of it was unreadable
+        self.unreadable, self.note = unreadable, note
 
 
 class _Builder:
@@ -131,21 +136,24 @@ class _Builder:
                new_sum: SetSummary | None) -> _SetDraft:
         o_tensors, n_tensors = _by_name(old), _by_name(new)
         o_unknown, n_unknown = _unvouched(old), _unvouched(new)
-        added = tuple(_ref(t) for name, t in n_tensors.items() if name not in o_tensors and not o_unknown(name))
-        removed = tuple(_ref(t) for name, t in o_tensors.items() if name not in n_tensors and not n_unknown(name))
-        unknown = sum(1 for n in n_tensors if n not in o_tensors and o_unknown(n)) + sum(
-            1 for n in o_tensors if n not in n_tensors and n_unknown(n))
+        # one walk over each side's names: the names of one side only, then the pairs
+        only_new = [t for name, t in n_tensors.items() if name not in o_tensors]
+        only_old = [t for name, t in o_tensors.items() if name not in n_tensors]
+        added = tuple(_ref(t) for t in only_new if not o_unknown(t.name))
+        removed = tuple(_ref(t) for t in only_old if not n_unknown(t.name))
+        unknown = len(only_new) - len(added) + len(only_old) - len(removed)
         pairs = []
+        pending = self.pending if self.values else None
         for name, o in o_tensors.items():
             n = n_tensors.get(name)
             if n is None:
                 continue
-            kinds = tuple(k for k, differs in (("recast", o.dtype != n.dtype), ("reshaped", o.shape != n.shape))
-                          if differs)
+            recast, reshaped = o.dtype != n.dtype, o.shape != n.shape
+            kinds = _KINDS[recast, reshaped]
             ticket = None
-            if self.values:
-                ticket = len(self.pending)
-                self.pending.append((o, n))
+            if pending is not None:
+                ticket = len(pending)
+                pending.append((o, n))
             pairs.append(_TensorPair(name, o, n, kinds, ticket))
         unreadable = tuple(s.path for ws in (old, new) if ws is not None for s in ws.files if s.format is None)
         return _SetDraft(key, old, new, _totals(old_sum), _totals(new_sum), added, removed, tuple(pairs), unknown,

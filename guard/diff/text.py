@@ -5,11 +5,12 @@ Every string from a checkpoint (names, paths, dtype strings) goes through ``iner
 
 from __future__ import annotations
 
-from guard.diff.change import ChangeReport, ModelChange, SetChange, SetTotals
-from guard.diff.groups import ChangeGroup
-from guard.findings import Finding
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: an unchanged model prints neither groups nor totals
+    from guard.diff.change import ChangeReport, ModelChange, SetChange, SetTotals
+    from guard.diff.groups import ChangeGroup
+    from guard.findings import Finding
 from guard.reporters.inert import inert_text
-from guard.reporters.text import human_bytes, human_count
 
 MARKS = {"removed": "-", "added": "+", "recast": "~", "reshaped": "~", "values": "~"}
 MAX_GROUPS = 12  # lines of changes per set; the JSON lists every tensor
@@ -62,6 +63,8 @@ def set_lines(ws: SetChange, *, values: bool) -> list[str]:
 
 
 def totals_text(old: SetTotals | None, new: SetTotals | None) -> str:
+    from guard.reporters.text import human_bytes, human_count  # a changed set's line only
+
     def side(t: SetTotals | None, what: str) -> str:
         if t is None:
             return "-"

@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # guard.inventory.model imports this module: no import back
     from guard.inventory.sets import WeightSet
     from guard.tensors import TensorInfo
 
-__all__ = ["Quantization", "QuantModule", "bits_per_weight", "component_roles", "logical_parameters",
-           "quantized_modules", "set_quantization"]
+__all__ = ["Quantization", "QuantModule", "bits_per_weight", "component_roles", "logical_by_dtype",
+           "logical_parameters", "packed_label", "quantized_modules", "set_quantization"]
 
 _EMPTY: Mapping[str, object] = MappingProxyType({})
 
@@ -313,6 +313,36 @@ def logical_parameters(inv: ModelInventory, ws: WeightSet) -> int:
     from guard.inventory.quant_modules import grouped
 
     return grouped(inv, ws).logical
+
+
+def packed_label(quant: Quantization) -> str:
+    """The share label of a quantized set's packed weights: "nf4 (packed)", "gptq (packed)", "qint4 (packed)"."""
+    fmt = quant.format if quant.format and len(quant.format) <= 24 else quant.method
+    return f"{fmt[:24]} (packed)"
+
+
+def logical_by_dtype(inv: ModelInventory, ws: WeightSet) -> dict[str, int]:
+    """The set's logical parameters by label, summing to ``logical_parameters``: each unquantized floating
+    tensor under its dtype code, the packed payloads' logical weights under ``packed_label``, components
+    (scales, zeros, absmax, quant maps, g_idx, ...) nowhere.  Unquantized sets: floating elements by dtype."""
+    quant = inv.quantization(ws)
+    by_code = ws.parameters_by_dtype()
+    if quant is None:
+        return {code: n for code, n in by_code.items() if dtypes.is_float(code)}
+    from guard.inventory.quant_modules import BY_DTYPES
+
+    roles = component_roles(inv, ws)
+    left = dict(by_code)
+    if roles:
+        for tensor in ws.tensors:
+            if tensor.name in roles and tensor.dtype in left:
+                left[tensor.dtype] -= tensor.numel
+    every = quant.declared_by in BY_DTYPES  # GGUF blocks, NNCF: the stored elements are the logical ones
+    shares = {code: n for code, n in left.items() if n > 0 and (every or dtypes.is_float(code))}
+    packed = logical_parameters(inv, ws) - sum(shares.values())
+    if packed > 0:
+        shares[packed_label(quant)] = packed
+    return shares
 
 
 def bits_per_weight(inv: ModelInventory, ws: WeightSet) -> float | None:

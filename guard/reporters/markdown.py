@@ -39,7 +39,7 @@ def md_escape(value: str, *, limit: int = 200) -> str:
 
 def _pie_label(code: str) -> str:
     # mermaid labels sit inside double quotes; keep to a safe alphabet
-    return re.sub(r"[^A-Za-z0-9_.+ -]", "?", display_name(code))[:40]
+    return re.sub(r"[^A-Za-z0-9_.+() -]", "?", display_name(code))[:40]
 
 
 def _bounded(rows: list[str], budget: int) -> tuple[list[str], int]:
@@ -96,9 +96,10 @@ def _models_section(report: Report) -> list[str]:
                               + ([f"claims {md_escape(display_name(ws.claimed_dtype), limit=20)}"]
                                  if ws.claimed_dtype else []) + [md_escape(n, limit=120) for n in ws.notes]
                              + (extra if ws.primary else []))
-            total = ws.elements or 1
-            mix = " · ".join(f"{md_escape(display_name(code), limit=20)} {stats.parameters / total:.1%}"
-                             for code, stats in ws.dtypes.items()) or "–"
+            shares = ws.parameter_shares()  # quantized: logical counts, packed payloads as "nf4 (packed)"
+            total = sum(shares.values()) or 1
+            mix = " · ".join(f"{md_escape(display_name(code), limit=30)} {n / total:.1%}"
+                             for code, n in shares.items()) or "–"
             rows.append(f"| {name} | {md_escape(ws.name, limit=120)} | {md_escape(ws.role, limit=20)} "
                         f"| {md_escape(ws.format or '–', limit=20)} | {len(ws.files)} | {mix} "
                         f"| {human_count(ws.parameters)} | {human_bytes(ws.bytes)} | {notes} |")
@@ -112,12 +113,16 @@ def _models_section(report: Report) -> list[str]:
 
 
 def _pie_section(report: Report) -> list[str]:
-    """Parameters by dtype, one copy per model: the primary set's counts, never a sum over copies."""
+    """Parameters by dtype, one copy per model: the primary set's counts, never a sum over copies.
+    A quantized set counts logically: its packed payloads as "nf4 (packed)", its components not at all."""
     totals: dict[str, int] = {}
     for model in report.models:
-        for code, stats in model.dtypes.items():
+        primary = next((ws for ws in model.sets if ws.primary and ws.shares is not None), None)
+        counts = primary.parameter_shares() if primary is not None else {
+            c: s.parameters for c, s in model.dtypes.items()}
+        for code, n in counts.items():
             label = _pie_label(code)
-            totals[label] = totals.get(label, 0) + stats.parameters
+            totals[label] = totals.get(label, 0) + n
     shown = sorted(((n, label) for label, n in totals.items() if n > 0), reverse=True)
     if not shown:
         return []

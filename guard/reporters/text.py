@@ -109,6 +109,11 @@ def _has_findings(model: ModelSummary, flagged: set[str]) -> bool:
         p == model.path or p.startswith(inside) for p in flagged)
 
 
+def _cell(code: str) -> int:
+    """A dtype column's width: 9, wider for a packed label ("nf4 (packed)")."""
+    return 9 if len(code) <= 8 else min(len(code), 24) + 1
+
+
 def _model_lines(model: ModelSummary, color: bool, *, has_findings: bool) -> list[str]:
     """A header, then one row per weight set and one column per dtype (its share of the set)."""
     head = f"{inert_text(model.path)}  ({len(model.files)} file(s)"
@@ -130,16 +135,17 @@ def _model_lines(model: ModelSummary, color: bool, *, has_findings: bool) -> lis
         return [*lines, f"  no tensors read ({why})", ""]
     codes: list[str] = []
     for ws in sorted(sets, key=lambda ws: not ws.primary):
-        codes += [code for code in ws.dtypes if code not in codes]
+        codes += [code for code in ws.parameter_shares() if code not in codes]
     codes = codes[:MAX_DTYPE_COLUMNS]
     width = max(3, min(max(len(inert_text(ws.name, limit=SET_WIDTH)) for ws in sets), SET_WIDTH)) + 2
     lines.append(f"  {'set':<{width}}{'role':<16}{'format':<13}"
-                 + "".join(f"{inert_text(display_name(c), limit=8):>9}" for c in codes)
+                 + "".join(f"{inert_text(display_name(c), limit=_cell(c) - 1):>{_cell(c)}}" for c in codes)
                  + f"{'parameters':>12}{'bytes':>11}")
     for ws in sets:
         mark = "*" if ws.primary else " "
-        total = ws.elements or 1
-        cells = "".join(f"{ws.dtypes[c].parameters / total:>9.1%}" if c in ws.dtypes else f"{'-':>9}"
+        shares = ws.parameter_shares()  # quantized: logical counts, the packed payloads as "nf4 (packed)"
+        total = sum(shares.values()) or 1
+        cells = "".join(f"{shares[c] / total:>{_cell(c)}.1%}" if c in shares else f"{'-':>{_cell(c)}}"
                         for c in codes)
         name = inert_text(ws.name, limit=SET_WIDTH)
         lines.append(f"{mark} {name:<{width}}{inert_text(ws.role, limit=15):<16}{inert_text(ws.format, limit=12):<13}"
