@@ -462,3 +462,53 @@ def test_bnb_4bit_odd_sizes_and_partial_blocks(shape: tuple[int, int], quant_typ
                              logical_shape=None, bits=4, group_size=None, format=quant_type)
     mine = bnb.dequantize(module, None, lambda name: stored[name].numpy())["m.weight"]
     assert_within_one_step(torch.from_numpy(mine), F.dequantize_4bit(packed, state))
+
+
+@pytest.mark.parametrize("case", ["bnb-nf4", "bnb-nf4-double"])
+def test_read_back_recomputes_only_the_sampled_elements(sources: Any, tmp_path: Path, case: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bnb 4-bit's read-back check recomputes its samples from the source's bytes (bnb.elements), bit for bit
+    what ``dequantize`` makes, and no module is dequantized twice; a value changed between the dequantizer
+    and the file is still CG301, nothing written."""
+    from types import SimpleNamespace
+
+    from guard.convert.read.dequant import bnb, source
+
+    src = sources(case)
+    quant, found = modules(src)
+    calls = [0]
+    real_arrays, real_load = source._Modules.arrays, source._ModuleLoader.load
+
+    def counting(self: Any, module: Any) -> Any:
+        calls[0] += self.current[0] is not module
+        return real_arrays(self, module)
+
+    monkeypatch.setattr(source._Modules, "arrays", counting)
+    assert convert(src, "--to", "torch", "--out", tmp_path / "out", "--dequantize", "--dtype", "bf16") == 0
+    assert calls[0] == len(found)
+
+    def tampered(self: Any, info: Any) -> Any:
+        array = real_load(self, info).copy()
+        array.reshape(-1)[0] += np.float32(1.0)
+        return array
+
+    monkeypatch.setattr(source._ModuleLoader, "load", tampered)
+    report = tmp_path / "report.json"
+    assert convert(src, "--to", "torch", "--out", tmp_path / "bad", "--dequantize", "--dtype", "bf16",
+                   "--format", "json", "-o", report) == 1
+    assert "CG301" in {f["code"] for f in json.loads(report.read_text())["findings"] if f["severity"] == "error"}
+    assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad.partial-*"))
+    # elements() against the whole module, every element
+    stored = _stored(src)
+    by_name = {n: SimpleNamespace(dtype="U8" if t.dtype == torch.uint8 else "X", shape=tuple(t.shape))
+               for n, t in stored.items()}
+
+    def read(name: str) -> Any:
+        return stored[name].numpy() if stored[name].dtype != torch.bfloat16 else stored[name].float().numpy()
+
+    read.info = by_name.__getitem__  # type: ignore[attr-defined]
+    read.elements = lambda name, flat: read(name).reshape(-1)[flat]  # type: ignore[attr-defined]
+    for module in found:
+        whole = bnb.dequantize(module, quant, read)[module.weight].reshape(-1)
+        got = bnb.elements(module, quant, read, module.weight, list(range(whole.size)))
+        assert got is not None and np.array_equal(got.view(np.uint32), whole.view(np.uint32)), module.weight

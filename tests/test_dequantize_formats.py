@@ -866,3 +866,62 @@ def test_convert_dequantize_torchao_loads_and_equals_its_dequantize(tmp_path: Pa
     references = _torchao_references(src)
     for name in ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.q_proj.weight"):
         assert torch.equal(loaded[name], references[name].dequantize().to(torch.bfloat16))
+
+
+def _read_back_runs(monkeypatch: pytest.MonkeyPatch, src: Path, out: Path, *, tamper: bool) -> tuple[int, int, Any]:
+    """``convert --dequantize`` of ``src``: its exit code, how many whole-module dequantizations ran, and the
+    report; ``tamper`` changes the first element of every module the writer is handed (a pipeline defect
+    between the dequantizer and the file)."""
+    from guard.cli import main
+    from guard.convert.read.dequant import source
+
+    calls = [0]
+    real_dequantize, real_load = source._Modules.arrays, source._ModuleLoader.load
+
+    def counting(self: Any, module: Any) -> Any:
+        if self.current[0] is not module:
+            calls[0] += 1
+        return real_dequantize(self, module)
+
+    def tampered(self: Any, info: Any) -> Any:
+        array = real_load(self, info).copy()
+        array.reshape(-1)[0] += np.float32(1.0)
+        return array
+
+    monkeypatch.setattr(source._Modules, "arrays", counting)
+    if tamper:
+        monkeypatch.setattr(source._ModuleLoader, "load", tampered)
+    report = out.parent / "report.json"
+    code = main(["convert", str(src), "--to", "torch", "--out", str(out), "--dequantize", "--dtype", "bf16",
+                 "--format", "json", "-o", str(report)])
+    return code, calls[0], json.loads(report.read_text())
+
+
+def test_fp8_read_back_recomputes_only_the_sampled_elements(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-back check of fine-grained FP8 recomputes its samples from the source's bytes (fp8.elements),
+    bit for bit what ``dequantize`` makes, without dequantizing any module a second time; a value changed
+    between the dequantizer and the file is still CG301, nothing written."""
+    from quant_spec_writers import write_fp8_block
+
+    from guard.convert.read.dequant import fp8
+
+    src = write_fp8_block(tmp_path / "fp8", block=16)
+    found, deq, modules, read = set_modules(src)
+    code, calls, _ = _read_back_runs(monkeypatch, src, tmp_path / "out", tamper=False)
+    assert code == 0 and calls == len(modules)
+    code, _, report = _read_back_runs(monkeypatch, src, tmp_path / "bad", tamper=True)
+    assert code == 1 and "CG301" in {f["code"] for f in report["findings"] if f["severity"] == "error"}
+    assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad.partial-*"))
+    # elements() against the whole module, every element, ragged edges included
+    for shape, block in (((200, 300), (128, 128)), ((96, 160), (64, 32))):
+        _, quantized, scale_inv = _deepseek_fp8(*shape, block)
+        store = {"m.weight": to_numpy(quantized), "m.weight_scale_inv": to_numpy(scale_inv)}
+        infos = {k: SimpleNamespace(dtype="F8_E4M3" if k == "m.weight" else "F32", shape=v.shape)
+                 for k, v in store.items()}
+        read = reader(store)
+        read.info = infos.__getitem__  # type: ignore[attr-defined]
+        read.elements = lambda name, flat: store[name].reshape(-1)[flat]  # type: ignore[attr-defined]
+        mod, q = module("m", store, "m.weight"), quant(weight_block_size=list(block))
+        whole = fp8.dequantize(mod, q, read)["m.weight"].reshape(-1)
+        flat = list(range(whole.size))
+        assert np.array_equal(fp8.elements(mod, q, read, "m.weight", flat).view(np.uint32), whole.view(np.uint32))

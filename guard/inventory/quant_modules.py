@@ -9,8 +9,12 @@ a payload dtype the method packs into (MLX's U32).  Imported only for sets that 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import gc
+from collections.abc import Callable, Iterable, Mapping
 from fnmatch import fnmatchcase
+from itertools import chain, compress
+from math import prod
+from operator import itemgetter
 
 from guard import dtypes
 from guard.inventory.quant_conventions import (
@@ -73,6 +77,9 @@ class Grouped:
     logical: int  # the set's logical parameter count
     stray: tuple[str, ...]  # component names with no module (a payload missing: CG110)
     fallback: bool = False  # nothing was packed the declared way: read by every layout (CG112 says so)
+    # each module's payload and components (role -> tensor), in ``modules``' order: CG111's shapes without a look-up
+    # by name (empty: look them up)
+    tensors: tuple[tuple[TensorInfo, dict[str, TensorInfo]], ...] = ()
 
 
 def active_layouts(quant: Quantization) -> tuple[Layout, ...]:
@@ -93,7 +100,15 @@ def grouped(inv: ModelInventory, ws: WeightSet) -> Grouped:
         elif quant.declared_by in BY_DTYPES:  # GGUF blocks, NNCF, Core ML: stored elements are logical ones
             cached = _by_reader(ws, READER_COMPONENTS.get(quant.method, {}))
         else:
-            cached = _group(ws, quant)
+            # one burst of acyclic records (a module, its components, its parts): the collector would walk every
+            # tensor of the set again and again while it runs, and find nothing (see guard.cli.main)
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                cached = _group(ws, quant)
+            finally:
+                if collecting:
+                    gc.enable()
         ws.memo["quant modules"] = cached
     return cached  # type: ignore[return-value]
 
@@ -104,24 +119,38 @@ def _group(ws: WeightSet, quant: Quantization) -> Grouped:
     for layout in layouts:
         for part in layout.parts:
             index.setdefault(part.suffix, []).append((layout, part))
-    # last name part -> the suffixes ending in it, longest first: one dict lookup a tensor, then a few endswith
-    by_last: dict[str, list[str]] = {}
-    for suffix in sorted(index, key=len, reverse=True):
-        last = suffix.rpartition(".")[2] if suffix.startswith(".") else suffix.rpartition("_")[2]
-        by_last.setdefault(last if suffix.startswith(".") else "_" + last, []).append(suffix)
-    underscored = any(s.startswith("_") for s in index)
     prefixes: dict[str, dict[str, TensorInfo]] = {}
-    lookup = by_last.get
-    every = (t for scan in ws.files for t in scan.tensors) if ws.layout != "lightning" else ws.tensors
-    for tensor in every:
-        name = tensor.name
-        candidates = lookup(name[name.rfind(".") + 1:])
-        if candidates is None and underscored:
-            candidates = lookup(name[name.rfind("_"):])
-        if candidates is not None:
-            for suffix in candidates:
-                if name.endswith(suffix) and len(name) > len(suffix):
-                    prefixes.setdefault(name[:len(name) - len(suffix)], {})[suffix] = tensor
+    every = chain.from_iterable(scan.tensors for scan in ws.files) if ws.layout != "lightning" else ws.tensors
+    if all(s.startswith(".") and s.count(".") == 1 for s in index):
+        # every suffix is one name part (GPTQ, AWQ, MLX, ...): the last part names it, the rest is the prefix
+        single = {s[1:]: s for s in index}.get
+        known = prefixes.get
+        for tensor in every:
+            prefix, _, last = tensor[0].rpartition(".")
+            suffix = single(last)
+            if suffix is not None and prefix:
+                parts_ = known(prefix)
+                if parts_ is None:
+                    prefixes[prefix] = {suffix: tensor}
+                else:
+                    parts_[suffix] = tensor
+    else:
+        # last name part -> the suffixes ending in it, longest first: one dict lookup a tensor, then a few endswith
+        by_last: dict[str, list[str]] = {}
+        for suffix in sorted(index, key=len, reverse=True):
+            last = suffix.rpartition(".")[2] if suffix.startswith(".") else suffix.rpartition("_")[2]
+            by_last.setdefault(last if suffix.startswith(".") else "_" + last, []).append(suffix)
+        underscored = any(s.startswith("_") for s in index)
+        lookup = by_last.get
+        for tensor in every:
+            name = tensor.name
+            candidates = lookup(name[name.rfind(".") + 1:])
+            if candidates is None and underscored:
+                candidates = lookup(name[name.rfind("_"):])
+            if candidates is not None:
+                for suffix in candidates:
+                    if name.endswith(suffix) and len(name) > len(suffix):
+                        prefixes.setdefault(name[:len(name) - len(suffix)], {})[suffix] = tensor
     modules: list[QuantModule] = []
     roles: dict[str, str] = {}
     stray: list[str] = []
@@ -129,35 +158,135 @@ def _group(ws: WeightSet, quant: Quantization) -> Grouped:
     component_floats = 0  # the floating elements that are components, not parameters
     strict = quant.known and quant.method in LAYOUTS_BY_METHOD
     symmetric = _symmetric(quant)
+    # what a module's suffixes and dtypes decide (its layout, roles, components, missing roles, which parts are
+    # floats), worked out once for each such signature: most modules of a set share a few
+    plans: dict[tuple[tuple[str, ...], tuple[str, ...]], _Plan] = {}
+    found: list[tuple[TensorInfo, dict[str, TensorInfo]]] = []
+    roled: list[Iterable[TensorInfo]] = []  # each module's tensors that have a role, and their roles: ``roles``
+    role_lists: list[Iterable[str]] = []  # is built from them at the end, in the same order, in C
     for prefix, parts in prefixes.items():
-        layout = _choose(layouts, parts)
+        key = (tuple(parts), tuple(map(_DTYPE, parts.values())))
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = _plan(layouts, index, parts, quant, strict=strict, symmetric=symmetric)
+        (layout, role_names, floats_mask, comp_keys, comp_get, missing, scheme, role_of, stray_mask, method,
+         payload_suffix, factor, count) = plan
+        tensors = parts.values()
+        if role_names is not None:
+            roled.append(tensors)
+            role_lists.append(role_names)
+        else:
+            kept = [(tensor, role_of[suffix]) for suffix, tensor in parts.items() if suffix in role_of]
+            roled.append([tensor for tensor, _ in kept])
+            role_lists.append([role for _, role in kept])
+        if floats_mask is not None:
+            if len(floats_mask) == 1:
+                component_floats += prod(parts[floats_mask[0]][2])
+            else:
+                component_floats += sum(map(prod, map(_SHAPE, map(parts.__getitem__, floats_mask))))
         if layout is None:
-            for suffix, tensor in parts.items():  # components without their payload
-                if suffix in _GENERIC:
-                    continue
-                role = next((p.role for _, p in index[suffix] if p.role != "payload"), None)
-                if role is not None and (strict or role in _LOOSE_ROLES):
-                    roles[tensor.name] = role
-                    component_floats += tensor.numel if dtypes.is_float(tensor.dtype) else 0
-                    if role not in _LOOSE_ROLES and not role.startswith("meta:"):
-                        stray.append(tensor.name)
+            if stray_mask is not None:
+                stray.extend(map(_NAME, compress(tensors, stray_mask)))
             continue
-        module = _module(prefix, layout, parts, quant, symmetric=symmetric)
+        payload = parts[payload_suffix]
+        components = comp_get(parts)
+        found.append((payload, dict(zip(comp_keys, components))))
+        if scheme is not None:  # the common case: bits, group size and format the same for every module
+            bits, group, fmt = scheme
+            module = QuantModule(prefix, method, payload.name, prefix + layout.weight,
+                                 dict(zip(comp_keys, map(_NAME, components))),
+                                 _shape_of(layout.shape, payload.shape, factor), bits, group, fmt, layout.name,
+                                 missing)
+        else:
+            bits, group, fmt = _module_scheme(prefix, layout, quant, parts)
+            module = QuantModule(prefix, method, payload.name, prefix + layout.weight,
+                                 dict(zip(comp_keys, map(_NAME, components))),
+                                 _logical_shape(layout, payload, bits), bits, group, fmt, layout.name, missing)
         modules.append(module)
-        for suffix, tensor in parts.items():
-            role = _ROLE_OF[layout.name].get(suffix)
-            if role is not None:
-                roles[tensor.name] = role
-                if tensor.dtype in _FLOATS:
-                    component_floats += tensor.numel
-        logical += _logical_count(layout, parts, module)
+        if count is not None:  # _logical_count's "payload" arithmetic, its factors worked out once
+            logical += prod(payload.shape) * count[0] // count[1]
+        else:
+            logical += _logical_count(layout, parts, module)
+    roles.update(zip(map(_NAME, chain.from_iterable(roled)), chain.from_iterable(role_lists)))
     if strict and not modules and quant.method in LAYOUTS_BY_METHOD and layouts is not LAYOUTS:
         # nothing packed the declared way: read the tensors by every layout, so the count stays logical
         # (CG112 says the declaration is wrong)
         return _group(ws, quant._replace(known=False, bits=None, group_size=None))._replace(fallback=True)
     floats = sum(n for code, n in ws.parameters_by_dtype().items() if dtypes.is_float(code))
     logical += floats - component_floats
-    return Grouped(tuple(sorted(modules, key=lambda m: m.prefix)), roles, logical, tuple(sorted(stray)))
+    # by prefix (each module's own: no two are equal, so the triples never compare further)
+    ordered = sorted(zip(map(_NAME, modules), modules, found))
+    return Grouped(tuple(map(_SECOND, ordered)), roles, logical, tuple(sorted(stray)), False,
+                   tuple(map(_THIRD, ordered)))
+
+
+_NAME, _DTYPE, _SHAPE = itemgetter(0), itemgetter(1), itemgetter(2)  # TensorInfo's fields (records are tuples)
+_SECOND, _THIRD = itemgetter(1), itemgetter(2)
+
+
+@record
+class _Plan:
+    layout: Layout | None
+    role_names: tuple[str, ...] | None  # each part's role, in the parts' order (None: some part has none)
+    floats: tuple[str, ...] | None  # the suffixes of the floating components, in the parts' order (None: none)
+    comp_keys: tuple[str, ...]  # QuantModule.components' keys, in the parts' order
+    comp_get: Callable[[Mapping[str, TensorInfo]], tuple[TensorInfo, ...]]  # the components, in the parts' order
+    missing: tuple[str, ...]
+    scheme: tuple[int | None, int | None, str | None] | None  # bits, group size, format (None: per module)
+    role_of: dict[str, str]  # suffix -> role, where role_names is None
+    stray: tuple[bool, ...] | None  # which parts are components without their payload (no layout)
+    method: str = ""
+    payload: str = ""  # the payload's suffix
+    factor: int = 1  # logical elements a stored one of the payload (with ``scheme``)
+    count: tuple[int, int] | None = None  # logical count = payload elements × [0] // [1] (None: _logical_count)
+
+
+def _plan(layouts: tuple[Layout, ...], index: Mapping[str, list[tuple[Layout, Part]]],
+          parts: Mapping[str, TensorInfo], quant: Quantization, *, strict: bool, symmetric: bool) -> _Plan:
+    """What ``_group`` does with a module of these suffixes and dtypes, as it did it module by module."""
+    layout = _choose(layouts, parts)
+    if layout is None:
+        role_of: dict[str, str] = {}
+        stray = []
+        for suffix in parts:  # components without their payload
+            role = None if suffix in _GENERIC else next((p.role for _, p in index[suffix] if p.role != "payload"),
+                                                        None)
+            if role is not None and (strict or role in _LOOSE_ROLES):
+                role_of[suffix] = role
+                stray.append(role not in _LOOSE_ROLES and not role.startswith("meta:"))
+            else:
+                stray.append(False)
+        floats = tuple(s for s, t in parts.items() if s in role_of and dtypes.is_float(t.dtype))
+        return _Plan(None, None, floats or None, (), _getter(()), (), None, role_of,
+                     tuple(stray) if any(stray) else None)
+    role_of = {s: r for s, r in _ROLE_OF[layout.name].items() if s in parts}
+    names = tuple(role_of.get(s) for s in parts)
+    floats = tuple(s for s, t in parts.items() if s in role_of and t.dtype in _FLOATS)
+    comp_names = _COMPONENT_OF[layout.name]
+    comp_keys = tuple(comp_names[s] for s in parts if s in comp_names)
+    missing = tuple(role for suffix, role, need in _NEEDED[layout.name] if suffix not in parts and (
+        need == "required" or not symmetric))
+    if layout.one_of:
+        missing += tuple(role for role in layout.one_of if role not in comp_keys)
+    bits = layout.bits or quant.bits
+    scheme = (bits, quant.group_size, quant.format) if quant.method not in ("mlx", "quanto") and bits is not None \
+        else None  # as _module_scheme returns it for every module
+    payload = parts[_PAYLOADS[layout.name].suffix]
+    storage = _storage_bits(payload)
+    factor = storage // bits if scheme is not None and bits and bits < storage else 1
+    count = None
+    if scheme is not None and (layout.shape == "same" or layout.count == "payload"):
+        count = (1, 1) if layout.shape == "same" or not bits or bits >= storage else (storage, bits)
+    return _Plan(layout, None if None in names else names, floats or None, comp_keys,
+                 _getter(tuple(s for s in parts if s in comp_names)), missing, scheme, role_of, None,
+                 quant.method if quant.known else layout.method, _PAYLOADS[layout.name].suffix, factor, count)
+
+
+def _getter(suffixes: tuple[str, ...]) -> Callable[[Mapping[str, TensorInfo]], tuple[TensorInfo, ...]]:
+    """The parts under these suffixes, as a tuple (itemgetter's, in C, where there are two or more)."""
+    if len(suffixes) > 1:
+        return itemgetter(*suffixes)  # type: ignore[return-value]
+    return lambda parts: tuple(parts[s] for s in suffixes)
 
 
 def _by_reader(ws: WeightSet, components: Mapping[str, str]) -> Grouped:
@@ -193,20 +322,6 @@ def _choose(layouts: tuple[Layout, ...], parts: Mapping[str, TensorInfo]) -> Lay
         if best is None or score > best:
             best, chosen = score, layout
     return chosen
-
-
-def _module(prefix: str, layout: Layout, parts: Mapping[str, TensorInfo], quant: Quantization, *,
-            symmetric: bool) -> QuantModule:
-    names = _COMPONENT_OF[layout.name]
-    components = {names[suffix]: tensor.name for suffix, tensor in parts.items() if suffix in names}
-    payload = parts[_PAYLOADS[layout.name].suffix]
-    bits, group, fmt = _module_scheme(prefix, layout, quant, parts)
-    missing = tuple(role for suffix, role, need in _NEEDED[layout.name] if suffix not in parts and (
-        need == "required" or not symmetric))
-    if layout.one_of:
-        missing += tuple(role for role in layout.one_of if role not in components)
-    return QuantModule(prefix, quant.method if quant.known else layout.method, payload.name, prefix + layout.weight,
-                       components, _logical_shape(layout, payload, bits), bits, group, fmt, layout.name, missing)
 
 
 def _symmetric(quant: Quantization) -> bool:
@@ -284,19 +399,23 @@ def _logical_count(layout: Layout, parts: Mapping[str, TensorInfo], module: Quan
 
 
 def _logical_shape(layout: Layout, payload: TensorInfo, bits: int | None) -> tuple[int, ...] | None:
-    shape = payload.shape
-    factor = _storage_bits(payload) // bits if bits and bits < _storage_bits(payload) else 1
-    if layout.shape == "same" or (layout.shape is not None and len(shape) < 2):
-        return shape if layout.shape == "same" else None
-    if layout.shape == "cols":
+    storage = _storage_bits(payload)
+    return _shape_of(layout.shape, payload.shape, storage // bits if bits and bits < storage else 1)
+
+
+def _shape_of(kind: str | None, shape: tuple[int, ...], factor: int) -> tuple[int, ...] | None:
+    """The logical weight's shape from the payload's, ``factor`` logical elements a stored one."""
+    if kind == "same" or (kind is not None and len(shape) < 2):
+        return shape if kind == "same" else None
+    if kind == "cols":
         return (*shape[:-1], shape[-1] * factor)
-    if layout.shape == "rows":
+    if kind == "rows":
         return (shape[1], shape[0] * factor)
-    if layout.shape == "awq":
+    if kind == "awq":
         return (shape[1] * factor, shape[0])
-    if layout.shape == "bitnet":
+    if kind == "bitnet":
         return (shape[0] * factor, *shape[1:])
-    if layout.shape == "mxfp4" and len(shape) == 4:
+    if kind == "mxfp4" and len(shape) == 4:
         return (shape[0], shape[2] * shape[3] * 2, shape[1])
     return None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from itertools import chain, compress, repeat
+from math import prod
 from operator import itemgetter
 from types import MappingProxyType
 
@@ -249,7 +250,7 @@ def _name_candidates(ws: WeightSet) -> Iterator[TensorInfo]:
                                for scan in ws.files)
 
 
-_NAME = itemgetter(0)  # TensorInfo.name (records are tuples)
+_NAME, _SHAPE = itemgetter(0), itemgetter(2)  # TensorInfo.name, .shape (records are tuples)
 
 
 def _from_tensor_names(ws: WeightSet, *, known: Mapping[str, str] = _EMPTY) -> Quantization | None:
@@ -333,10 +334,10 @@ def logical_by_dtype(inv: ModelInventory, ws: WeightSet) -> dict[str, int]:
 
     roles = component_roles(inv, ws)
     left = dict(by_code)
-    if roles:
-        for tensor in ws.tensors:
-            if tensor.name in roles and tensor.dtype in left:
-                left[tensor.dtype] -= tensor.numel
+    if roles:  # each dtype's group (``ws.tensors`` by dtype), its components' elements summed in C
+        has = roles.__contains__
+        for code, group in ws.by_dtype().items():
+            left[code] -= sum(map(prod, map(_SHAPE, compress(group, map(has, map(_NAME, group))))))
     every = quant.declared_by in BY_DTYPES  # GGUF blocks, NNCF: the stored elements are the logical ones
     shares = {code: n for code, n in left.items() if n > 0 and (every or dtypes.is_float(code))}
     packed = logical_parameters(inv, ws) - sum(shares.values())

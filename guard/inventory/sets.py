@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator, Sequence
+from itertools import compress
 from math import prod
 from operator import itemgetter
 
@@ -113,6 +114,16 @@ class WeightSet:
                         totals[code] = 0
                     groups[code].extend(scan.tensors)
                     totals[code] += sum(map(prod, map(_SHAPE, scan.tensors)))
+                    shared = shared or any(storage is not None for storage in set(map(_STORAGE, scan.tensors)))
+                    continue
+                if 1 < len(codes) <= 4:  # a few dtypes (a quantized shard: I32 and F16): one C pass a dtype
+                    for code in dict.fromkeys(map(_DTYPE, scan.tensors)):  # in order of first appearance
+                        picked = list(compress(scan.tensors, map(code.__eq__, map(_DTYPE, scan.tensors))))
+                        if code not in groups:
+                            groups[code] = []
+                            totals[code] = 0
+                        groups[code].extend(picked)
+                        totals[code] += sum(map(prod, map(_SHAPE, picked)))
                     shared = shared or any(storage is not None for storage in set(map(_STORAGE, scan.tensors)))
                     continue
                 for tensor in scan.tensors:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from itertools import chain, compress
+from operator import itemgetter, not_
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -36,6 +38,7 @@ _NO_NAMED_LAYOUT = frozenset({"torchao"})
 _NOT_NAMED_BY_LAYOUT = frozenset({"tensor dtypes", "file metadata", "report"})
 # Methods that share a fingerprint: GPTQ and AWQ both write qweight/qzeros/scales.
 _SAME_FAMILY = {"awq": "gptq"}
+_NAME = itemgetter(0)  # TensorInfo.name (records are tuples)
 
 
 def _each_set(inv: ModelInventory, check: SetCheck) -> Iterator[Finding]:
@@ -84,16 +87,22 @@ def _missing_components(inv: ModelInventory, ws: WeightSet, quant: Quantization,
 
 
 def _shape_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, found: Grouped) -> Iterator[Finding]:
-    from guard.rules.quantized_shapes import module_shape_problem
+    from guard.rules.quantized_shapes import module_shape_problem, parts_shape_problem
 
     if found.fallback:
         return  # the declaration is wrong (CG112): its bits and group size say nothing of these tensors
-    shapes = _by_name(ws)
     problems: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for module in found.modules:
-        problem = module_shape_problem(module, shapes)
-        if problem is not None:
-            problems[module.layout].append((module.payload, problem))
+    if len(found.tensors) == len(found.modules):  # the grouping kept each module's tensors: no look-up by name
+        for module, (payload, parts) in zip(found.modules, found.tensors):
+            problem = parts_shape_problem(module, payload, parts)
+            if problem is not None:
+                problems[module.layout].append((module.payload, problem))
+    else:
+        shapes = _by_name(ws)
+        for module in found.modules:
+            problem = module_shape_problem(module, shapes)
+            if problem is not None:
+                problems[module.layout].append((module.payload, problem))
     files = _files(ws)
     for layout, items in sorted(problems.items()):
         payload, problem = items[0]
@@ -149,21 +158,33 @@ def _kept_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, foun
     modules = found.modules
     roles = found.roles
     files = _files(ws)
-    packed_kept = [m.payload for m in modules if quant.unquantized and is_kept_unquantized(m.prefix, quant.unquantized)]
+    packed_kept = [m.payload for m in modules if is_kept_unquantized(m.prefix, quant.unquantized)] \
+        if quant.unquantized else []
     if packed_kept:
         yield make_finding(
             "CG113", files.get(packed_kept[0], ws.name),
             f"{len(packed_kept)} module(s) the config keeps unquantized are packed; e.g. {shown(packed_kept[0])}",
             tensor=packed_kept[0])
-    packed_shapes = {_layer_pattern(m.prefix) for m in modules}
-    suffixes = {m.weight[len(m.prefix):] for m in modules}
+    packed_shapes: set[str] | None = None  # both built at the first candidate: a fully packed set has none
+    suffixes: set[str] | None = None
     unpacked: list[str] = []
-    for tensor in ws.tensors:  # a sibling of packed modules (same name but the layer number), stored plain
+    # a sibling of packed modules (same name but the layer number), stored plain: the tensors that are no
+    # component, picked in C (a fully packed set leaves none for the loop)
+    has = roles.__contains__
+    every = ws.tensors if ws.layout == "lightning" else chain.from_iterable(
+        compress(scan.tensors, map(not_, map(has, map(_NAME, scan.tensors)))) for scan in ws.files)
+    for tensor in every:
         name = tensor.name
         if name in roles or len(tensor.shape) != 2 or not dtypes.is_float(tensor.dtype):
             continue
         prefix, dot, last = name.rpartition(".")
-        if not dot or "." + last not in suffixes or _layer_pattern(prefix) not in packed_shapes:
+        if suffixes is None:
+            suffixes = {m.weight[len(m.prefix):] for m in modules}
+        if not dot or "." + last not in suffixes:
+            continue
+        if packed_shapes is None:
+            packed_shapes = {_layer_pattern(m.prefix) for m in modules}
+        if _layer_pattern(prefix) not in packed_shapes:
             continue
         if not (quant.unquantized and is_kept_unquantized(prefix, quant.unquantized)):
             unpacked.append(name)
@@ -184,7 +205,13 @@ def _by_name(ws: WeightSet) -> dict[str, TensorInfo]:
     """Tensor name -> tensor, once per set (shapes for CG111, files for every finding's example)."""
     found = ws.memo.get("tensors by name")
     if found is None:
-        found = ws.memo["tensors by name"] = {t.name: t for t in ws.tensors}
+        if ws.layout == "lightning":
+            found = {t.name: t for t in ws.tensors}
+        else:  # built in C, file by file: the same map, the later of two equal names kept
+            found = {}
+            for scan in ws.files:
+                found.update(zip(map(_NAME, scan.tensors), scan.tensors))
+        ws.memo["tensors by name"] = found
     return found  # type: ignore[return-value]
 
 

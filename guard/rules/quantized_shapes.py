@@ -20,7 +20,15 @@ def module_shape_problem(module: QuantModule, tensors: Mapping[str, TensorInfo])
     payload = tensors.get(module.payload)
     if payload is None:
         return None
-    parts = {role: tensors[name] for role, name in module.components.items() if name in tensors}
+    components = module.components
+    parts = dict(zip(components, map(tensors.get, components.values())))  # in C; a name not there is left out
+    if None in parts.values():
+        parts = {role: tensor for role, tensor in parts.items() if tensor is not None}
+    return parts_shape_problem(module, payload, parts)
+
+
+def parts_shape_problem(module: QuantModule, payload: TensorInfo, parts: Mapping[str, TensorInfo]) -> str | None:
+    """The same, from the module's payload and its components by role (``Grouped.tensors``)."""
     check = CHECKS.get(module.layout)
     return check(module, payload, parts) if check is not None else None
 

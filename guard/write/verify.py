@@ -11,7 +11,11 @@
    from the output file equal, bit for bit, the source elements at the permuted
    index, read from the source file, cast where a cast was asked.  This checks the
    mapping, the transposition and the placement against the source itself, with no
-   trust in the buffers in between.
+   trust in the buffers in between.  A dequantized tensor's source elements are recomputed
+   from the quantized source: only the sampled ones, from their bytes in the source file,
+   where its dequantizer has ``elements`` (fine-grained FP8, bitsandbytes 4-bit: the same
+   float32 arithmetic, so bit-identical to the module it made), else by dequantizing its
+   module once more; never taken from the arrays the writer was handed.
 4. With ``--verify full`` also: every byte is read back and its CRC32 equals the CRC32
    of the bytes handed to ``write()``.  It costs a second pass over the output; the
    default leaves it out because a page-cache read-back only proves what the
@@ -143,6 +147,8 @@ def _source_elements(source, flat: list[int]) -> np.ndarray:  # type: ignore[no-
 
     info = source.info
     dtype = numpy_dtype(info.dtype)
+    if hasattr(source.loader, "elements"):  # a dequantized module: its sampled elements recomputed from the source
+        return np.asarray(source.loader.elements(info, flat)).view(dtype)
     if not ranged(source):
         return np.array(bit_view(source.load()).reshape(-1)[flat]).view(dtype)
     assert info.data_start is not None
@@ -178,6 +184,9 @@ def _read_elements(places: list[tuple[Path, int, int]], flat: list[int], dtype: 
         for fd in fds.values():
             os.close(fd)
     return np.frombuffer(bytes(out), dtype)
+
+
+read_elements = _read_elements  # for the dequantizers' sampled recomputation (guard.convert.read.dequant.source)
 
 
 def _crc_mismatch(tensor: OutputTensor, places: list[tuple[Path, int, int]], written: Written) -> str:

@@ -79,6 +79,28 @@ def dequantize(module: Any, quant: Any, read: Read) -> dict[str, np.ndarray]:
     return {module.weight: _four_bit(module, read)}
 
 
+def elements(module: Any, quant: Any, read: Any, name: str, flat: list[int]) -> np.ndarray | None:
+    """The read-back check's sampled elements of a 4-bit weight stored as uint8, recomputed from the source:
+    each sampled element's byte read from the file, its nibble (high first) through the code table, times
+    its block's absmax (double quant undone as in ``dequantize``): the same float32 product, one rounding.
+    None (the whole module is dequantized again) for 8-bit and float ``quant_storage``."""
+    import numpy as np
+
+    if _is_8bit(module) or name != module.weight or not hasattr(read, "elements"):
+        return None
+    state = quant_state(module, read)
+    shape, blocksize = state["shape"], state["blocksize"]
+    n = prod(shape)
+    info = read.info(module.payload)
+    if info.dtype != "U8" or prod(info.shape) != (n + 1) // 2:
+        return None
+    absmax = _absmax(module, read, state, -(-n // blocksize))
+    index = np.asarray(flat, dtype=np.intp)
+    packed = read.elements(module.payload, [int(i) // 2 for i in flat]).view(np.uint8)
+    nibble = np.where(index % 2 == 0, packed >> 4, packed & 0xF)
+    return code_table(state["quant_type"])[nibble] * absmax[index // blocksize]
+
+
 def _int8(module: Any, read: Read) -> np.ndarray:
     import numpy as np
 

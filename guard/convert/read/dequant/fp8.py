@@ -52,6 +52,34 @@ def dequantize(module: Any, quant: Any, read: Read) -> dict[str, "np.ndarray"]:
     return {f"{prefix}.weight": affine(weight, scale.astype(np.float32), None, name=scale_name)}
 
 
+def elements(module: Any, quant: Any, read: Any, name: str, flat: list[int]) -> "np.ndarray | None":
+    """The read-back check's sampled elements of a fine-grained (2-D block) weight, recomputed from the
+    source: the sampled FP8 codes read from their bytes, each times its block's ``scale_inv``, the same
+    float32 product ``affine`` makes (exact conversion, one rounding).  None (the whole module is
+    dequantized again) for every other layout."""
+    import numpy as np
+
+    prefix = module.prefix
+    if name != f"{prefix}.weight" or not hasattr(read, "elements"):
+        return None
+    scale_name = f"{prefix}.weight_scale_inv"
+    try:
+        weight_info, scale_info = read.info(f"{prefix}.weight"), read.info(scale_name)
+    except DequantError:
+        return None
+    if weight_info.dtype == "U8" or len(weight_info.shape) != 2 or len(scale_info.shape) != 2:
+        return None
+    rows, cols = weight_info.shape
+    bh, bw = block_size(quant)
+    if scale_info.shape != (-(-rows // bh), -(-cols // bw)) or scale_info.shape[0] == rows:
+        return None  # not the block layout affine reads as blocks
+    scale = read(scale_name).astype(np.float32)
+    index = np.asarray(flat, dtype=np.intp)
+    r, c = np.divmod(index, cols)
+    codes = read.elements(f"{prefix}.weight", [int(i) for i in flat]).astype(np.float32)
+    return codes * scale[r // bh, c // bw]
+
+
 def block_size(quant: Any) -> tuple[int, int]:
     params = getattr(quant, "params", None) or {}
     block = params.get("weight_block_size")

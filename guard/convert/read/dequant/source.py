@@ -91,6 +91,25 @@ class _Reader:
         except MalformedCheckpoint as exc:
             raise DequantError("CG001", name, str(exc).splitlines()[0][:200]) from None
 
+    def elements(self, name: str, flat: list[int]) -> np.ndarray:
+        """A stored tensor's elements at C-order flat indices, in its stored dtype: read from its byte range
+        in the file where it has one (nothing else read), else from the loaded tensor."""
+        import numpy as np
+
+        from guard.write.bitviews import numpy_dtype
+        from guard.write.produce import ranged
+        from guard.write.verify import read_elements
+
+        tensor = self.by_name.get(name)
+        if tensor is None:
+            raise DequantError("CG110", name, "a component the quantized module needs is not in the weight set")
+        info = tensor.info
+        if not ranged(tensor):
+            return np.array(self(name).reshape(-1)[flat])
+        assert info.data_start is not None and info.data_end is not None
+        return read_elements([(Path(info.file), info.data_start, info.data_end - info.data_start)], flat,
+                             numpy_dtype(info.dtype))
+
 
 # The next module is dequantized on a second core while the writer casts and writes this one, when its
 # float32 result is at most this big (so at most two modules' arrays are alive, well inside the bound).
@@ -101,8 +120,9 @@ class _Modules:
     """Each module's arrays, made once per visit: the one being written is kept (a module with several
     outputs is dequantized once), and the next one in the writer's order is made ahead in a thread.
 
-    The read-back check visits every module again and recomputes it: it compares the written file with
-    the source itself.  Where the writer's order is not the plan's (a msgpack tree is written sorted by
+    The read-back check compares the written file with the source itself: a dequantizer with ``elements``
+    recomputes only the sampled elements from the source file (``_ModuleLoader.elements``); for the
+    others it visits every module again and recomputes it whole.  Where the writer's order is not the plan's (a msgpack tree is written sorted by
     key), the first miss turns making ahead off; nothing else depends on it.
     """
 
@@ -134,6 +154,8 @@ class _Modules:
         if not self.ahead or len(self.order) < 2:
             return
         index = next(i for i, m in enumerate(self.order) if m is module)
+        if index + 1 == len(self.order) and hasattr(self.impl, "elements"):
+            return  # the read-back check recomputes only sampled elements: nothing to make ahead for it
         following = self.order[(index + 1) % len(self.order)]  # after the last: the read-back check's first
         if self.sizes.get(id(following), 0) > PREFETCH_BYTES:
             return
@@ -159,6 +181,19 @@ class _ModuleLoader:
             raise AssertionError(f"{info.name}: the {self.modules.quant.method} dequantizer made {got}, planned "
                                  f"float32 {list(info.shape)}")
         return array
+
+    def elements(self, info: TensorInfo, flat: list[int]) -> np.ndarray:
+        """float32 values of output ``info`` at C-order flat indices, recomputed from the source: only those
+        elements where the dequantizer offers ``elements`` (the same arithmetic, bit for bit), else the
+        whole module dequantized again."""
+        import numpy as np
+
+        impl, modules = self.modules.impl, self.modules
+        if hasattr(impl, "elements"):
+            values = impl.elements(self.module, modules.quant, modules.read, info.name, flat)
+            if values is not None:
+                return np.asarray(values, dtype=np.float32)
+        return np.array(self.load(info).reshape(-1)[flat])
 
 
 def dequantized_source(source: SourceModel, quantized: Quantized, config: dict[str, Any] | None) -> SourceModel:
