@@ -1,4 +1,8 @@
-"""Nothing lost: write to a temporary name in the target directory, then rename."""
+"""Nothing lost: write to a temporary name in the target directory, then rename.
+
+A target that exists and is not a regular file (``-o /dev/null``, a FIFO, ``/dev/stdout``) is written
+in place: renaming over it would replace the device with a file.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,13 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     target = Path(path)
+    if _is_special(target):
+        try:
+            with open(target, "wb") as fh:
+                fh.write(data)
+        except OSError as exc:
+            raise GuardError(f"{target}: cannot write ({exc.strerror})") from None
+        return
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     except OSError as exc:
@@ -31,6 +42,16 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     except BaseException:
         _unlink_quietly(tmp)
         raise
+
+
+def _is_special(target: Path) -> bool:
+    import stat
+
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return False  # absent (or unreachable): the temporary name and rename report it
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def _unlink_quietly(path: str) -> None:

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -246,3 +247,19 @@ def test_sigkill_mid_conversion_leaves_no_partial_output(tmp_path: Path, big_sou
         report = json.loads((tmp_path / "r.json").read_text())
         assert not [f for f in report["findings"] if f["code"] == "CG001"]
         assert sum(f["tensors"] for m in report["models"] for f in m["files"]) == 40
+
+
+def test_an_output_that_is_not_a_regular_file_is_written_in_place(tmp_path: Path) -> None:
+    """`-o /dev/null` or a FIFO: renaming over it would replace the device with a file."""
+    import threading
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_text_atomic(fifo, "report\n")
+    reader.join(timeout=10)
+    assert got == [b"report\n"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.fifo"]  # no temporary left beside it
