@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 from guard.fixes import Fix
 from guard.records import record
@@ -26,6 +27,12 @@ FAIL_ON_CHOICES = ("error", "warning", "note", "never")
 def fail_threshold(fail_on: str) -> int:
     """Minimum severity rank that fails the run; 4 (unreachable) for ``never``."""
     return {"error": 3, "warning": 2, "note": 1, "never": 4}[fail_on]
+
+
+def failing_findings(findings: Iterable[Finding], fail_on: str) -> list[Finding]:
+    """The findings at or above ``fail_on``: what turns exit 0 into 1 (a scan's, or a change's introduced)."""
+    threshold = fail_threshold(fail_on)
+    return [f for f in findings if f.severity.rank >= threshold]
 
 
 def shown(name: str, limit: int = 120) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from guard import __version__, dtypes
-from guard.findings import Finding, Severity, fail_threshold
+from guard.findings import Finding, Severity, failing_findings
 from guard.inventory import DtypeStats, ModelInventory, WeightSet
 from guard.inventory.quantization import Quantization, bits_per_weight, logical_by_dtype, logical_parameters
 from guard.records import record
@@ -251,8 +251,7 @@ class Report:
         return counts
 
     def failing(self) -> list[Finding]:
-        threshold = fail_threshold(self.fail_on)
-        return [f for f in self.findings if f.severity.rank >= threshold]
+        return failing_findings(self.findings, self.fail_on)
 
     @property
     def failed(self) -> bool:

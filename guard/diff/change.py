@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # annotations only: a diff imports no typing
     from typing import Any
 
 from guard import __version__
-from guard.findings import Finding, fail_threshold
+from guard.findings import Finding, failing_findings
 from guard.records import record
 from guard.report import Report
 
@@ -149,8 +149,7 @@ class ChangeReport:
         return any(m.status != "unchanged" for m in self.models)
 
     def failing(self) -> list[Finding]:
-        threshold = fail_threshold(self.fail_on)
-        return [f for f in self.introduced if f.severity.rank >= threshold]
+        return failing_findings(self.introduced, self.fail_on)
 
     @property
     def failed(self) -> bool:
