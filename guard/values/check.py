@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
@@ -133,6 +134,10 @@ def _relocate_torch_zip(path: str) -> tuple[TensorInfo, ...] | None:
 
 
 def require_extras() -> None:
+    if "numpy" not in sys.modules:
+        # numpy starts OpenBLAS's worker threads on import, a third of its import's CPU time on two
+        # cores; a value scan multiplies no matrices.  A user's own setting wins.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for module in ("numpy", "ml_dtypes"):
         try:
             __import__(module)
@@ -189,7 +194,7 @@ def _scan_range(key: tuple[str, int, int, str], files: _Files, *, ranges: tuple[
     for view in _chunks(fd, start, end, buffer):
         scanner.update(view, scratch)
         bar.advance(len(view))
-    return scanner.stats
+    return scanner.finish()
 
 
 def _chunks(fd: int, start: int, end: int, buffer: mmap.mmap) -> Iterator[memoryview]:

@@ -114,6 +114,36 @@ def _first_true(predicate: Any, hi: int) -> int:
     return lo
 
 
+@lru_cache(maxsize=None)
+def underflow_table(source: str, target: str) -> Any:
+    """For a 16-bit source, each bit pattern's fate in ``target``'s subnormal range: 1 flushes to
+    zero, 2 survives rounded, 0 neither (zero, exact, or not below ``target``'s smallest normal).
+
+    A lookup per tiny value instead of casting them (the same fate per bit pattern, without the
+    casts' temporaries and calls).
+    """
+    uint, mask, _inf = IEEE_BITS[source]
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(uint)
+    mag = bits & uint(mask)
+    values = bits.view(numpy_dtype(source))
+    with np.errstate(all="ignore"):  # NaN patterns compare unequal, and are not tiny
+        back = values.astype(numpy_dtype(target)).astype(values.dtype)
+        changed = back != values
+    tiny = (mag != 0) & (mag < cast_limits(source, target).normal)
+    flushed = tiny & (back == 0)
+    table = np.zeros(1 << 16, np.uint8)
+    table[tiny & changed & ~flushed] = 2
+    table[flushed] = 1
+    return table
+
+
+@lru_cache(maxsize=None)
+def underflow_reach(source: str, target: str) -> int:
+    """One past the largest magnitude whose ``underflow_table`` entry counts (bf16 -> fp16: 2^-17)."""
+    mask = IEEE_BITS[source][1]
+    return int((np.flatnonzero(underflow_table(source, target)) & mask).max(initial=0)) + 1
+
+
 @dataclass
 class CastStats:
     """What casting one tensor to ``target`` would do."""
@@ -169,20 +199,44 @@ class Scratch:
         self._arrays: dict[Any, tuple[Any, Any, Any]] = {}
 
     def arrays(self, uint: Any, size: int) -> tuple[Any, Any, Any]:
+        """Magnitudes, flags, and one flag per group of four elements."""
         held = self._arrays.get(uint)
         if held is None or held[0].size < size:
-            held = (np.empty(size, uint), np.empty(size, uint), np.empty(size, np.bool_))
+            held = (np.empty(size, uint), np.empty(size, np.bool_), np.empty(size // 4 + 1, np.bool_))
             self._arrays[uint] = held
-        return held[0][:size], held[1][:size], held[2][:size]
+        return held[0][:size], held[1][:size], held[2]
+
+
+def flagged_groups(bits: Any, flags: Any, groups: Any) -> Any:
+    """Every flagged value of ``bits``, with the others of its group of four.
+
+    For few flags (tiny values): boolean indexing walks the flags twice, one element at a time;
+    four flags read as one uint32 find the groups in a quarter of the steps, and 16-bit values
+    come out as whole 8-byte words.  Callers filter by magnitude again where it matters.
+    """
+    if bits.size % 4:
+        return bits[flags]
+    hits = np.not_equal(flags.view(np.uint32), 0, out=groups[: bits.size // 4]).nonzero()[0]
+    if bits.itemsize == 2:
+        return bits.view(np.uint64)[hits].view(bits.dtype)
+    return bits.reshape(-1, 4)[hits].ravel()
 
 
 class TensorScanner:
-    """Feed raw chunks of one tensor (whole elements) to ``update``; read ``stats``.
+    """Feed raw chunks of one tensor (whole elements) to ``update``; read ``finish()``.
 
     ``range_targets`` get overflow/underflow counts (cheap: only values past a
     limit are touched); ``rounding_targets`` also get the relative rounding error,
     which converts every value and costs a few passes per chunk.
+
+    A chunk costs three passes on the common path: magnitudes, their maximum, and the flags of
+    the tiny values (under 2^-14; from bf16 under 2^-17, the only ones casting to fp16 can lose).
+    Those few, gathered with their neighbours, wait in a batch of up to ``BATCH`` elements: numpy's
+    cost per call on the few dozen of one chunk outweighed its passes over the whole chunk.  The
+    batch gives min |x| and every underflow whose range ends at or below 2^-14.
     """
+
+    BATCH = 1 << 16
 
     def __init__(self, dtype: str, *, range_targets: tuple[str, ...], rounding_targets: tuple[str, ...]) -> None:
         self.kernel = "F32" if dtype in WIDENED_TO_F32 else dtype
@@ -196,7 +250,19 @@ class TensorScanner:
         for limit in self.limits:
             self.stats.casts[limit.target] = CastStats(limit.target)
         self.uint, self.mask, self.inf_bits = IEEE_BITS[self.kernel]
-        self.small = cast_limits(self.kernel, "F16").normal  # |x| < 2^-14: few in real weights
+        small = cast_limits(self.kernel, "F16").normal  # |x| < 2^-14: few in real weights
+        self._tiny = [limit for limit in self.limits if limit.normal <= small]  # from the batch alone
+        self._wide = [limit for limit in self.limits if limit.normal > small]  # fp8 targets: every chunk
+        self._tables = {limit.target: underflow_table(self.kernel, limit.target) for limit in self._tiny
+                        if self.uint is np.uint16}
+        if self._tables:  # gather only as far up as a table has something to count: 8x fewer values
+            small = max(underflow_reach(self.kernel, target) for target in self._tables)
+        # Magnitudes below this are gathered; once a non-zero one is seen, no other can be the smallest.
+        self.tiny_below = small
+        self._mask, self._small, self._one = self.uint(self.mask), self.uint(small), self.uint(1)
+        self._top = int(np.iinfo(self.uint).max)
+        self._batch: list[Any] = []
+        self._batched = 0
 
     def update(self, raw: memoryview | bytes, scratch: Scratch) -> None:
         if self.source in WIDENED_TO_F32:
@@ -207,46 +273,79 @@ class TensorScanner:
             return
         st = self.stats
         st.numel += bits.size
-        mag, work, flags = scratch.arrays(self.uint, bits.size)
-        np.bitwise_and(bits, self.uint(self.mask), out=mag)
-        index = int(mag.argmax())
-        if int(mag[index]) >= self.inf_bits:  # NaN or Inf present: count them, go on with the finite rest
+        mag, flags, groups = scratch.arrays(self.uint, bits.size)
+        np.bitwise_and(bits, self._mask, out=mag)
+        top = int(mag.max())
+        if top >= self.inf_bits:  # NaN or Inf present: count them, go on with the finite rest
             inf = int(np.count_nonzero(np.equal(mag, self.inf_bits, out=flags)))
             finite = np.less(mag, self.inf_bits, out=flags)
             st.inf += inf
             st.nan += bits.size - inf - int(np.count_nonzero(finite))
             bits, mag = bits[finite], mag[finite]
-            work, flags = work[: mag.size], flags[: mag.size]
+            flags = flags[: mag.size]
             if mag.size == 0:
                 return
-            index = int(mag.argmax())
-        top = int(mag[index])
-        if top > st.max_bits:
-            st.max_bits, st.worst_bits = top, int(bits[index])
-        # Values below 2^-14 are few in real weights: one comparison extracts them (at most a
-        # chunk), and they give min |x| and every fp16/bf16 underflow.
-        small = bits[np.less(mag, self.small, out=flags)]
-        small_mag = np.bitwise_and(small, self.uint(self.mask))
-        nonzero = small_mag[small_mag != 0]
-        if nonzero.size:
-            low = int(nonzero.min())
-        else:  # |x| - 1 wraps 0 to the largest uint, so zeros never win the min
-            low = (int(np.subtract(mag, 1, out=work).min()) + 1) & int(np.iinfo(self.uint).max)
-        if low and (st.min_bits < 0 or low < st.min_bits):
-            st.min_bits = low
+            top = int(mag.max())
+        if top > st.max_bits:  # the reported sign is the first largest value's (argmax)
+            st.max_bits, st.worst_bits = top, int(bits[int(mag.argmax())])
+        near = flagged_groups(bits, np.less(mag, self._small, out=flags), groups)
+        if near.size:
+            self._batch.append(near)
+            self._batched += near.size
+        if not 0 < st.min_bits < self.tiny_below:
+            # No non-zero tiny value yet: this chunk's own smallest may be the tensor's.  Once one is
+            # seen, only the batched values can beat it.
+            self._settle()
+            if not 0 < st.min_bits < self.tiny_below:
+                low = int(mag.min())
+                if not low:  # |x| - 1 wraps 0 to the largest uint, so zeros never win the min
+                    low = (int(np.subtract(mag, self._one).min()) + 1) & self._top
+                if low and (st.min_bits < 0 or low < st.min_bits):
+                    st.min_bits = low
+        elif self._batched >= self.BATCH:
+            self._settle()
         for limit in self.limits:
-            cast = st.casts[limit.target]
             if top >= limit.overflow:
-                cast.overflow += int(np.count_nonzero(np.greater_equal(mag, limit.overflow, out=flags)))
-            if low and low < limit.normal:
-                if limit.normal <= self.small:
-                    self._underflow(cast, small[(small_mag != 0) & (small_mag < limit.normal)])
-                else:  # a wider range (fp8 targets): many values, one slice at a time
-                    for start in range(0, bits.size, SLICE):
-                        part, part_mag = bits[start:start + SLICE], mag[start:start + SLICE]
-                        self._underflow(cast, part[(part_mag != 0) & (part_mag < limit.normal)])
-            if limit.target in self.rounding:
-                self._rounding(limit, bits, mag)
+                st.casts[limit.target].overflow += int(np.count_nonzero(
+                    np.greater_equal(mag, limit.overflow, out=flags)))
+        for limit in self._wide:  # a wider range than 2^-14: many values, one slice at a time
+            for start in range(0, bits.size, SLICE):
+                part, part_mag = bits[start:start + SLICE], mag[start:start + SLICE]
+                tiny = part[(part_mag != 0) & (part_mag < limit.normal)]
+                if tiny.size:
+                    self._underflow(st.casts[limit.target], tiny)
+        for target in self.rounding:
+            self._rounding(cast_limits(self.kernel, target), bits, mag)
+
+    def finish(self) -> TensorStats:
+        self._settle()
+        return self.stats
+
+    def _settle(self) -> None:
+        """The batched values: the smallest non-zero, and the underflows up to 2^-14."""
+        if not self._batch:
+            return
+        near = self._batch[0] if len(self._batch) == 1 else np.concatenate(self._batch)
+        self._batch, self._batched = [], 0
+        near_mag = np.bitwise_and(near, self._mask)
+        # |x| - 1 wraps 0 to the largest uint, so zeros never win the min
+        low = (int(np.subtract(near_mag, self._one).min()) + 1) & self._top
+        if not 0 < low < self.tiny_below:
+            return  # zeros, and neighbours of theirs that are not tiny
+        st = self.stats
+        if st.min_bits < 0 or low < st.min_bits:
+            st.min_bits = low
+        for limit in self._tiny:
+            if low >= limit.normal:
+                continue
+            cast = st.casts[limit.target]
+            table = self._tables.get(limit.target)
+            if table is not None:  # 16-bit sources: each tiny value's fate, looked up by its bits
+                flushed, inexact = np.bincount(table.take(near), minlength=3)[1:].tolist()
+                cast.flush += flushed
+                cast.inexact_subnormal += inexact
+            else:
+                self._underflow(cast, near[(near_mag != 0) & (near_mag < limit.normal)])
 
     def _underflow(self, cast: CastStats, tiny: Any) -> None:
         values = tiny.view(numpy_dtype(self.kernel))
