@@ -16,12 +16,17 @@
             <= 1x time, 24 layers within 1.25x of 12).
   --deep:   the 70B-class simulation: a deep, narrow Llama with a 70B's proportions (GQA 8:1, MLP
             3.5x, 128k vocabulary) at 12, 24 and 48 layers; peak RSS of `ckpt-guard parity` each.
+  --wide:   the other half: a Llama with a 70B's width (hidden 8192, MLP 28672, 64 heads, 8 KV heads,
+            128k vocabulary, untied head) at 1 and 2 layers, so its largest units (vocabulary matrices,
+            one block) are a 70B's own; `--width half` (hidden 4096, MLP 14336, 32 heads) first, as the
+            basis for deciding whether the full width fits the machine.  Peak RSS of `ckpt-guard parity`.
 
     python bench/parity.py --sweep [--bases] [-k NAME ...] [--dtype bf16|f16]
     python bench/parity.py --summary [--dtype bf16|f16]
     python bench/parity.py --wall [--layers 12]
     python bench/parity.py --memory [--layers 12,24]
     python bench/parity.py --deep [--layers 12,24,48]
+    python bench/parity.py --wide [--width half|full] [--layers 1,2] [--keep]
 """
 
 from __future__ import annotations
@@ -187,6 +192,12 @@ NARROW = dict(vocab_size=128256, hidden_size=512, intermediate_size=1792, num_at
               rms_norm_eps=1e-5, torch_dtype="bfloat16")
 LLAMA_70B = dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
                  num_key_value_heads=8, num_hidden_layers=80)
+# a 70B's width at a few layers: its largest units at their real size (full), or at half the width
+WIDE = {
+    "full": dict(NARROW, hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8),
+    "half": dict(NARROW, hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8),
+}
+SHAPES = {"narrow": NARROW, **{f"wide-{k}": v for k, v in WIDE.items()}}
 
 
 def memory(layers: list[int], rounds: int, theirs_layers: int = 12) -> None:
@@ -233,7 +244,7 @@ def deep(layers: list[int]) -> None:
     for n in layers:
         src = OUT / f"narrow-{n}l"
         if not (src / "model.safetensors").is_file():
-            subprocess.run([sys.executable, __file__, "--generate-narrow", str(src), str(n)], check=True)
+            subprocess.run([sys.executable, __file__, "--generate", "narrow", str(src), str(n)], check=True)
         flax = converted(src, OUT / f"narrow-{n}l-flax")
         size = (src / "model.safetensors").stat().st_size
         peaks[n] = run_child([sys.executable, "-m", "guard", "parity", str(src), str(flax)])
@@ -244,24 +255,76 @@ def deep(layers: list[int]) -> None:
     print(f"load average after: {load_average()}", flush=True)
 
 
-def make_narrow(directory: Path, layers: int) -> None:
-    """Random bf16 weights, tensor by tensor, as bench/convert.py writes its Llamas."""
+def wide(width: str, layers: list[int], *, keep: bool) -> None:
+    """Each size generated and converted (outside the measurement), measured, then deleted unless ``keep``:
+    a full-width layer is 5.9 GB of bf16 on each side, and the disk is shared."""
+    from convert import load_average, run_child
+
+    print(f"load average before: {load_average()}", flush=True)
+    peaks = {}
+    for n in layers:
+        src, flax = OUT / f"wide-{width}-{n}l", OUT / f"wide-{width}-{n}l-flax"
+        if not (src / "model.safetensors").is_file():
+            subprocess.run([sys.executable, __file__, "--generate", f"wide-{width}", str(src), str(n)], check=True)
+        start = time.perf_counter()
+        converted(src, flax)
+        size = (src / "model.safetensors").stat().st_size
+        written = sum(f.stat().st_size for f in flax.glob("flax_model*.msgpack"))  # one file or shards
+        if abs(written - size) > size // 100:
+            # a short file would send parity down the whole-model path, which would not fit: stop here
+            raise SystemExit(f"{flax} holds {written} bytes against the source's {size}: convert it again")
+        print(f"converted {n} layers at {width} width ({size / 2**30:.2f} GiB bf16) in "
+              f"{time.perf_counter() - start:.0f} s; load average {load_average()}", flush=True)
+        print(f"memory available before parity: {available_memory() / 2**30:.1f} GiB", flush=True)
+        result = OUT / f"wide-{width}-{n}l.json"
+        peaks[n] = run_child([sys.executable, "-m", "guard", "parity", str(src), str(flax), "-f", "json",
+                              "-o", str(result)])
+        report(f"ckpt-guard parity, {width} 70B width, {n} layer{'s' * (n > 1)} ({size / 2**30:.2f} GiB bf16)",
+               peaks[n])
+        parity = json.loads(result.read_text())["extra"]["parity"]  # a run that fell back to the whole model
+        print(f"  passed {parity['passed']}, streamed {parity.get('streamed')}, blocks {parity.get('blocks')}, "
+              f"vocabulary matrices streamed by {parity.get('leaves_streamed')}", flush=True)
+        if not keep:
+            shutil.rmtree(flax, ignore_errors=True)
+            shutil.rmtree(src, ignore_errors=True)
+    if len(peaks) > 1:
+        low, high = min(peaks), max(peaks)
+        print(f"peak {high}l / {low}l: {peaks[high][1] / peaks[low][1]:.3f}x")
+    print(f"load average after: {load_average()}", flush=True)
+
+
+ELEMENTS_AT_ONCE = 1 << 24  # drawn per slice: a 70B's vocabulary matrix never exists in fp32 here
+
+
+def available_memory() -> int:
+    """MemAvailable (bytes) where /proc/meminfo says it, else 0: what another run has left this one."""
+    meminfo = Path("/proc/meminfo")
+    lines = meminfo.read_text().splitlines() if meminfo.exists() else []
+    return next((int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")), 0)
+
+
+def make_llama(directory: Path, shape: str, layers: int) -> None:
+    """Random bf16 weights, tensor by tensor and slice by slice, as bench/convert.py writes its Llamas."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from guard.write.framing import safetensors_header
 
-    config = LlamaConfig(**NARROW, num_hidden_layers=layers, architectures=["LlamaForCausalLM"])
+    config = LlamaConfig(**SHAPES[shape], num_hidden_layers=layers, architectures=["LlamaForCausalLM"])
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in LlamaForCausalLM(config).state_dict().items()}
     directory.mkdir(parents=True, exist_ok=True)
-    entries = [(name, "BF16", shape) for name, shape in shapes.items()]
+    entries = [(name, "BF16", dims) for name, dims in shapes.items()]
     gen = torch.Generator().manual_seed(0)
     with open(directory / "model.safetensors", "wb") as fh:
         fh.write(safetensors_header(entries, {"format": "pt"}))
-        for name, _code, shape in entries:
-            t = torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=gen) * 0.02
-            fh.write(t.to(torch.bfloat16).view(torch.uint8).numpy().tobytes())
+        for name, _code, dims in entries:
+            row = math.prod(dims[1:])
+            step = max(1, ELEMENTS_AT_ONCE // max(row, 1))
+            for start in range(0, dims[0], step):
+                part = (min(step, dims[0] - start), *dims[1:])
+                t = torch.ones(part) if name.endswith("norm.weight") else torch.randn(part, generator=gen) * 0.02
+                fh.write(t.to(torch.bfloat16).view(torch.uint8).numpy().tobytes())
     config.save_pretrained(directory)
 
 
@@ -286,20 +349,25 @@ def main() -> int:
     parser.add_argument("-k", dest="names", action="append", default=[])
     parser.add_argument("--bases", action="store_true", help="each model_type's base class (and those of -k)")
     parser.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
-    parser.add_argument("--layers", default=None, help="--wall: one count; --memory/--deep: a comma list")
+    parser.add_argument("--layers", default=None, help="--wall: one count; --memory/--deep/--wide: a comma list")
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--rounds", type=int, default=2, help="--memory: runs of each, alternating (median)")
     parser.add_argument("--deep", action="store_true")
-    parser.add_argument("--generate-narrow", nargs=2, metavar=("DIR", "LAYERS"), help=argparse.SUPPRESS)
+    parser.add_argument("--wide", action="store_true")
+    parser.add_argument("--width", choices=sorted(WIDE), default="half", help="--wide: a 70B's width or half")
+    parser.add_argument("--keep", action="store_true", help="--wide: keep the generated models")
+    parser.add_argument("--generate", nargs=3, metavar=("SHAPE", "DIR", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.generate_narrow:
-        make_narrow(Path(args.generate_narrow[0]), int(args.generate_narrow[1]))
+    if args.generate:
+        make_llama(Path(args.generate[1]), args.generate[0], int(args.generate[2]))
         return 0
     counts = [int(n) for n in args.layers.split(",")] if args.layers else None
     if args.memory:
         memory(counts or [12, 24], args.rounds)
     if args.deep:
         deep(counts or [12, 24, 48])
+    if args.wide:
+        wide(args.width, counts or [1, 2], keep=args.keep)
     if args.sweep:
         sweep(args.names, args.dtype, bases=args.bases)
     if args.sweep or args.summary:

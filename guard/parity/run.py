@@ -184,7 +184,7 @@ def stored_dtype(directory: Path) -> str:
     """The floating dtype holding most parameters, from the headers (F32 when none)."""
     from guard import dtypes
 
-    models = [m for m in discover_models([directory]) if m.directory == Path(directory)]
+    models = [m for m in discover_models([directory]) if Path(m.directory) == Path(directory)]
     if not models:
         return "F32"
     summary = load_local_model(models[0]).dtype_summary()
