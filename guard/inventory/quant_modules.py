@@ -4,17 +4,18 @@ Every tensor is looked up by its last few name parts in a dict built from the ac
 (``guard.inventory.quant_conventions``), so a quantized set costs the same per tensor as any
 other.  A prefix is a quantized module when its payload is there and something says it is
 packed: a payload name only the method uses (``qweight``, ``W_q``), a component beside it, or
-a payload dtype the method packs into (MLX's U32).  Imported only for sets that are quantized.
+a payload dtype the method packs into (MLX's U32).  Modules of one signature (suffixes and dtypes)
+form a ``Kind``, read once and applied to all of them in C; a module's own record is made only
+where it is asked for (dequantizing, value checks).  Imported only for sets that are quantized.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable, Mapping
-from fnmatch import fnmatchcase
-from itertools import chain, compress
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain, compress, repeat
 from math import prod
-from operator import itemgetter
+from operator import floordiv, itemgetter, mul, not_
 
 from guard import dtypes
 from guard.inventory.quant_conventions import (
@@ -71,15 +72,56 @@ class QuantModule:
 
 
 @record
+class Kind:
+    """The modules of one signature (their suffixes and dtypes): one plan, worked out once, for all of them."""
+
+    plan: _Plan
+    prefixes: list[str]
+    columns: dict[str, list[TensorInfo]]  # suffix -> each module's tensor, in ``prefixes``' order
+    quant: Quantization
+    built: list[QuantModule] | None = None  # the records, where the logical count needed them module by module
+
+    def parts(self, i: int) -> dict[str, TensorInfo]:
+        """Module ``i``'s tensors by suffix."""
+        return {suffix: column[i] for suffix, column in self.columns.items()}
+
+    def module(self, i: int) -> QuantModule:
+        if self.built is not None:
+            return self.built[i]
+        return _module(self.plan, self.prefixes[i], self.parts(i), self.quant)
+
+    def payload(self, i: int) -> TensorInfo:
+        return self.columns[self.plan.payload][i]
+
+    def components(self, i: int) -> dict[str, TensorInfo]:
+        """Module ``i``'s components by role (CG111's shapes without a look-up by name)."""
+        columns = self.columns
+        return {role: columns[suffix][i] for role, suffix in self.plan.components.items()}
+
+
 class Grouped:
-    modules: tuple[QuantModule, ...]
-    roles: dict[str, str]  # tensor name -> role
-    logical: int  # the set's logical parameter count
-    stray: tuple[str, ...]  # component names with no module (a payload missing: CG110)
-    fallback: bool = False  # nothing was packed the declared way: read by every layout (CG112 says so)
-    # each module's payload and components (role -> tensor), in ``modules``' order: CG111's shapes without a look-up
-    # by name (empty: look them up)
-    tensors: tuple[tuple[TensorInfo, dict[str, TensorInfo]], ...] = ()
+    """What the grouping found; the module records themselves are made on first use (a scan's rules read
+    ``kinds``: one plan for many modules, so a clean set never makes a record a module)."""
+
+    __slots__ = ("roles", "logical", "stray", "fallback", "kinds", "_modules")
+
+    def __init__(self, kinds: tuple[Kind, ...], roles: dict[str, str], logical: int, stray: tuple[str, ...],
+                 fallback: bool = False) -> None:
+        self.kinds = kinds  # the quantized modules (a layout), by signature
+        self.roles = roles  # tensor name -> role
+        self.logical = logical  # the set's logical parameter count
+        self.stray = stray  # component names with no module (a payload missing: CG110)
+        self.fallback = fallback  # nothing was packed the declared way: read by every layout (CG112 says so)
+        self._modules: tuple[QuantModule, ...] | None = None
+
+    @property
+    def modules(self) -> tuple[QuantModule, ...]:
+        """Every quantized module, by prefix."""
+        if self._modules is None:
+            made = [kind.built if kind.built is not None else list(map(kind.module, range(len(kind.prefixes))))
+                    for kind in self.kinds]
+            self._modules = tuple(sorted(chain.from_iterable(made), key=_NAME))  # QuantModule.prefix
+        return self._modules
 
 
 def active_layouts(quant: Quantization) -> tuple[Layout, ...]:
@@ -119,122 +161,152 @@ def _group(ws: WeightSet, quant: Quantization) -> Grouped:
     for layout in layouts:
         for part in layout.parts:
             index.setdefault(part.suffix, []).append((layout, part))
-    prefixes: dict[str, dict[str, TensorInfo]] = {}
-    every = chain.from_iterable(scan.tensors for scan in ws.files) if ws.layout != "lightning" else ws.tensors
-    if all(s.startswith(".") and s.count(".") == 1 for s in index):
-        # every suffix is one name part (GPTQ, AWQ, MLX, ...): the last part names it, the rest is the prefix
-        single = {s[1:]: s for s in index}.get
-        known = prefixes.get
-        for tensor in every:
-            prefix, _, last = tensor[0].rpartition(".")
-            suffix = single(last)
-            if suffix is not None and prefix:
-                parts_ = known(prefix)
-                if parts_ is None:
-                    prefixes[prefix] = {suffix: tensor}
-                else:
-                    parts_[suffix] = tensor
-    else:
-        # last name part -> the suffixes ending in it, longest first: one dict lookup a tensor, then a few endswith
-        by_last: dict[str, list[str]] = {}
-        for suffix in sorted(index, key=len, reverse=True):
-            last = suffix.rpartition(".")[2] if suffix.startswith(".") else suffix.rpartition("_")[2]
-            by_last.setdefault(last if suffix.startswith(".") else "_" + last, []).append(suffix)
-        underscored = any(s.startswith("_") for s in index)
-        lookup = by_last.get
-        for tensor in every:
-            name = tensor.name
-            candidates = lookup(name[name.rfind(".") + 1:])
-            if candidates is None and underscored:
-                candidates = lookup(name[name.rfind("_"):])
-            if candidates is not None:
-                for suffix in candidates:
-                    if name.endswith(suffix) and len(name) > len(suffix):
-                        prefixes.setdefault(name[:len(name) - len(suffix)], {})[suffix] = tensor
-    modules: list[QuantModule] = []
+    strict = quant.known and quant.method in LAYOUTS_BY_METHOD
+    symmetric = _symmetric(quant)
+    kinds: list[Kind] = []
     roles: dict[str, str] = {}
     stray: list[str] = []
     logical = 0
     component_floats = 0  # the floating elements that are components, not parameters
-    strict = quant.known and quant.method in LAYOUTS_BY_METHOD
-    symmetric = _symmetric(quant)
     # what a module's suffixes and dtypes decide (its layout, roles, components, missing roles, which parts are
-    # floats), worked out once for each such signature: most modules of a set share a few
-    plans: dict[tuple[tuple[str, ...], tuple[str, ...]], _Plan] = {}
-    found: list[tuple[TensorInfo, dict[str, TensorInfo]]] = []
-    roled: list[Iterable[TensorInfo]] = []  # each module's tensors that have a role, and their roles: ``roles``
-    role_lists: list[Iterable[str]] = []  # is built from them at the end, in the same order, in C
-    for prefix, parts in prefixes.items():
-        key = (tuple(parts), tuple(map(_DTYPE, parts.values())))
-        plan = plans.get(key)
-        if plan is None:
-            plan = plans[key] = _plan(layouts, index, parts, quant, strict=strict, symmetric=symmetric)
-        (layout, role_names, floats_mask, comp_keys, comp_get, missing, scheme, role_of, stray_mask, method,
-         payload_suffix, factor, count) = plan
-        tensors = parts.values()
-        if role_names is not None:
-            roled.append(tensors)
-            role_lists.append(role_names)
-        else:
-            kept = [(tensor, role_of[suffix]) for suffix, tensor in parts.items() if suffix in role_of]
-            roled.append([tensor for tensor, _ in kept])
-            role_lists.append([role for _, role in kept])
-        if floats_mask is not None:
-            if len(floats_mask) == 1:
-                component_floats += prod(parts[floats_mask[0]][2])
-            else:
-                component_floats += sum(map(prod, map(_SHAPE, map(parts.__getitem__, floats_mask))))
+    # floats) is worked out once for each such signature, and applied to all its modules at once, in C
+    columns, others = _columns(ws, index)
+    for prefixes, aligned in _by_signature(columns):
+        first = {suffix: column[0] for suffix, column in aligned.items()}
+        plan = _plan(layouts, index, first, quant, strict=strict, symmetric=symmetric)
+        if others is not None and len(plan.role_of) < len(aligned):
+            others = None  # some tensor a suffix picked has no role: no longer the tensors left out of ``roles``
+        for suffix, role in plan.role_of.items():
+            roles.update(zip(map(_NAME, aligned[suffix]), repeat(role)))
+        for suffix in plan.floats:
+            component_floats += sum(map(prod, map(_SHAPE, aligned[suffix])))
+        layout = plan.layout
         if layout is None:
-            if stray_mask is not None:
-                stray.extend(map(_NAME, compress(tensors, stray_mask)))
+            for suffix in plan.stray:
+                stray.extend(map(_NAME, aligned[suffix]))
             continue
-        payload = parts[payload_suffix]
-        components = comp_get(parts)
-        found.append((payload, dict(zip(comp_keys, components))))
-        if scheme is not None:  # the common case: bits, group size and format the same for every module
-            bits, group, fmt = scheme
-            module = QuantModule(prefix, method, payload.name, prefix + layout.weight,
-                                 dict(zip(comp_keys, map(_NAME, components))),
-                                 _shape_of(layout.shape, payload.shape, factor), bits, group, fmt, layout.name,
-                                 missing)
-        else:
-            bits, group, fmt = _module_scheme(prefix, layout, quant, parts)
-            module = QuantModule(prefix, method, payload.name, prefix + layout.weight,
-                                 dict(zip(comp_keys, map(_NAME, components))),
-                                 _logical_shape(layout, payload, bits), bits, group, fmt, layout.name, missing)
-        modules.append(module)
-        if count is not None:  # _logical_count's "payload" arithmetic, its factors worked out once
-            logical += prod(payload.shape) * count[0] // count[1]
-        else:
-            logical += _logical_count(layout, parts, module)
-    roles.update(zip(map(_NAME, chain.from_iterable(roled)), chain.from_iterable(role_lists)))
-    if strict and not modules and quant.method in LAYOUTS_BY_METHOD and layouts is not LAYOUTS:
+        kind = Kind(plan, prefixes, aligned, quant)
+        if plan.count is not None:  # _logical_count's "payload" arithmetic, its factors worked out once
+            stored, bits = plan.count
+            elements = map(prod, map(_SHAPE, aligned[plan.payload]))
+            logical += sum(elements) if stored == bits else sum(map(floordiv, map(mul, elements, repeat(stored)),
+                                                                    repeat(bits)))
+        else:  # counted module by module (scales × group size, a bitmask, bits per module): the records first
+            parts = list(map(kind.parts, range(len(prefixes))))
+            kind = kind._replace(built=list(map(_module, repeat(plan), prefixes, parts, repeat(quant))))
+            logical += sum(map(_logical_count, repeat(layout), parts, kind.built))
+        kinds.append(kind)
+    if strict and not kinds and quant.method in LAYOUTS_BY_METHOD and layouts is not LAYOUTS:
         # nothing packed the declared way: read the tensors by every layout, so the count stays logical
         # (CG112 says the declaration is wrong)
-        return _group(ws, quant._replace(known=False, bits=None, group_size=None))._replace(fallback=True)
+        again = _group(ws, quant._replace(known=False, bits=None, group_size=None))
+        return Grouped(again.kinds, again.roles, again.logical, again.stray, True)
     floats = sum(n for code, n in ws.parameters_by_dtype().items() if dtypes.is_float(code))
-    logical += floats - component_floats
-    # by prefix (each module's own: no two are equal, so the triples never compare further)
-    ordered = sorted(zip(map(_NAME, modules), modules, found))
-    return Grouped(tuple(map(_SECOND, ordered)), roles, logical, tuple(sorted(stray)), False,
-                   tuple(map(_THIRD, ordered)))
+    if others is not None:
+        ws.memo[_UNROLED] = (roles, others)
+    return Grouped(tuple(kinds), roles, logical + floats - component_floats, tuple(sorted(stray)))
 
 
+def _columns(ws: WeightSet, index: Mapping[str, object]) -> tuple[dict[str, dict[str, TensorInfo]],
+                                                                   list[TensorInfo] | None]:
+    """Suffix -> module prefix -> its tensor, in one pass over the set's tensors; and where every suffix is one
+    name part, the tensors no suffix picked, in the set's order (None: not kept)."""
+    columns: dict[str, dict[str, TensorInfo]] = {suffix: {} for suffix in index}
+    every = chain.from_iterable(scan.tensors for scan in ws.files) if ws.layout != "lightning" else ws.tensors
+    if all(s.startswith(".") and s.count(".") == 1 for s in index):
+        # every suffix is one name part (GPTQ, AWQ, MLX, ...): the last part names it, the rest is the prefix
+        column_of = {suffix[1:]: column for suffix, column in columns.items()}.get
+        others: list[TensorInfo] = []
+        for tensor in every:
+            prefix, _, last = tensor[0].rpartition(".")
+            column = column_of(last)
+            if column is not None and prefix:
+                column[prefix] = tensor
+            else:
+                others.append(tensor)
+        return columns, others
+    # last name part -> the suffixes ending in it, longest first: one dict lookup a tensor, then a few endswith
+    by_last: dict[str, list[str]] = {}
+    for suffix in sorted(index, key=len, reverse=True):
+        last = suffix.rpartition(".")[2] if suffix.startswith(".") else suffix.rpartition("_")[2]
+        by_last.setdefault(last if suffix.startswith(".") else "_" + last, []).append(suffix)
+    underscored = any(s.startswith("_") for s in index)
+    lookup = by_last.get
+    for tensor in every:
+        name = tensor.name
+        candidates = lookup(name[name.rfind(".") + 1:])
+        if candidates is None and underscored:
+            candidates = lookup(name[name.rfind("_"):])
+        if candidates is not None:
+            for suffix in candidates:
+                if name.endswith(suffix) and len(name) > len(suffix):
+                    columns[suffix][name[:len(name) - len(suffix)]] = tensor
+    return columns, None
+
+
+def _by_signature(columns: Mapping[str, dict[str, TensorInfo]]) -> Iterator[tuple[list[str],
+                                                                                  dict[str, list[TensorInfo]]]]:
+    """The module prefixes by signature (which suffixes each has, and their dtypes), each group's tensors as
+    columns in its prefixes' order.  Most sets have one signature a layout (every module has the same parts, of
+    the same dtypes), told in C without a tuple a module; a few more are told apart in C too."""
+    present = {suffix: column for suffix, column in columns.items() if column}
+    if not present:
+        return
+    first = next(iter(present.values()))
+    prefixes = list(first)
+    # the same prefixes, in the same order where a module's tensors are written together (compared as lists)
+    in_order = {suffix: list(column) == prefixes for suffix, column in present.items()}
+    if all(in_order.values()) or all(column.keys() == first.keys() for column in present.values()):
+        aligned = {suffix: list(column.values()) if in_order[suffix] else list(map(column.__getitem__, prefixes))
+                   for suffix, column in present.items()}
+        if all(len(set(map(_DTYPE, column))) == 1 for column in aligned.values()):
+            yield prefixes, aligned
+            return
+    names = list(dict.fromkeys(chain.from_iterable(present.values())))
+    # each prefix's dtype under each suffix (None: not there), one tuple a prefix
+    signatures = list(zip(*(map(dict(zip(column, map(_DTYPE, column.values()))).get, names)
+                            for column in present.values())))
+    distinct = dict.fromkeys(signatures)
+    if len(distinct) <= _FEW:
+        groups = ((signature, list(compress(names, map(signature.__eq__, signatures)))) for signature in distinct)
+    else:
+        by_signature: dict[tuple[str | None, ...], list[str]] = {}
+        for prefix, signature in zip(names, signatures):
+            by_signature.setdefault(signature, []).append(prefix)
+        groups = iter(by_signature.items())
+    for signature, prefixes in groups:
+        yield prefixes, {suffix: list(map(column.__getitem__, prefixes))
+                         for (suffix, column), dtype in zip(present.items(), signature) if dtype is not None}
+
+
+_UNROLED = "unroled tensors"  # ws.memo: (roles, the set's tensors not in them)
+_FEW = 16  # signatures told apart by one pass each over all of them; more: one Python pass
 _NAME, _DTYPE, _SHAPE = itemgetter(0), itemgetter(1), itemgetter(2)  # TensorInfo's fields (records are tuples)
-_SECOND, _THIRD = itemgetter(1), itemgetter(2)
+
+
+def _module(plan: _Plan, prefix: str, parts: Mapping[str, TensorInfo], quant: Quantization) -> QuantModule:
+    layout: Layout = plan.layout  # type: ignore[assignment]
+    payload = parts[plan.payload]
+    components = {role: parts[suffix].name for role, suffix in plan.components.items()}
+    if plan.scheme is not None:  # the common case: bits, group size and format the same for every module
+        bits, group, fmt = plan.scheme
+        return QuantModule(prefix, plan.method, payload.name, prefix + layout.weight, components,
+                           _shape_of(layout.shape, payload.shape, plan.factor), bits, group, fmt, layout.name,
+                           plan.missing)
+    bits, group, fmt = _module_scheme(prefix, layout, quant, parts)
+    return QuantModule(prefix, plan.method, payload.name, prefix + layout.weight, components,
+                       _logical_shape(layout, payload, bits), bits, group, fmt, layout.name, plan.missing)
 
 
 @record
 class _Plan:
     layout: Layout | None
-    role_names: tuple[str, ...] | None  # each part's role, in the parts' order (None: some part has none)
-    floats: tuple[str, ...] | None  # the suffixes of the floating components, in the parts' order (None: none)
-    comp_keys: tuple[str, ...]  # QuantModule.components' keys, in the parts' order
-    comp_get: Callable[[Mapping[str, TensorInfo]], tuple[TensorInfo, ...]]  # the components, in the parts' order
+    floats: tuple[str, ...]  # the suffixes of the floating components
+    components: dict[str, str]  # role -> suffix: QuantModule.components, in the parts' order
     missing: tuple[str, ...]
     scheme: tuple[int | None, int | None, str | None] | None  # bits, group size, format (None: per module)
-    role_of: dict[str, str]  # suffix -> role, where role_names is None
-    stray: tuple[bool, ...] | None  # which parts are components without their payload (no layout)
+    role_of: dict[str, str]  # suffix -> role, for the parts that have one
+    stray: tuple[str, ...] = ()  # the suffixes of components without their payload (no layout)
     method: str = ""
     payload: str = ""  # the payload's suffix
     factor: int = 1  # logical elements a stored one of the payload (with ``scheme``)
@@ -253,21 +325,18 @@ def _plan(layouts: tuple[Layout, ...], index: Mapping[str, list[tuple[Layout, Pa
                                                         None)
             if role is not None and (strict or role in _LOOSE_ROLES):
                 role_of[suffix] = role
-                stray.append(role not in _LOOSE_ROLES and not role.startswith("meta:"))
-            else:
-                stray.append(False)
+                if role not in _LOOSE_ROLES and not role.startswith("meta:"):
+                    stray.append(suffix)
         floats = tuple(s for s, t in parts.items() if s in role_of and dtypes.is_float(t.dtype))
-        return _Plan(None, None, floats or None, (), _getter(()), (), None, role_of,
-                     tuple(stray) if any(stray) else None)
+        return _Plan(None, floats, {}, (), None, role_of, tuple(stray))
     role_of = {s: r for s, r in _ROLE_OF[layout.name].items() if s in parts}
-    names = tuple(role_of.get(s) for s in parts)
     floats = tuple(s for s, t in parts.items() if s in role_of and t.dtype in _FLOATS)
     comp_names = _COMPONENT_OF[layout.name]
-    comp_keys = tuple(comp_names[s] for s in parts if s in comp_names)
+    components = {comp_names[s]: s for s in parts if s in comp_names}
     missing = tuple(role for suffix, role, need in _NEEDED[layout.name] if suffix not in parts and (
         need == "required" or not symmetric))
     if layout.one_of:
-        missing += tuple(role for role in layout.one_of if role not in comp_keys)
+        missing += tuple(role for role in layout.one_of if role not in components)
     bits = layout.bits or quant.bits
     scheme = (bits, quant.group_size, quant.format) if quant.method not in ("mlx", "quanto") and bits is not None \
         else None  # as _module_scheme returns it for every module
@@ -277,16 +346,8 @@ def _plan(layouts: tuple[Layout, ...], index: Mapping[str, list[tuple[Layout, Pa
     count = None
     if scheme is not None and (layout.shape == "same" or layout.count == "payload"):
         count = (1, 1) if layout.shape == "same" or not bits or bits >= storage else (storage, bits)
-    return _Plan(layout, None if None in names else names, floats or None, comp_keys,
-                 _getter(tuple(s for s in parts if s in comp_names)), missing, scheme, role_of, None,
+    return _Plan(layout, floats, components, missing, scheme, role_of, (),
                  quant.method if quant.known else layout.method, _PAYLOADS[layout.name].suffix, factor, count)
-
-
-def _getter(suffixes: tuple[str, ...]) -> Callable[[Mapping[str, TensorInfo]], tuple[TensorInfo, ...]]:
-    """The parts under these suffixes, as a tuple (itemgetter's, in C, where there are two or more)."""
-    if len(suffixes) > 1:
-        return itemgetter(*suffixes)  # type: ignore[return-value]
-    return lambda parts: tuple(parts[s] for s in suffixes)
 
 
 def _by_reader(ws: WeightSet, components: Mapping[str, str]) -> Grouped:
@@ -300,6 +361,23 @@ def _by_reader(ws: WeightSet, components: Mapping[str, str]) -> Grouped:
                 roles[name] = role
     logical = sum(ws.parameters_by_dtype().values()) - sum(t.numel for t in _tensors(ws, roles))
     return Grouped((), roles, logical, ())
+
+
+def unroled_tensors(ws: WeightSet, roles: Mapping[str, str]) -> list[TensorInfo]:
+    """``ws.tensors`` that are no part of quantization (not in ``roles``), in the set's order: once per set (the
+    shares by label, CG112 and CG113 read them), kept by the grouping where it can tell, else picked in C."""
+    memo = ws.memo.get(_UNROLED)
+    if memo is not None and memo[0] is roles:  # type: ignore[index]
+        return memo[1]  # type: ignore[index,no-any-return]
+    if ws.layout == "lightning":  # ``tensors`` leaves training state out
+        left = [t for t in ws.tensors if t.name not in roles]
+    else:
+        has = roles.__contains__
+        left = list(chain.from_iterable(compress(scan.tensors, map(not_, map(has, map(_NAME, scan.tensors))))
+                                        for scan in ws.files))
+    ws.memo[_UNROLED] = (roles, left)
+    return left
+
 
 
 def _tensors(ws: WeightSet, names: Mapping[str, str]) -> Iterable[TensorInfo]:
@@ -418,21 +496,3 @@ def _shape_of(kind: str | None, shape: tuple[int, ...], factor: int) -> tuple[in
     if kind == "mxfp4" and len(shape) == 4:
         return (shape[0], shape[2] * shape[3] * 2, shape[1])
     return None
-
-
-def is_kept_unquantized(name: str, patterns: tuple[str, ...]) -> bool:
-    """A module the config keeps unquantized: listed by name (a suffix of its path), or a ``re:`` pattern
-    (compressed-tensors), or a glob."""
-    for pattern in patterns:
-        if pattern.startswith("re:"):
-            import re
-
-            try:
-                if re.match(pattern[3:], name):
-                    return True
-            except re.error:
-                continue
-        elif name == pattern or name.endswith("." + pattern) or pattern in name.split(".") or (
-                any(c in pattern for c in "*?[") and fnmatchcase(name, pattern)):
-            return True
-    return False

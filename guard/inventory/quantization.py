@@ -240,17 +240,22 @@ _LAST_PARTS = frozenset(s.rpartition(".")[2] for s in FINGERPRINTS if "." in s)
 _ENDINGS = (*sorted(_LAST_PARTS), "_blocks")  # every name the loop below acts on ends with one of these
 
 
-def _name_candidates(ws: WeightSet) -> Iterator[TensorInfo]:
+def _name_candidates(ws: WeightSet, known: Mapping[str, str]) -> Iterator[TensorInfo]:
     """``ws.tensors`` whose names end with a fingerprint's last part or ``_blocks``, in the set's order:
     picked by ``str.endswith`` in C (a pipeline commit's 4,800 tensors, a sharded index's 200,000),
-    so the Python loop runs only for the few that can be components."""
+    so the Python loop runs only for the few that can be components; those in ``known`` left out first."""
+    if known:
+        from guard.inventory.quant_modules import unroled_tensors  # known: the set is quantized
+
+        left = unroled_tensors(ws, known)
+        return compress(left, map(str.endswith, map(_NAME, left), repeat(_ENDINGS)))
     if ws.layout == "lightning":  # ``tensors`` leaves training state out
         return (t for t in ws.tensors if t.name.endswith(_ENDINGS))
     return chain.from_iterable(compress(scan.tensors, map(str.endswith, map(_NAME, scan.tensors), repeat(_ENDINGS)))
                                for scan in ws.files)
 
 
-_NAME, _SHAPE = itemgetter(0), itemgetter(2)  # TensorInfo.name, .shape (records are tuples)
+_NAME, _DTYPE, _SHAPE = itemgetter(0), itemgetter(1), itemgetter(2)  # TensorInfo's fields (records are tuples)
 
 
 def _from_tensor_names(ws: WeightSet, *, known: Mapping[str, str] = _EMPTY) -> Quantization | None:
@@ -259,10 +264,8 @@ def _from_tensor_names(ws: WeightSet, *, known: Mapping[str, str] = _EMPTY) -> Q
     if not (ws.by_dtype().keys() & _PACKED_CODES):
         return None  # every method packs into integers or fp8 somewhere (a bnb quant_state blob at least)
     seen: dict[str, str] = {}
-    for tensor in _name_candidates(ws):
+    for tensor in _name_candidates(ws, known):
         name = tensor.name
-        if name in known:
-            continue
         last = name[name.rfind(".") + 1:]
         if last in _LAST_PARTS:
             cut = len(name)
@@ -334,10 +337,13 @@ def logical_by_dtype(inv: ModelInventory, ws: WeightSet) -> dict[str, int]:
 
     roles = component_roles(inv, ws)
     left = dict(by_code)
-    if roles:  # each dtype's group (``ws.tensors`` by dtype), its components' elements summed in C
-        has = roles.__contains__
-        for code, group in ws.by_dtype().items():
-            left[code] -= sum(map(prod, map(_SHAPE, compress(group, map(has, map(_NAME, group))))))
+    if roles:  # what the components leave of each dtype: the elements of its tensors not in ``roles``, in C
+        from guard.inventory.quant_modules import unroled_tensors
+
+        rest = unroled_tensors(ws, roles)
+        for code in left:
+            left[code] = sum(map(prod, map(_SHAPE, compress(rest, map(code.__eq__, map(_DTYPE, rest)))))) \
+                if rest else 0
     every = quant.declared_by in BY_DTYPES  # GGUF blocks, NNCF: the stored elements are the logical ones
     shares = {code: n for code, n in left.items() if n > 0 and (every or dtypes.is_float(code))}
     packed = logical_parameters(inv, ws) - sum(shares.values())

@@ -11,9 +11,9 @@ kind of defect and set, with a count and an example, never one per tensor.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
-from itertools import chain, compress
-from operator import itemgetter, not_
+from collections.abc import Iterable, Iterator
+from itertools import chain, compress, repeat
+from operator import itemgetter
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -68,16 +68,22 @@ def check_quantized_modules(inv: ModelInventory, policy: Policy) -> Iterator[Fin
 
 
 def _missing_components(inv: ModelInventory, ws: WeightSet, quant: Quantization, found: Grouped) -> Iterator[Finding]:
-    by_role: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for module in found.modules:
-        for role in module.missing:
-            by_role[(module.layout, role)].append(module.payload)
+    # (layout, role) -> modules without it, and the first of them by prefix: a kind's modules all miss the same
+    by_role: dict[tuple[str, str], tuple[int, tuple[str, str]]] = {}
+    for kind in found.kinds:
+        if kind.plan.missing:
+            first = min(kind.prefixes)
+            example = (first, kind.payload(kind.prefixes.index(first)).name)
+            for role in kind.plan.missing:
+                key = (kind.plan.layout.name, role)  # type: ignore[union-attr]
+                count, seen = by_role.get(key, (0, example))
+                by_role[key] = (count + len(kind.prefixes), min(seen, example))
     files = _files(ws)
-    for (layout, role), payloads in sorted(by_role.items()):
+    for (layout, role), (count, (_, payload)) in sorted(by_role.items()):
         yield make_finding(
-            "CG110", files.get(payloads[0], ws.name),
-            f"{len(payloads)} packed weight(s) ({layout}) have no {role} tensor, which {quant.method} needs to "
-            f"load them; e.g. {shown(payloads[0])}", tensor=payloads[0])
+            "CG110", files.get(payload, ws.name),
+            f"{count} packed weight(s) ({layout}) have no {role} tensor, which {quant.method} needs to "
+            f"load them; e.g. {shown(payload)}", tensor=payload)
     stray = found.stray
     if stray:
         yield make_finding(
@@ -87,29 +93,21 @@ def _missing_components(inv: ModelInventory, ws: WeightSet, quant: Quantization,
 
 
 def _shape_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, found: Grouped) -> Iterator[Finding]:
-    from guard.rules.quantized_shapes import module_shape_problem, parts_shape_problem
+    from guard.rules.quantized_shapes import kind_shape_problems
 
     if found.fallback:
         return  # the declaration is wrong (CG112): its bits and group size say nothing of these tensors
-    problems: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    if len(found.tensors) == len(found.modules):  # the grouping kept each module's tensors: no look-up by name
-        for module, (payload, parts) in zip(found.modules, found.tensors):
-            problem = parts_shape_problem(module, payload, parts)
-            if problem is not None:
-                problems[module.layout].append((module.payload, problem))
-    else:
-        shapes = _by_name(ws)
-        for module in found.modules:
-            problem = module_shape_problem(module, shapes)
-            if problem is not None:
-                problems[module.layout].append((module.payload, problem))
+    problems: dict[str, list[tuple[str, str, str]]] = defaultdict(list)  # layout -> (prefix, payload, problem)
+    for kind in found.kinds:
+        problems[kind.plan.layout.name].extend(kind_shape_problems(kind))  # type: ignore[union-attr]
     files = _files(ws)
     for layout, items in sorted(problems.items()):
-        payload, problem = items[0]
-        yield make_finding(
-            "CG111", files.get(payload, ws.name),
-            f"{len(items)} {layout} module(s) disagree with {_scheme(quant)}; e.g. {shown(payload)}: {problem}",
-            tensor=payload)
+        if items:
+            _, payload, problem = min(items)  # the first module by prefix
+            yield make_finding(
+                "CG111", files.get(payload, ws.name),
+                f"{len(items)} {layout} module(s) disagree with {_scheme(quant)}; e.g. {shown(payload)}: {problem}",
+                tensor=payload)
 
 
 def _scheme(quant: Quantization) -> str:
@@ -143,7 +141,7 @@ def _method_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, fo
             f"{quant.declared_by} declares {quant.method}, but tensors are packed by "
             f"{'gptq or awq' if named.method == 'gptq' else named.method}; e.g. "
             f"{shown(example)}", tensor=example or None)
-    elif (found.fallback or not found.modules) and any(True for _ in ws.tensors):
+    elif (found.fallback or not found.kinds) and any(True for _ in ws.tensors):
         floats = sorted(code for code in ws.by_dtype() if dtypes.is_float(code))
         yield make_finding(
             "CG112", where,
@@ -153,38 +151,34 @@ def _method_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, fo
 
 
 def _kept_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, found: Grouped) -> Iterator[Finding]:
-    from guard.inventory.quant_modules import is_kept_unquantized
+    from guard.inventory.quant_modules import unroled_tensors
 
-    modules = found.modules
+    kinds = found.kinds
     roles = found.roles
     files = _files(ws)
-    packed_kept = [m.payload for m in modules if is_kept_unquantized(m.prefix, quant.unquantized)] \
-        if quant.unquantized else []
+    packed_kept = _packed_kept(found, quant.unquantized) if quant.unquantized else []
     if packed_kept:
         yield make_finding(
             "CG113", files.get(packed_kept[0], ws.name),
             f"{len(packed_kept)} module(s) the config keeps unquantized are packed; e.g. {shown(packed_kept[0])}",
             tensor=packed_kept[0])
-    packed_shapes: set[str] | None = None  # both built at the first candidate: a fully packed set has none
+    siblings: _Siblings | None = None  # both built at the first candidate: a fully packed set has none
     suffixes: set[str] | None = None
     unpacked: list[str] = []
     # a sibling of packed modules (same name but the layer number), stored plain: the tensors that are no
     # component, picked in C (a fully packed set leaves none for the loop)
-    has = roles.__contains__
-    every = ws.tensors if ws.layout == "lightning" else chain.from_iterable(
-        compress(scan.tensors, map(not_, map(has, map(_NAME, scan.tensors)))) for scan in ws.files)
-    for tensor in every:
+    for tensor in unroled_tensors(ws, roles):
         name = tensor.name
-        if name in roles or len(tensor.shape) != 2 or not dtypes.is_float(tensor.dtype):
+        if len(tensor.shape) != 2 or not dtypes.is_float(tensor.dtype):
             continue
         prefix, dot, last = name.rpartition(".")
         if suffixes is None:
-            suffixes = {m.weight[len(m.prefix):] for m in modules}
+            suffixes = {kind.plan.layout.weight for kind in kinds}  # type: ignore[union-attr]
         if not dot or "." + last not in suffixes:
             continue
-        if packed_shapes is None:
-            packed_shapes = {_layer_pattern(m.prefix) for m in modules}
-        if _layer_pattern(prefix) not in packed_shapes:
+        if siblings is None:
+            siblings = _Siblings(found)
+        if not siblings.packed(prefix):
             continue
         if not (quant.unquantized and is_kept_unquantized(prefix, quant.unquantized)):
             unpacked.append(name)
@@ -194,6 +188,65 @@ def _kept_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, foun
             f"{len(unpacked)} weight(s) are stored unpacked ({dtypes.display_name(_dtype(ws, unpacked[0]))}) while "
             f"the same module in other layers is packed ({quant.label}) and the config does not keep them "
             f"unquantized; e.g. {shown(unpacked[0])}", tensor=unpacked[0])
+
+
+def _packed_kept(found: Grouped, patterns: tuple[str, ...]) -> list[str]:
+    """The payloads of the packed modules the config keeps unquantized, by prefix.  A plain name matches only
+    prefixes that contain it: those are picked in C, then checked (a ``re:`` pattern or a glob: every module)."""
+    plain = not any(p.startswith("re:") or any(c in p for c in "*?[") for p in patterns)
+    kept: list[tuple[str, str]] = []
+    for kind in found.kinds:
+        prefixes = kind.prefixes
+        picked: Iterable[int] = range(len(prefixes))
+        if plain:
+            picked = sorted(set(chain.from_iterable(
+                compress(picked, map(str.__contains__, prefixes, repeat(p))) for p in patterns)))
+        kept.extend((prefixes[i], kind.payload(i).name) for i in picked if is_kept_unquantized(prefixes[i], patterns))
+    return [payload for _, payload in sorted(kept)]
+
+
+class _Siblings:
+    """Whether a prefix names a packed module's sibling: the same module in another layer (``_layer_pattern``).
+    Only the packed prefixes that can be one are read, those ending with the candidate's parts after its last
+    layer number, picked in C (a set's embeddings and lm_head match none); once for each such ending."""
+
+    def __init__(self, found: Grouped) -> None:
+        self.prefixes = list(chain.from_iterable(kind.prefixes for kind in found.kinds))
+        self.patterns: dict[str, set[str]] = {}  # ending -> the layer patterns of the packed prefixes with it
+
+    def packed(self, prefix: str) -> bool:
+        parts = prefix.split(".")
+        numbered = [i for i, part in enumerate(parts) if part.isdigit()]
+        # equal patterns have equal parts after the last number ("#" as a name would stand for one: read them all)
+        ending = "" if "#" in prefix else ".".join(parts[numbered[-1] + 1:]) if numbered else prefix
+        patterns = self.patterns.get(ending)
+        if patterns is None:
+            prefixes = self.prefixes
+            picked = compress(prefixes, map(str.endswith, prefixes, repeat(ending))) if ending else prefixes
+            patterns = self.patterns[ending] = set(map(_layer_pattern, picked))
+        return _layer_pattern(prefix) in patterns
+
+
+def is_kept_unquantized(name: str, patterns: tuple[str, ...]) -> bool:
+    """A module the config keeps unquantized: listed by name (a suffix of its path), or a ``re:`` pattern
+    (compressed-tensors), or a glob."""
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            import re
+
+            try:
+                if re.match(pattern[3:], name):
+                    return True
+            except re.error:
+                continue
+        elif name == pattern or name.endswith("." + pattern) or pattern in name.split("."):
+            return True
+        elif any(c in pattern for c in "*?["):
+            from fnmatch import fnmatchcase  # a glob in the config: not on a plain scan's import path
+
+            if fnmatchcase(name, pattern):
+                return True
+    return False
 
 
 def _layer_pattern(prefix: str) -> str:

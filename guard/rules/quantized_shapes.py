@@ -8,29 +8,43 @@ shows as a disagreement here.  Returns a sentence naming the shapes, or None.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from itertools import compress
+from operator import itemgetter
 
-from guard.inventory.quant_modules import QuantModule
+from guard.inventory.quant_modules import Kind, QuantModule
 from guard.tensors import TensorInfo
 
 Check = Callable[[QuantModule, TensorInfo, Mapping[str, TensorInfo]], "str | None"]
+_SHAPE = itemgetter(2)  # TensorInfo.shape (records are tuples)
 
 
-def module_shape_problem(module: QuantModule, tensors: Mapping[str, TensorInfo]) -> str | None:
-    payload = tensors.get(module.payload)
-    if payload is None:
-        return None
-    components = module.components
-    parts = dict(zip(components, map(tensors.get, components.values())))  # in C; a name not there is left out
-    if None in parts.values():
-        parts = {role: tensor for role, tensor in parts.items() if tensor is not None}
-    return parts_shape_problem(module, payload, parts)
-
-
-def parts_shape_problem(module: QuantModule, payload: TensorInfo, parts: Mapping[str, TensorInfo]) -> str | None:
-    """The same, from the module's payload and its components by role (``Grouped.tensors``)."""
-    check = CHECKS.get(module.layout)
-    return check(module, payload, parts) if check is not None else None
+def kind_shape_problems(kind: Kind) -> Iterator[tuple[str, str, str]]:
+    """(prefix, payload, problem) for each module of one kind whose shapes disagree.  The modules of a kind share
+    all a check reads but their shapes (suffixes, dtypes, bits, group size, layout), and most share those with many
+    others (every layer's q_proj): each distinct set of shapes is checked once, on its first module."""
+    check = CHECKS.get(kind.plan.layout.name) if kind.plan.layout is not None else None
+    if check is None:
+        return
+    count = len(kind.prefixes)
+    if kind.plan.scheme is None:  # bits or group size per module (MLX, quanto): each module on its own
+        for i in range(count):
+            module = kind.module(i)
+            problem = check(module, kind.payload(i), kind.components(i))
+            if problem is not None:
+                yield module.prefix, module.payload, problem
+        return
+    columns = [map(_SHAPE, column) for column in kind.columns.values()]  # every module of a kind has these parts
+    keys = list(zip(*columns)) if len(columns) > 1 else list(columns[0])
+    first = dict(zip(reversed(keys), range(count - 1, -1, -1)))  # each distinct key -> its first module, in C
+    bad: dict[object, str] = {}
+    for key, i in first.items():
+        problem = check(kind.module(i), kind.payload(i), kind.components(i))
+        if problem is not None:
+            bad[key] = problem
+    if bad:
+        for i in compress(range(count), map(bad.__contains__, keys)):
+            yield kind.prefixes[i], kind.payload(i).name, bad[keys[i]]
 
 
 def _ceil(a: int, b: int) -> int:
