@@ -21,7 +21,6 @@ import os
 import platform
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import time
@@ -30,38 +29,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks.md"
 HEADING = "## Pre-commit hook"
-CHUNK = b"\0" * (16 << 20)
 
 
 def write_shard(path: Path, first_layer: int, size: int, hidden: int = 1024) -> dict[str, str]:
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    """One shard of zeros written by safetensors itself (its compact header, its tensor order)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tensors: dict[str, object] = {}
     offset, layer, names = 0, first_layer, {}
     while offset < size:
         for part, rows in (("self_attn.q_proj", hidden), ("self_attn.k_proj", hidden // 4),
                            ("self_attn.v_proj", hidden // 4), ("self_attn.o_proj", hidden),
                            ("mlp.gate_proj", 2816), ("mlp.up_proj", 2816), ("input_layernorm", 0)):
-            shape = [rows, hidden] if rows else [hidden]
-            nbytes = 4 * (rows or 1) * hidden
+            shape = (rows, hidden) if rows else (hidden,)
             name = f"model.layers.{layer}.{part}.weight"
-            header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + nbytes]}
+            tensors[name] = np.zeros(shape, np.float32)  # calloc'd: zero pages, no memory until written
             names[name] = path.name
-            offset += nbytes
+            offset += 4 * (rows or 1) * hidden
             if offset >= size:
                 break
         layer += 1
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(raw)) + raw)
-        left = offset
-        while left > 0:
-            left -= fh.write(CHUNK[: min(left, len(CHUNK))])
+    save_file(tensors, str(path), metadata={"format": "pt"})  # type: ignore[arg-type]
     return names
 
 
 def generate(repo: Path, size_gb: float, shards: int) -> list[Path]:
     model = repo / "model"
-    stamp = model / f".built-{size_gb}-{shards}"
+    stamp = model / f".built-{size_gb}-{shards}-library"
     names = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
     files = [model / n for n in names] + [model / "model.safetensors.index.json", model / "config.json"]
     if stamp.exists():
@@ -115,10 +110,14 @@ def generate_pipeline(repo: Path, components: int = 20) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-def timed(cmd: list[str], cwd: Path) -> tuple[float, int]:
+def timed(cmd: list[str], cwd: Path) -> tuple[float, int, float]:
+    """Wall seconds, exit code, and CPU seconds (user + system of the process and its children: a
+    hook's `git`) from the child's own rusage: on a shared machine CPU time is the steadier figure."""
     start = time.perf_counter()
-    rc = subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-    return time.perf_counter() - start, rc
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    return wall, os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
 
 
 def write_docs(section: str) -> None:
@@ -158,22 +157,27 @@ def main() -> int:
             "python -c pass": [str(ours_bin / "python"), "-c", "pass"],  # interpreter start-up, for scale
         }
         times: dict[str, list[float]] = {name: [] for name in commands}
+        cpus: dict[str, list[float]] = {name: [] for name in commands}
         for name, cmd in commands.items():  # warm the page cache; both hooks give their verdict
-            _, rc = timed(cmd, args.out)
+            _, rc, _ = timed(cmd, args.out)
             assert rc in (0, 1), f"{name} exited {rc}"
         for round_ in range(args.rounds):
             order = list(commands) if round_ % 2 == 0 else list(reversed(commands))
             for name in order:
-                times[name].append(timed(commands[name], args.out)[0])
+                wall, _, cpu = timed(commands[name], args.out)
+                times[name].append(wall)
+                cpus[name].append(cpu)
         median = {name: statistics.median(values) for name, values in times.items()}
-        figures.append((case, len(files), total, median, {n: min(v) for n, v in times.items()}))
+        cpu_median = {name: statistics.median(values) for name, values in cpus.items()}
+        figures.append((case, len(files), total, median, {n: min(v) for n, v in times.items()}, cpu_median))
     rows = []
-    for case, count, total, median, best in figures:
+    for case, count, total, median, best, cpu in figures:
         for name in median:
             rows.append(f"| {case} ({count} files, {total / 1e9:.2f} GB) | {name} | {median[name] * 1000:.0f} ms "
-                        f"| {best[name] * 1000:.0f} ms |")
-    ratios = "; ".join(f"{case}: **{m['ckpt-guard'] / m['check-added-large-files']:.2f}x**"
-                       for case, _, _, m, _ in figures)
+                        f"| {best[name] * 1000:.0f} ms | {cpu[name] * 1000:.1f} ms |")
+    ratios = "; ".join(f"{case}: **{m['ckpt-guard'] / m['check-added-large-files']:.2f}x** wall, "
+                       f"**{c['ckpt-guard'] / c['check-added-large-files']:.2f}x** CPU"
+                       for case, _, _, m, _, c in figures)
     table = "\n".join(rows)
     section = f"""{HEADING}
 
@@ -183,70 +187,47 @@ pre-commit installs hooks; median of {args.rounds} alternating rounds after a wa
 {args.shards} safetensors shards with their index and config.json, and a 20-component
 diffusers-style pipeline with fp16 variants (model_index.json, configs, 40 weight files).
 
-| files | command | median | best |
-|---|---|---:|---:|
+| files | command | median wall | best wall | median CPU |
+|---|---|---:|---:|---:|
 {table}
 
 ckpt-guard / check-added-large-files: {ratios} (target: at most 1.2x on both).
 Machine: {platform.machine()}, Python {platform.python_version()}, {platform.system()}; load average
 {load_before:.1f} at the start of the run, {os.getloadavg()[0]:.1f} at the end.
 ckpt-guard reads headers only, so the time does not grow with the bytes of the shards. The pipeline
-commit is work-bound, not import-bound: 40 headers of 120 tensors each (4,800 tensors), where
-check-added-large-files only stats the files and asks git for their attributes.
+commit is work-bound: 40 headers of 120 tensors each (4,800 tensors), where check-added-large-files
+only stats the files and asks git for their attributes. CPU is user + system time from each child's
+own rusage (its `git` child included); on this shared machine it moves less than wall time.
+Both commits' safetensors files are written by the safetensors library itself (its compact header,
+its tensor order), as a user's `save_file` / `save_pretrained` writes them; before this round the
+benchmark wrote headers with `json.dumps` (a space after every separator), which no library writes.
 
-Each weight set's tensors are walked once (`WeightSet._tally`: the tensors by dtype, their element
-counts, whether any shares a storage) and every rule reads those groups: CG105 looks up F64, CG104
-BF16/F16, CG106 a target's unsupported codes, CG107 the element counts; the policed floating tensors
-(CG101, CG102, CG103, CG108) are computed once per set and policy, with keep-fp32 matched once per
-distinct name (the copies of a model and a pipeline's components repeat them); names are classified
-once per name; a file that declares no dtype of its own is not walked for CG103. Measured with
-callgrind on the same commit (deterministic, unlike wall time on this shared machine): the rules and
-the report's summaries went from 204 M to 38 M instructions, the whole process from 538 M to 378 M;
-what is left is the interpreter (89 M, as for `python -c pass`), imports (~55 M) and the readers
-(~150 M: json.loads of 40 headers of 4,800 entries is a third of that).
+What the hook costs, in instructions (callgrind, `python -S` with the tree on the path, pipeline
+commit; deterministic where wall time is not): 267.6 M at the start of this round, 216.8 M now
+(`python -S -c pass` is 27.7 M). Where the time goes now, medians of 21 in-process runs split by
+phase: interpreter 8 ms, `guard.cli` 2.9 ms, the other imports 9.6 ms, discovery 0.9 ms, reading
+the 40 headers and building the inventory 8.2 ms, rules and summaries 3.4 ms, the text report 0.4 ms.
+What this round changed:
+- No `pathlib` on the scan's path: discovery, the CLI's plain path, the config search and the
+  pipeline walk keep paths as strings spelled as pathlib spells them (`guard.paths`); pathlib, with
+  the `urllib.parse` and `ipaddress` it imports, cost ~2.9 ms of CPU per call
+  (`tests/test_architecture.py` asserts none of them, nor `fnmatch`, `importlib` or `typing`, is
+  imported by the hook's line).
+- `@record` builds its tuple subclass with one shared `__new__` instead of `collections.namedtuple`,
+  which compiled a `__new__` per class with `eval` (~0.1 ms each, 26 records before the first read):
+  22 M instructions of imports.
+- Compact headers (the library's own form) are listed by one regular-expression pass instead of
+  json.loads and a per-entry walk, proved exact by the matches tiling the text, and fall back to the
+  general parse for anything else (a differential test mutates library-written headers and compares
+  both paths: `tests/test_safetensors_compact.py`): 15 % less per header (121 us against 144 us for
+  120 tensors).
+- CG008's and CG110-CG113's modules are imported only for a model with a PyTorch or a quantized set;
+  `fnmatch` and `importlib` only where used; keep-fp32's default globs are tested in C for a whole
+  dtype group; `Policy.is_enabled` is answered once per code.
 
-The reader and the process, then, measured the same way (whole process, console script, pipeline
-commit: 355 M instructions before, 277 M after; `python -c pass` is 38 M). Each safetensors header is
-parsed by json.loads without a hook and proved free of duplicate keys by counting (the colons in the
-text bound the keys from above, the objects' lengths from below: equal counts leave no room for a
-duplicate; any doubt goes to the hooked parse as before): 15 M fewer. The common entry (known dtype,
-dims >= 1, exact span, offsets tiling in header order) is judged inline and its record built with
-`tuple.__new__`; any other entry goes through the checks it always went through: 36 M fewer. The
-exact-parse test looks for one byte (memchr) before a substring, and regular expressions used only on
-rare input (LFS pointers, signed numbers) compile on first use: 5 M. The hook's process raises the
-collector's threshold and freezes the imported modules, and ends with `os._exit` once the report is
-flushed (`guard.cli.main`, for the process only, never for a caller's `main([...])`): 20 M. Names
-that need no escaping skip the per-character walk of `inert_text`: 2 M. Tried and not kept: a
-whole-header pass over columns (`map`, `itemgetter`: 19 M more than the inline walk). What is left:
-the interpreter and the stdlib imports (pathlib pulls urllib.parse and ipaddress), the package's own
-imports (~40 M, about half of it unmarshalling), json.loads itself (~44 M for 4,800 entries) and the
-rules (~37 M).
-
-Issue 23 (this round), measured the same way (callgrind, console script of the installed wheel, pipeline
-commit; check-added-large-files is 121 M plus its `git` child): 307 M before, 273 M after. `@record`
-puts a record's body onto its namedtuple instead of a subclass of it (one class per record, about 25
-on a scan's import path); `guard.jsonspan` is imported only where a config dtype is to be
-rewritten; the quantization fingerprint walk (`_from_tensor_names`, new this round) picks its few
-candidate names with `str.endswith` in C instead of a Python loop over every tensor; a set's dtype
-tally sums a one-dtype file's elements with `map` in C; keep-fp32 globs of the `*word*` form (the
-defaults) are substring tests, not a regular expression per name; the safetensors reader checks each
-distinct (dtype, shape) once per header (a header with no float, `true` or `false` in it holds only
-ints, so equal shapes are equal); folders are resolved from their parent's resolved path (one
-`lstat` each). Where the 273 M go (phases of one in-process run): 38 M interpreter, 85 M imports (the
-stdlib's ~50 M, of which `pathlib` with the `urllib.parse` and `ipaddress` it pulls in is 17 M beyond
-`re`, `json` and the rest; guard's own ~35 M),
-10 M discovery, 94 M reading 40 headers (json.loads ~45 M and the per-tensor records ~30 M: ~20 k
-instructions a tensor), 35 M rules and summaries, 4 M output. The 1.2x target is not reliably met on
-the pipeline commit: reading its 40 headers alone costs three quarters of check-added-large-files'
-whole process (94 M against 121 M). What would meet it: a header cache keyed
-by (path, size, mtime_ns) so that an unchanged file is not parsed on every commit (a design change: a
-scan that writes a cache), or a header parser faster than json.loads; no `pathlib` on the scan path
-would save 17 M more.
-
-Before the reader work the hook cost 1.94x on the pipeline commit (128 ms against 66 ms); before the rules
-work 2.44x (164 ms against 67 ms) and 1.25x on the shards; before the work before it, 3.15x on the
-shards (308 ms against 98 ms): `guard.cli` imported every command group, the report and every reporter
-before a scan could start.
+Earlier, on the pipeline commit: 1.60x when issue 23 was filed, 1.15-1.40x after its first round
+(wall time under a load average of 7; 273 M instructions with site); before that 1.94x, 2.44x, and
+3.15x on the shards when `guard.cli` imported every command group before a scan could start.
 
 """
     print(section)

@@ -120,13 +120,15 @@ SCAN_MODULES = {
     "guard.inventory.package_dirs",  # IR pairs and Core ML packages are found by name in every directory
     "guard.inventory.tf_dirs",  # TF bundles and SavedModel folders, likewise (stdlib only)
     "guard.inventory.sets",
-    "guard.inventory.quant_conventions", "guard.inventory.quantization", "guard.rules.quantized",  # quantized sets
+    "guard.inventory.quant_conventions", "guard.inventory.quantization",  # quantized sets (their rules: lazily)
     "guard.inventory.stats",  # guard.jsonspan (CG103's fix) only where config.json's dtype is to be rewritten
+    "guard.paths",  # local paths as strings: no pathlib (nor the urllib.parse and ipaddress it imports)
     "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.records",
     "guard.report",
     "guard.reporters", "guard.reporters.inert", "guard.reporters.text", "guard.rules", "guard.rules.config_dtype",
     "guard.rules.copies", "guard.rules.dtype_fixes", "guard.rules.dtype_policy", "guard.rules.formats", "guard.rules.no_tensors",
-    "guard.rules.pickle_only", "guard.rules.shards", "guard.rules.targets",
+    "guard.rules.norms",
+    "guard.rules.shards", "guard.rules.targets",  # pickle_only and quantized: only for torch / quantized sets
     "guard.rules.training", "guard.rules.variants", "guard.scan", "guard.sources", "guard.tensors",
 }
 HEAVY = ("click", "dataclasses", "inspect", "typing", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",
@@ -145,6 +147,30 @@ def test_a_safetensors_scan_imports_exactly_what_it_uses(tmp_path: Path) -> None
     assert rc == 0
     assert set(guard_modules) == SCAN_MODULES
     assert not [m for m in HEAVY if m in every_module]
+
+
+def test_the_hooks_scan_imports_no_pathlib(tmp_path: Path) -> None:
+    """The pre-commit hook's line: pathlib with urllib.parse and ipaddress cost ~3 ms of a ~35 ms call;
+    fnmatch (globs beyond the default ``*word*`` ones) and importlib are imported only where needed.
+
+    Run with ``-S`` and the tree on PYTHONPATH: an editable install's import finder uses pathlib itself.
+    """
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    folder = tmp_path / "component" / "sub"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    (folder / "config.json").write_text("{}")
+    (tmp_path / "component" / "model_index.json").write_text('{"sub": ["diffusers", "UNet2DModel"]}')
+    code = ("import sys, json\nfrom guard.cli import main\n"
+            "rc = main(['scan', '--format', 'text', '--no-summary', 'component/sub/model.safetensors',"
+            " './component//sub/config.json'])\n"
+            "print(json.dumps([rc, sorted(m for m in sys.modules)]))")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
+                         cwd=tmp_path, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    rc, modules = json.loads(out.stdout.splitlines()[-1])
+    assert rc == 0
+    assert not {"pathlib", "urllib.parse", "ipaddress", "fnmatch", "importlib", "typing"} & set(modules)
 
 
 @pytest.mark.parametrize("group, module, args", [

@@ -25,7 +25,7 @@ def _weights(path: Path) -> Path:
 
 
 def _found(root: Path) -> dict[str, list[str]]:
-    return {m.directory.relative_to(root).as_posix(): sorted(p.name for p in m.weight_files)
+    return {Path(m.directory).relative_to(root).as_posix(): sorted(Path(p).name for p in m.weight_files)
             for m in discover_models([root])}
 
 
@@ -57,7 +57,7 @@ def test_a_file_named_on_the_command_line_is_read_whatever_its_suffix(tmp_path: 
     weights = _weights(tmp_path / "m" / "model.safetensors")
     os.link(weights, tmp_path / "m" / "kernel.c")
     (model,) = discover_models([tmp_path / "m" / "kernel.c"])
-    assert sorted(p.name for p in model.weight_files) == ["kernel.c", "model.safetensors"]
+    assert sorted(Path(p).name for p in model.weight_files) == ["kernel.c", "model.safetensors"]
 
 
 def test_folders_the_walk_skips_and_symlinked_folders(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ def test_a_folder_holding_only_an_index_or_an_ir_graph_is_still_a_model(tmp_path
     (tmp_path / "ir" / "openvino_model.xml").write_text("<net/>")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "index.json").write_text("{}")
-    models = {m.directory.name: m for m in discover_models([tmp_path])}
+    models = {Path(m.directory).name: m for m in discover_models([tmp_path])}
     assert sorted(models) == ["ir", "sharded"]
-    assert [p.name for p in models["sharded"].json_files] == ["model.safetensors.index.json"]
-    assert [p.name for p in models["ir"].weight_files] == ["openvino_model.xml"]
+    assert [Path(p).name for p in models["sharded"].json_files] == ["model.safetensors.index.json"]
+    assert [Path(p).name for p in models["ir"].weight_files] == ["openvino_model.xml"]

@@ -88,7 +88,7 @@ def apply(fix: Fix, model_dir: Path, *, replace: bool = False) -> list[str]:
 
 def add_fix(model_dir: Path, what: str) -> Fix:
     here = model_dir.resolve()
-    inv = next(load_local_model(m) for m in discover_models([model_dir]) if m.directory.resolve() == here)
+    inv = next(load_local_model(m) for m in discover_models([model_dir]) if Path(m.directory).resolve() == here)
     return plan_add_copy(inv, what)
 
 

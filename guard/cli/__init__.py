@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if process:
             gc.freeze()
         options, paths = fast
-        return _plain(lambda: run_scan(tuple(_paths(paths)), **options), process=process)  # type: ignore[arg-type]
+        return _plain(lambda: run_scan(tuple(paths), **options), process=process)  # type: ignore[arg-type]
     if args[:1] in (["diff"], ["textconv"]):  # git's textconv driver and plain diffs: no click either
         from guard.cli.review import plain_review
 
@@ -77,9 +77,3 @@ def _plain_scan(args: list[str]) -> tuple[dict[str, object], list[str]] | None:
     from guard.cli.flags import SCAN_FLAGS, parse_plain
 
     return parse_plain(args[1:], SCAN_FLAGS)
-
-
-def _paths(raw: list[str]):  # type: ignore[no-untyped-def]
-    from pathlib import Path
-
-    return (Path(p) for p in raw)

@@ -11,7 +11,7 @@ This module imports nothing but the standard library.
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from guard.records import record
 
@@ -91,9 +91,13 @@ def parse_plain(args: list[str], flags: tuple[Flag, ...]) -> tuple[dict[str, obj
             inline, i = args[i], i + 1
         if flag.choices is not None and inline not in flag.choices:
             return None
-        if flag.path and Path(inline).is_dir():
+        if flag.path and os.path.isdir(inline):
             return None  # click refuses a directory here, with its message
-        value: object = Path(inline) if flag.path else inline
+        value: object = inline
+        if flag.path:
+            from pathlib import Path  # a config file or an output file: not on the plain hook's line
+
+            value = Path(inline)
         if flag.kind == "multiple":
             values[flag.dest] = (*values[flag.dest], value)  # type: ignore[misc]
         else:

@@ -40,7 +40,7 @@ def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path |
     findings, figures = run_parity(torch_dir, flax_dir, seed=seed)
     report = Report(findings=findings, policy={"fail_on": "error"}, extra={"parity": figures})
     for model in discover_models([torch_dir, flax_dir]):  # headers only: the dtype tables of both sides
-        if model.directory in (torch_dir, flax_dir):
+        if Path(model.directory) in (Path(torch_dir), Path(flax_dir)):
             report.models.append(ModelSummary.from_inventory(load_local_model(model)))
     report.findings = report.sorted_findings()
     text = render(report, fmt)

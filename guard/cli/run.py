@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from guard.config import Policy, build_policy, find_config_file, load_config
 from guard.errors import GuardError, UsageError
 from guard.report import Report
 from guard.reporters import render
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
+if TYPE_CHECKING:  # no pathlib on the hook's path either (guard.paths)
+    from pathlib import Path
+
 
 def resolve_policy(*, config_file: Path | None, expect: str | None, keep_fp32: tuple[str, ...],
                    targets: tuple[str, ...], select: tuple[str, ...], extend_select: tuple[str, ...],
                    ignore: tuple[str, ...], fail_on: str | None) -> Policy:
-    if config_file is not None and not config_file.is_file():
+    if config_file is not None and not os.path.isfile(config_file):
         raise UsageError(f"{config_file}: config file not found")
     path = config_file or find_config_file()
     overrides = {
@@ -28,12 +31,12 @@ def resolve_policy(*, config_file: Path | None, expect: str | None, keep_fp32: t
     return build_policy(load_config(path), source=str(path) if path else None, overrides=overrides)
 
 
-def run_scan(paths: tuple[Path, ...], fmt: str, output: Path | None, values: bool, no_summary: bool,
+def run_scan(paths: tuple[str | Path, ...], fmt: str, output: Path | None, values: bool, no_summary: bool,
              **policy_flags: object) -> int:
     from guard.scan import scan_paths
 
     policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
-    report = scan_paths(paths or (Path("."),), policy, values=values)
+    report = scan_paths(paths or (".",), policy, values=values)
     emit(report, fmt, output, summary=not no_summary)
     return report.exit_code
 

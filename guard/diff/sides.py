@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 from guard.errors import UsageError
 from guard.inventory import (
     CONFIG_NAME, LocalModel, ModelInventory, discover_models, display_path, load_local_model,
 )
 from guard.inventory.pipelines import Pipeline, local_pipelines
+from guard.paths import clean_path, path_parent
 from guard.records import record
 
 
@@ -28,16 +28,17 @@ def local_side(path: str | os.PathLike[str], *, label: str | None = None) -> Sid
     A file given alone is the change being asked about: its siblings (other shards, copies) stay out,
     where a scan of the same file reads its whole directory.
     """
-    given = Path(path)
-    if not given.exists():
+    given = clean_path(path)
+    if not os.path.exists(given):
         raise UsageError(f"{os.fspath(path)}: no such file or directory")
-    if given.is_dir():
+    if os.path.isdir(given):
         models = discover_models([given])
         root = display_path(given)
     else:
-        config = given.parent / CONFIG_NAME
-        models = [LocalModel(given.parent, (given,), (config,) if config.is_file() else ())]
-        root = display_path(given.parent)
+        folder = path_parent(given)
+        config = os.path.join(folder, CONFIG_NAME)
+        models = [LocalModel(folder, (given,), (config,) if os.path.isfile(config) else ())]
+        root = display_path(folder)
     pipelines = local_pipelines((m.directory for m in models), display=display_path)
     return Side(label or os.fspath(path), tuple(load_local_model(m) for m in models), root, tuple(pipelines))
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 from guard.catalogue import make_finding
 from guard.errors import UsageError
@@ -17,6 +16,7 @@ from guard.inventory.model import (
     CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
 )
 from guard.readers import READ_FAILURES, scan_file, sniff_format, unreadable
+from guard.paths import clean_path, path_name, path_parent
 from guard.records import record
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
@@ -45,32 +45,33 @@ _WEIGHT_MAGIC = (b"GGUF", b"\x89HDF\r\n\x1a\n", b"\x93NUMPY", bytes.fromhex("800
 
 @record
 class LocalModel:
-    directory: Path
-    weight_files: tuple[Path, ...]
-    json_files: tuple[Path, ...]
-    orbax: tuple[Path, ...] = ()  # Orbax checkpoint directories (guard.inventory.orbax_dirs)
+    directory: str
+    weight_files: tuple[str, ...]
+    json_files: tuple[str, ...]
+    orbax: tuple[str, ...] = ()  # Orbax checkpoint directories (guard.inventory.orbax_dirs)
 
 
-def display_path(path: Path) -> str:
+def display_path(path: str | os.PathLike[str]) -> str:
     """Relative to the working directory when inside it, POSIX separators.
 
     The directory is resolved, the name is not: a file that is a symlink (every file of a
     Hugging Face cache snapshot points into ``blobs/``) keeps the name its conventions read.
     """
-    if path.name in ("", ".", ".."):
-        return _display_dir(os.fspath(path), os.getcwd())
-    parent = _display_dir(os.fspath(path.parent), os.getcwd())
-    return path.name if parent == "." else f"{parent.rstrip('/')}/{path.name}"
+    text = clean_path(path)
+    name = path_name(text)
+    if name in ("", ".", ".."):
+        return _display_dir(text, os.getcwd())
+    parent = _display_dir(path_parent(text), os.getcwd())
+    return name if parent == "." else f"{parent.rstrip('/')}/{name}"
 
 
 @functools.lru_cache(maxsize=4096)
 def _display_dir(directory: str, cwd: str) -> str:
-    path = Path(directory)
-    try:
-        rel = Path(_real(directory)).relative_to(_real(cwd))
-        return rel.as_posix() or "."
-    except ValueError:
-        return path.as_posix()
+    real, base = _real(directory), _real(cwd)
+    if real == base:
+        return "."
+    prefix = base.rstrip("/") + "/"
+    return real[len(prefix):] if real.startswith(prefix) else directory
 
 
 @functools.lru_cache(maxsize=4096)
@@ -90,40 +91,46 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
     shards; the siblings are read from disk).  A path that does not exist is a
     UsageError (exit 2).
     """
-    directories: dict[Path, set[str]] = {}
-    listed: dict[Path, list[os.DirEntry[str]]] = {}  # the walk's own listing of a folder, not listed twice
+    directories: dict[str, set[str]] = {}
+    listed: dict[str, list[os.DirEntry[str]]] = {}  # the walk's own listing of a folder, not listed twice
     for raw in paths:
-        path = Path(raw)
-        if not path.exists() and not path.is_symlink():
+        path = clean_path(raw)
+        if not os.path.lexists(path):
             raise UsageError(f"{os.fspath(raw)}: no such file or directory")
         package = enclosing_package(path)  # a Core ML package, or a file in one, stands for the package
         if package is not None:
-            directories.setdefault(package.parent, set()).add(package.name)
-        elif path.is_dir():
+            directories.setdefault(path_parent(package), set()).add(path_name(package))
+        elif os.path.isdir(path):
             for directory, entries in _walk(path):
                 if not _may_hold_a_model(entries):
                     continue  # nothing in it can be weights, an index or an Orbax checkpoint
-                folder = Path(directory)
-                model = tf_dirs.model_dir(folder)  # variables/ is its SavedModel's
+                model = tf_dirs.model_dir(directory)  # variables/ is its SavedModel's
                 directories.setdefault(model, set())
-                if model == folder:
-                    listed[folder] = entries
+                if model == directory:
+                    listed[directory] = entries
         else:
-            directories.setdefault(tf_dirs.model_dir(path.parent), set()).add(path.name)
+            directories.setdefault(tf_dirs.model_dir(path_parent(path)), set()).add(path_name(path))
     models = []
     for directory, named in directories.items():
         model = _local_model(directory, named, listed.get(directory))
-        if model.weight_files or model.orbax or any(is_index_file(p.name) for p in model.json_files):
+        if model.weight_files or model.orbax or any(is_index_file(path_name(p)) for p in model.json_files):
             models.append(model)
     roots = [m.directory for m in models if m.orbax]  # nothing inside an Orbax checkpoint
-    return [m for m in models if not any(r in m.directory.parents for r in roots)] if roots else models
+    return [m for m in models if not any(_inside(m.directory, r) for r in roots)] if roots else models
 
 
-def _walk(root: Path) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
+def _inside(path: str, root: str) -> bool:
+    """``Path(root) in Path(path).parents`` for clean paths."""
+    if root == ".":
+        return not path.startswith("/") and path != "."
+    return path != root and path.startswith(root if root.endswith("/") else root + "/")
+
+
+def _walk(root: str) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
     """Each folder under ``root`` (itself first, then its subfolders by name, depth first, as ``os.walk``
     goes) with its entries: one ``scandir`` per folder, whose entries carry their type (``d_type``),
     so telling files from folders costs no ``stat``.  Symlinked folders are not entered."""
-    stack = [os.fspath(root)]
+    stack = [root]
     while stack:
         current = stack.pop()
         try:
@@ -156,7 +163,7 @@ def _is_model_json(name: str) -> bool:
     return name == CONFIG_NAME or name in QUANT_CONFIG_FILES or (".index." in name and is_index_file(name))
 
 
-def _local_model(directory: Path, named: set[str], entries: list[os.DirEntry[str]] | None = None) -> LocalModel:
+def _local_model(directory: str, named: set[str], entries: list[os.DirEntry[str]] | None = None) -> LocalModel:
     if entries is None:
         try:
             with os.scandir(directory) as listing:
@@ -175,16 +182,16 @@ def _local_model(directory: Path, named: set[str], entries: list[os.DirEntry[str
         if ext in _NOT_WEIGHTS and name not in named:
             # known by its suffix not to be weights: no stat, no open (config.json and indexes aside)
             if ext == "json" and _is_model_json(name) and entry.is_file():
-                jsons.append(Path(entry.path))
+                jsons.append(entry.path)
             continue
         if not entry.is_file():
             continue
         if _is_model_json(name):
-            jsons.append(Path(entry.path))
+            jsons.append(entry.path)
         elif is_weight_file(name) or _sniffs_as_weights(entry) or (name in named and ext != "json"):
-            weights.append(Path(entry.path))
+            weights.append(entry.path)
     orbax = _orbax(directory, entries)  # a named _METADATA is the checkpoint's, not weights
-    weights = [w for w in weights if is_weight_file(w.name)] if orbax else weights
+    weights = [w for w in weights if is_weight_file(path_name(w))] if orbax else weights
     if special:
         weights = local_weights(directory, entries, weights)  # IR pairs and Core ML packages
         weights = tf_dirs.local_weights(directory, entries, weights)  # TF bundles and SavedModels
@@ -199,7 +206,7 @@ _SPECIAL_SUFFIXES = frozenset({"xml", "mlpackage", "index", "pb", "pbtxt"})
 _ORBAX_MARKERS = frozenset({"_METADATA", "_CHECKPOINT_METADATA"})
 
 
-def _orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path, ...]:
+def _orbax(directory: str, entries: list[os.DirEntry[str]]) -> tuple[str, ...]:
     """The directory itself if it is an Orbax checkpoint (guard.inventory.orbax_dirs), else ()."""
     if not any(e.name in _ORBAX_MARKERS for e in entries):
         return ()
@@ -242,19 +249,20 @@ def load_local_model(model: LocalModel) -> ModelInventory:
     json_files = {display_path(p): read_small_file(p) for p in model.json_files}
     scans = tf_dirs.rebase_companions(scans, display_path(model.directory))  # a SavedModel's variables/
     return build_inventory(display_path(model.directory), scans, json_files=json_files,
-                           companion_size=lambda name: _size(model.directory / name))
+                           companion_size=lambda name: _size(os.path.join(model.directory, name)))
 
 
-def _size(path: Path) -> int | None:
+def _size(path: str) -> int | None:
     try:
-        return path.stat().st_size if path.is_file() else None
+        return os.stat(path).st_size if os.path.isfile(path) else None
     except OSError:
         return None
 
 
-def scan_local_file(path: Path) -> FileScan:
+def scan_local_file(path: str | os.PathLike[str]) -> FileScan:
+    path = clean_path(path)
     name = display_path(path)
-    if is_package(path.name):
+    if is_package(path_name(path)):
         return scan_local_package(path, name=name)
     try:
         source = LocalFile(path, name=name)
@@ -284,7 +292,7 @@ def scan_weight(source: ByteSource) -> FileScan:
     return scan_file(source)
 
 
-def read_small_file(path: Path) -> bytes | None:
+def read_small_file(path: str | os.PathLike[str]) -> bytes | None:
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_JSON_BYTES + 1)

@@ -19,7 +19,7 @@ from guard.tensors import FileScan
 MAX_ORBAX_FILES = 200_000
 
 
-def local_orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path, ...]:
+def local_orbax(directory: str, entries: list[os.DirEntry[str]]) -> tuple[str, ...]:
     from guard.readers.orbax import CHECKPOINT_METADATA, METADATA
 
     names = {e.name for e in entries}
@@ -29,7 +29,7 @@ def local_orbax(directory: Path, entries: list[os.DirEntry[str]]) -> tuple[Path,
     return ()
 
 
-def orbax_files(directory: Path) -> dict[str, int]:
+def orbax_files(directory: str | os.PathLike[str]) -> dict[str, int]:
     """Relative POSIX path -> size of every file under an Orbax checkpoint (symlinks not followed)."""
     files: dict[str, int] = {}
     for current, dirnames, names in os.walk(directory):
@@ -44,9 +44,10 @@ def orbax_files(directory: Path) -> dict[str, int]:
     return files
 
 
-def scan_local_orbax(directory: Path, *, name: str) -> FileScan:
+def scan_local_orbax(directory: str | os.PathLike[str], *, name: str) -> FileScan:
     from guard.readers.orbax import is_orbax_checkpoint, read_orbax_checkpoint
 
+    directory = Path(directory)
     files = orbax_files(directory)
     if len(files) > MAX_ORBAX_FILES:
         return unreadable(BytesSource(b"", name=name), f"more than {MAX_ORBAX_FILES:,} files in the checkpoint")

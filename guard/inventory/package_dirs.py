@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from pathlib import Path
 
 from guard.inventory.names import convention_of
 from guard.readers import READ_FAILURES, unreadable
@@ -57,19 +56,22 @@ def is_package(name: str) -> bool:
     return name.endswith(PACKAGE_SUFFIX) and len(name) > len(PACKAGE_SUFFIX)
 
 
-def enclosing_package(path: Path) -> Path | None:
-    """The ``.mlpackage`` a path lies in (or is), so a file inside one stands for the package."""
-    for candidate in (path, *path.parents):
-        if is_package(candidate.name):
-            return candidate
+def enclosing_package(path: str) -> str | None:
+    """The ``.mlpackage`` a clean path lies in (or is), so a file inside one stands for the package."""
+    if PACKAGE_SUFFIX not in path:
+        return None  # the common case: one substring test
+    parts = path.split("/")
+    for end in range(len(parts), 0, -1):
+        if is_package(parts[end - 1]):
+            return "/".join(parts[:end])
     return None
 
 
-def scan_local_package(directory: Path, *, name: str) -> FileScan:
+def scan_local_package(directory: str, *, name: str) -> FileScan:
     from guard.inventory.orbax_dirs import MAX_ORBAX_FILES, orbax_files  # a folder's files, bounded, no symlinks
     from guard.readers.coreml.blob import read_mlpackage
 
-    if not directory.is_dir():
+    if not os.path.isdir(directory):
         return unreadable(BytesSource(b"", name=name), "a .mlpackage that is not a folder")
     files = orbax_files(directory)
     if len(files) > MAX_ORBAX_FILES:
@@ -79,7 +81,7 @@ def scan_local_package(directory: Path, *, name: str) -> FileScan:
     def open_file(relative: str) -> LocalFile:
         if relative not in files:  # the reader opens only listed files
             raise KeyError(relative)
-        opened.append(LocalFile(directory / relative, name=f"{name}/{relative}"))
+        opened.append(LocalFile(os.path.join(directory, relative), name=f"{name}/{relative}"))
         return opened[-1]
 
     try:
@@ -109,12 +111,12 @@ def in_package(name: str, roots: Iterable[str]) -> bool:
     return any(name.startswith(root + "/") for root in roots)
 
 
-def local_weights(directory: Path, entries: list[os.DirEntry[str]], weights: list[Path]) -> list[Path]:
+def local_weights(directory: str, entries: list[os.DirEntry[str]], weights: list[str]) -> list[str]:
     """``weights`` of one directory with its packages and IR ``.xml`` files in, and the IRs' ``.bin`` out."""
-    packages = [Path(e.path) for e in entries if is_package(e.name) and e.is_dir(follow_symlinks=False)]
+    packages = [e.path for e in entries if is_package(e.name) and e.is_dir(follow_symlinks=False)]
     if not packages and not any(e.name.lower().endswith(".xml") for e in entries):
         return weights
     irs, data = ir_members(e.name for e in entries if e.is_file())
-    have = {w.name for w in weights}
-    return sorted([w for w in weights if w.name not in data] + [directory / n for n in irs if n not in have]
-                  + packages)
+    have = {os.path.basename(w) for w in weights}
+    return sorted([w for w in weights if os.path.basename(w) not in data]
+                  + [os.path.join(directory, n) for n in irs if n not in have] + packages)

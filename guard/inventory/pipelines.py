@@ -8,11 +8,12 @@ header of a sibling component is read for it.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from guard.inventory.model import MAX_JSON_BYTES, PIPELINE_INDEX
+from guard.paths import clean_path, path_parent
 from guard.records import record
 
 MAX_COMPONENTS = 256
@@ -44,24 +45,26 @@ def _is_component(key: str, value: object) -> bool:
             and "/" not in key and key not in (".", ".."))
 
 
-def local_pipelines(directories: Iterable[Path], *, display: object) -> list[Pipeline]:
+def local_pipelines(directories: Iterable[str | os.PathLike[str]], *, display: object) -> list[Pipeline]:
     """Pipelines whose root is one of, or the parent of one of, the model directories."""
-    roots: dict[Path, None] = {}
-    for directory in directories:
-        for candidate in (directory, directory.parent):
-            if (candidate / PIPELINE_INDEX).is_file():
+    roots: dict[str, None] = {}
+    for raw in directories:
+        directory = clean_path(raw)
+        for candidate in (directory, path_parent(directory)):
+            if os.path.isfile(os.path.join(candidate, PIPELINE_INDEX)):
                 roots.setdefault(candidate, None)
     pipelines = []
     for root in roots:
         try:
-            with open(root / PIPELINE_INDEX, "rb") as fh:
+            with open(os.path.join(root, PIPELINE_INDEX), "rb") as fh:
                 data = fh.read(MAX_JSON_BYTES + 1)
         except OSError:
             continue
         components: dict[str, tuple[str, ...]] = {}
         for name in component_names(data):
             try:
-                files = tuple(sorted(p.name for p in (root / name).iterdir() if p.is_file()))
+                with os.scandir(os.path.join(root, name)) as listing:
+                    files = tuple(sorted(entry.name for entry in listing if entry.is_file()))
             except OSError:
                 continue  # a component folder that is absent: diffusers' own error, not a variant's
             components[name] = files

@@ -106,7 +106,8 @@ class WeightSet:
             shared = False
             lightning = self.layout == "lightning"
             for scan in self.files:
-                codes = set(map(_DTYPE, scan.tensors)) if not lightning else ()
+                column = list(map(_DTYPE, scan.tensors)) if not lightning else []  # each tensor's dtype, once
+                codes = set(column)
                 if len(codes) == 1:  # one dtype in the file (a shard of most models): the sums run in C
                     code = codes.pop()
                     if code not in groups:
@@ -117,8 +118,8 @@ class WeightSet:
                     shared = shared or any(storage is not None for storage in set(map(_STORAGE, scan.tensors)))
                     continue
                 if 1 < len(codes) <= 4:  # a few dtypes (a quantized shard: I32 and F16): one C pass a dtype
-                    for code in dict.fromkeys(map(_DTYPE, scan.tensors)):  # in order of first appearance
-                        picked = list(compress(scan.tensors, map(code.__eq__, map(_DTYPE, scan.tensors))))
+                    for code in dict.fromkeys(column):  # in order of first appearance
+                        picked = list(compress(scan.tensors, map(code.__eq__, column)))
                         if code not in groups:
                             groups[code] = []
                             totals[code] = 0

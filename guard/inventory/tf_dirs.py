@@ -24,7 +24,6 @@ import os
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from guard.records import record
 from guard.tensors import FileScan
@@ -33,48 +32,58 @@ SAVED_MODEL_GRAPHS = frozenset({"saved_model.pb", "saved_model.pbtxt"})
 SAVED_MODEL_FILES = SAVED_MODEL_GRAPHS | {"fingerprint.pb", "keras_metadata.pb"}
 VARIABLES_DIR = "variables"
 VARIABLES_INDEX = "variables.index"
-_DATA_SHARD = re.compile(r"^(.+)\.data-\d{5}-of-\d{5}$")
+_DATA_SHARD = r"^(.+)\.data-\d{5}-of-\d{5}$"  # compiled on first use (re caches it): not on the hook's path
 _TABLE_MAGIC = bytes.fromhex("57fb808b247547db")
 
 
 def data_shard_prefix(name: str) -> str | None:
     """``ckpt-1`` for ``ckpt-1.data-00000-of-00001``; None for any other name."""
-    match = _DATA_SHARD.match(name)
+    match = re.match(_DATA_SHARD, name) if ".data-" in name else None
     return match.group(1) if match else None
 
 
 # ---------------------------------------------------------------- local
 
 
-def is_saved_model_root(directory: Path) -> bool:
-    return any((directory / g).is_file() for g in SAVED_MODEL_GRAPHS) and (
-        directory / VARIABLES_DIR / VARIABLES_INDEX).is_file()
+# Local paths are clean strings (``guard.inventory.discovery.clean_path``): no pathlib on the hook's path.
+def is_saved_model_root(directory: str) -> bool:
+    return any(os.path.isfile(os.path.join(directory, g)) for g in SAVED_MODEL_GRAPHS) and os.path.isfile(
+        os.path.join(directory, VARIABLES_DIR, VARIABLES_INDEX))
 
 
-def model_dir(directory: Path) -> Path:
+def model_dir(directory: str) -> str:
     """A SavedModel's ``variables/`` folder stands for the SavedModel; any other folder for itself."""
-    if directory.name == VARIABLES_DIR and is_saved_model_root(directory.parent):
-        return directory.parent
+    head, sep, name = directory.rpartition("/")
+    if name == VARIABLES_DIR:
+        parent = (head or "/") if sep else "."
+        if is_saved_model_root(parent):
+            return parent
     return directory
 
 
-def local_weights(directory: Path, entries: Sequence[os.DirEntry[str]], weights: list[Path]) -> list[Path]:
+def local_weights(directory: str, entries: Sequence[os.DirEntry[str]], weights: list[str]) -> list[str]:
     """The weight files of a folder with TensorFlow's files sorted out (see the module docstring)."""
     if not any(e.name.endswith((".index", ".pb", ".pbtxt")) or ".data-" in e.name for e in entries):
         return weights  # the common case, decided by names alone (the pre-commit hook's path)
     names = {e.name for e in entries if e.is_file()}
-    inside_saved_model = directory.name == VARIABLES_DIR and is_saved_model_root(directory.parent)
+    inside_saved_model = model_dir(directory) != directory
     saved_model = is_saved_model_root(directory)
-    kept = [w for w in weights if not (data_shard_prefix(w.name) and f"{data_shard_prefix(w.name)}.index" in names)
-            and not (saved_model and w.name in SAVED_MODEL_FILES) and not w.name.endswith(".index")]
+    kept = []
+    for weight in weights:
+        name = os.path.basename(weight)
+        prefix = data_shard_prefix(name)
+        if not (prefix and f"{prefix}.index" in names) and not (saved_model and name in SAVED_MODEL_FILES) \
+                and not name.endswith(".index"):
+            kept.append(weight)
     if not inside_saved_model:
-        kept += [directory / n for n in sorted(names) if n.endswith(".index") and _has_table_magic(directory / n)]
+        kept += [os.path.join(directory, n) for n in sorted(names)
+                 if n.endswith(".index") and _has_table_magic(os.path.join(directory, n))]
     if saved_model:
-        kept.append(directory / VARIABLES_DIR / VARIABLES_INDEX)
+        kept.append(os.path.join(directory, VARIABLES_DIR, VARIABLES_INDEX))
     return kept
 
 
-def _has_table_magic(path: Path) -> bool:
+def _has_table_magic(path: str) -> bool:
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size

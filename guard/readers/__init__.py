@@ -14,8 +14,8 @@ scan's path (an optional parser is imported by its reader, when its format is se
 
 from __future__ import annotations
 
-import importlib
 import struct
+import sys
 from collections.abc import Callable
 
 from guard.catalogue import make_finding
@@ -53,7 +53,8 @@ READERS: dict[str, str] = {
 
 def reader_for(fmt: str) -> Reader:
     module, _, function = READERS[fmt].partition(":")
-    reader: Reader = getattr(importlib.import_module(module), function)
+    __import__(module)  # importlib.import_module without importing importlib (the hook's path)
+    reader: Reader = getattr(sys.modules[module], function)
     return reader
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import struct
+from itertools import chain, repeat
+from operator import itemgetter, sub
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -27,6 +29,12 @@ def read_safetensors_header(source: ByteSource) -> tuple[int, dict[str, object]]
 
 
 def _read_header(source: ByteSource) -> tuple[int, dict[str, object], bool]:
+    length, raw = _framed(source)
+    return (length, *_parse(raw))
+
+
+def _framed(source: ByteSource) -> tuple[int, bytes]:
+    """The header's length and bytes, after the framing checks."""
     if source.size < 8:
         raise MalformedCheckpoint(f"file is {source.size} bytes, too short for a safetensors header")
     (length,) = struct.unpack("<Q", source.read_at(0, 8))
@@ -34,8 +42,7 @@ def _read_header(source: ByteSource) -> tuple[int, dict[str, object], bool]:
         raise MalformedCheckpoint(f"header length {length:,} exceeds the {MAX_HEADER_SIZE:,}-byte limit")
     if 8 + length > source.size:
         raise MalformedCheckpoint(f"header length {length:,} runs past the end of the file")
-    raw = source.read_at(8, length)
-    return (length, *_parse(raw))
+    return length, source.read_at(8, length)
 
 
 def parse_header(raw: bytes) -> dict[str, object]:
@@ -134,12 +141,20 @@ def _no_constant(name: str) -> object:
     raise MalformedCheckpoint(f"header holds {name}, which is not JSON")
 
 
+# the metadata object of a compact header: duplicate keys refused as the general parse refuses them
+_METADATA_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+
+
 def _json_int(text: str) -> int | float:
     return float(text) if text.startswith("-") else int(text)
 
 
 def read_safetensors(source: ByteSource) -> FileScan:
-    length, header, plain = _read_header(source)
+    length, raw = _framed(source)
+    fast = _read_compact(raw, source, length)
+    if fast is not None:
+        return fast
+    header, plain = _parse(raw)
     metadata = _metadata(header.pop("__metadata__", None))
     buffer_start = 8 + length
     buffer_len = source.size - buffer_start
@@ -219,6 +234,103 @@ def read_safetensors(source: ByteSource) -> FileScan:
         tensors=tuple(tensors), findings=tuple(findings), metadata=metadata,
         bytes_read=8 + length,
     )
+
+
+# The header as the safetensors library writes it (serde_json, compact): ``{"__metadata__":{...},``
+# then ``"name":{"dtype":"BF16","shape":[8,4],"data_offsets":[0,64]}`` entries joined by commas.
+# One regular expression pass lists its entries as strings, in C; a header in any other form (spaces,
+# another key order, escapes in names, zero dims, numbers past 20 digits) goes to the JSON parse.
+# Each match starts with its comma (the header's opening brace counts as one), so matches whose
+# lengths sum to the text's length tile it: nothing in the header was skipped.
+_COMPACT = (r',"([^"]*)":\{"dtype":"(\w+","shape":\[(?:[1-9]\d{0,19}(?:,[1-9]\d{0,19})*)?)\],'
+            r'"data_offsets":\[(0|[1-9]\d{0,19}),(0|[1-9]\d{0,19})\]\}')  # compiled on first use, re caches it
+_COMPACT_CHARS = len(',"":{"dtype":"],"data_offsets":[,]}')  # what a match holds beside its four groups
+_METADATA = '{"__metadata__":'
+_NAME, _KEY, _BEGIN, _END = (itemgetter(i) for i in range(4))
+_SPANS: dict[str, tuple[str, tuple[int, ...], int] | None] = {}  # ``BF16","shape":[8,4`` -> (code, shape, bytes)
+_SPANS_HELD = 1 << 14  # bounded: a hostile file's distinct shapes
+_UNSEEN = ("", (), -1)  # a span never stored: spans map keys to (code, shape, bytes) or None
+_CODE, _SHAPE, _BYTES = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | None:
+    """The scan of a header in the library's own compact form, or None for the general parse.
+
+    What this accepts the general parse accepts with the same result: unique names, known dtypes,
+    dims >= 1, offsets that tile the buffer in header order with each span exactly its tensor's
+    size.  Anything else (a finding, an error to word) is left to the general parse.
+    """
+    if b'"dtype":"' not in raw[:4096] or b"\\" in raw or _needs_exact_parse(raw):
+        return None  # not the library's compact form (json.dumps' spaces), or escapes, constants, signs
+    tail = raw[-8:]
+    close = len(raw) - len(tail) + len(tail.rstrip(b" ")) - 1  # the library pads the header to 8 bytes
+    if close < 0 or raw[close] != 0x7D:  # "}"
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    close -= len(raw) - len(text)  # the same place in characters: the padding is ASCII
+    metadata: dict[str, str] = {}
+    tiled = 0  # where the entries begin: the opening brace, or the comma after the metadata
+    if text.startswith(_METADATA):
+        try:
+            value, start = _METADATA_DECODER.raw_decode(text, len(_METADATA))
+        except ValueError:
+            return None
+        if type(value) is not dict or not all(type(v) is str for v in value.values()):
+            return None
+        metadata, entries, tiled = value, [], start
+    else:  # the first entry follows the opening brace, every other one a comma
+        first = re.compile("{" + _COMPACT[1:], re.ASCII).match(text)
+        if first is None:
+            return None
+        start, entries = first.end(), [first.groups()]
+    entries += re.compile(_COMPACT, re.ASCII).findall(text, start, close)
+    count = len(entries)
+    if not count or count * _COMPACT_CHARS + sum(map(len, chain.from_iterable(entries))) != close - tiled:
+        return None  # no tensor (the general parse judges an empty header), or something between the entries
+    names = list(map(_NAME, entries))
+    # a duplicate, or a control character (not allowed in a JSON string; isprintable also turns away
+    # DEL and non-printing code points, which the general parse then judges): the general parse
+    if len(set(names)) != count or not "".join(names).isprintable():
+        return None
+    keys = list(map(_KEY, entries))
+    spans = _SPANS
+    infos = list(map(spans.get, keys, repeat(_UNSEEN, count)))
+    if _UNSEEN in infos:  # a (dtype, shape) this process has not met yet
+        for key in set(keys).difference(spans):
+            if len(spans) >= _SPANS_HELD:
+                spans.clear()
+            spans[key] = _span_of_key(key)
+        infos = list(map(spans.__getitem__, keys))
+    if None in infos:
+        return None
+    # offsets tile the buffer in header order: each begin the previous end, compared as the digits
+    # themselves (one form per number: no leading zeros), and each end the previous one plus its size
+    begins = list(map(_BEGIN, entries))
+    ends_text = list(map(_END, entries))
+    if begins[0] != "0" or begins[1:] != ends_text[:-1]:
+        return None
+    ends = list(map(int, ends_text))
+    buffer_start = 8 + length
+    if ends[-1] != source.size - buffer_start or list(map(sub, ends, [0, *ends[:-1]])) != list(map(_BYTES, infos)):
+        return None
+    stops = list(map(buffer_start.__add__, ends))
+    starts = [buffer_start, *stops[:-1]]  # each tensor starts where the previous one ended: shared ints
+    tensors = tuple(map(_new_record, repeat(TensorInfo, count), zip(
+        names, map(_CODE, infos), map(_SHAPE, infos), repeat(source.name, count), starts, stops,
+        repeat(None, count), repeat(None, count), repeat(None, count))))
+    # positional, all eight fields: the record's fast path (a scan of 4,000 shards builds 4,000 of these)
+    return FileScan(source.name, "safetensors", source.size, tensors, (), metadata, 8 + length, ())
+
+
+def _span_of_key(key: str) -> tuple[str, tuple[int, ...], int] | None:
+    if len(key) > 256:  # dozens of dims: the general parse, which bounds its work on a hostile shape
+        return None
+    dtype, _, dims = key.partition('","shape":[')
+    span = _span_of(dtype, [int(dim) for dim in dims.split(",")] if dims else [])
+    return None if span is _NO_SPAN else span  # type: ignore[return-value]
 
 
 _NO_SPAN: tuple[None, tuple[int, ...], None] = (None, (), None)  # a size no pair of offsets equals

@@ -8,7 +8,8 @@ loads the SARIF or markdown code.
 
 from __future__ import annotations
 
-import importlib
+import sys
+
 from collections.abc import Callable
 
 from guard.report import Report
@@ -27,7 +28,8 @@ REPORTERS: dict[str, str] = {
 
 def renderer(fmt: str) -> Renderer:
     module, _, function = REPORTERS[fmt].partition(":")
-    found: Renderer = getattr(importlib.import_module(module), function)
+    __import__(module)  # importlib.import_module without importing importlib (the hook's path)
+    found: Renderer = getattr(sys.modules[module], function)
     return found
 
 

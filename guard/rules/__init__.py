@@ -11,6 +11,7 @@ the primary set, CG109 within a model and across a pipeline's components.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 
 from guard.config import Policy
@@ -18,21 +19,10 @@ from guard.findings import Finding
 from guard.inventory import ModelInventory
 from guard.rules.copies import check_copies_agree
 from guard.rules.config_dtype import check_config_dtype
-from guard.rules.dtype_policy import (
-    check_float64,
-    check_low_precision_norms,
-    check_mixed_float_dtypes,
-    check_unexpected_dtype,
-)
+from guard.rules.dtype_policy import check_float64, check_mixed_float_dtypes, check_unexpected_dtype
 from guard.rules.formats import check_declared_dtypes
+from guard.rules.norms import check_low_precision_norms
 from guard.rules.no_tensors import no_tensor_findings
-from guard.rules.pickle_only import check_pickle_only
-from guard.rules.quantized import (
-    check_quantization_method,
-    check_quantized_components,
-    check_quantized_modules,
-    check_quantized_shapes,
-)
 from guard.rules.shards import check_shard_index
 from guard.rules.targets import check_target_support
 from guard.rules.training import file_findings
@@ -40,11 +30,39 @@ from guard.rules.variants import check_variant_dtype, check_variant_shards
 
 Check = Callable[[ModelInventory, Policy], Iterable[Finding]]
 
+
+def _when(applies: Callable[[ModelInventory], bool], module: str, name: str) -> Check:
+    """A check whose module is imported only for a model it can say something about.
+
+    ``applies`` is a necessary condition of the check's first finding (the sets it would skip, tested
+    the way it tests them): a pre-commit hook's plain safetensors commit imports neither module.
+    """
+    def check(inventory: ModelInventory, policy: Policy) -> Iterable[Finding]:
+        if not applies(inventory):
+            return ()
+        __import__(module)
+        found: Check = getattr(sys.modules[module], name)
+        return found(inventory, policy)
+
+    check.__name__ = check.__qualname__ = name
+    return check
+
+
+def _has_torch_set(inventory: ModelInventory) -> bool:
+    return any(ws.format == "torch" for ws in inventory.sets)  # check_pickle_only skips every other set
+
+
+def _has_quantized_set(inventory: ModelInventory) -> bool:
+    return any(inventory.quantization(ws) is not None for ws in inventory.sets)  # guard.rules.quantized._each_set
+
+
+_PICKLE_ONLY, _QUANTIZED = "guard.rules.pickle_only", "guard.rules.quantized"
+
 # Reader-level codes (CG001-CG003, CG005, CG006) come from the readers and the inventory;
 # CG007 (and CG001 for a declared count none of which was read) from no_tensor_findings, per file.
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG004", check_shard_index),
-    ("CG008", check_pickle_only),
+    ("CG008", _when(_has_torch_set, _PICKLE_ONLY, "check_pickle_only")),
     ("CG101", check_unexpected_dtype),
     ("CG102", check_mixed_float_dtypes),
     ("CG103", check_config_dtype),
@@ -55,10 +73,10 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG107", check_copies_agree),
     ("CG108", check_variant_dtype),
     ("CG109", check_variant_shards),
-    ("CG110", check_quantized_components),
-    ("CG111", check_quantized_shapes),
-    ("CG112", check_quantization_method),
-    ("CG113", check_quantized_modules),
+    ("CG110", _when(_has_quantized_set, _QUANTIZED, "check_quantized_components")),
+    ("CG111", _when(_has_quantized_set, _QUANTIZED, "check_quantized_shapes")),
+    ("CG112", _when(_has_quantized_set, _QUANTIZED, "check_quantization_method")),
+    ("CG113", _when(_has_quantized_set, _QUANTIZED, "check_quantized_modules")),
 )
 
 

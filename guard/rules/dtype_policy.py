@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from itertools import compress
 from math import prod
+from operator import attrgetter, not_
 
 from guard import dtypes
 from guard.catalogue import make_finding
-from guard.config import NORM_PATTERNS, Policy, fp32_keeper
+from guard.config import Policy, fp32_keeper, match_flags
 from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
 from guard.fixes import Fix, make_fix
@@ -43,6 +45,9 @@ def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) ->
     return cached  # type: ignore[return-value]
 
 
+_NAME, _FILE, _SHAPE = attrgetter("name"), attrgetter("file"), attrgetter("shape")
+
+
 def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tuple[TensorInfo, ...]]:
     quant = inv.quantization(ws)
     if quant is not None and not quant.known:
@@ -60,8 +65,8 @@ def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tu
             group = tuple(t for t in group if t.name not in roles)
         if code == "F32" and gguf_files:
             group = tuple(t for t in group if not ((t.file in gguf_files and len(t.shape) <= 1) or keeps_fp32(t.name)))
-        elif code == "F32":  # the common case: keep-fp32 alone decides
-            group = tuple(t for t in group if not keeps_fp32(t.name))
+        elif code == "F32":  # the common case: keep-fp32 alone decides, each name tested in C
+            group = tuple(compress(group, map(not_, match_flags(policy.keep_fp32, list(map(_NAME, group))))))
         if group:
             policed[code] = group
     whole = ws.by_dtype()
@@ -117,27 +122,40 @@ def check_unexpected_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Find
         if expectation is None:
             continue
         allowed, how = expectation
-        groups: dict[tuple[str, str], list[TensorInfo]] = defaultdict(list)
-        for code, policed in policed_float_tensors(inv, ws, policy).items():
-            if code not in allowed:
-                for tensor in policed:
-                    groups[(tensor.file, code)].append(tensor)
+        groups = {code: policed for code, policed in policed_float_tensors(inv, ws, policy).items()
+                  if code not in allowed}
+        if not groups:
+            continue
         wanted = " or ".join(dn(code) for code in sorted(allowed))
         # a writer that stores a lower dtype by default says so (OpenVINO IR, Core ML): the message names the cause
         hints = {s.metadata["compressed"]: s.metadata.get("compressed.hint", "") for s in ws.files
                  if "compressed" in s.metadata}
-        # one fix for the set, on each of its findings (an adapter may stay fp32: the other dtype is the target)
-        fix = _cast_fix(inv, ws, policy, to=next(iter(allowed - {"F32"}), "F32")) if groups else None
-        fix = quantized_no_fix(inv, ws, "CG101") or fix
-        for (file, code), tensors in sorted(groups.items()):
-            params = sum(t.numel for t in tensors)
+        # one fix for the set (an adapter may stay fp32: the other dtype is the target)
+        to = next(iter(allowed - {"F32"}), "F32")
+        fix = quantized_no_fix(inv, ws, "CG101") or _cast_fix(inv, ws, policy, to=to)
+        # One finding per dtype for the whole set, on its first file holding it: one per shard, each
+        # carrying the set's fix (every shard's name), made a sharded set's report quadratic in its shards.
+        files = {code: sorted(set(map(_FILE, tensors))) for code, tensors in groups.items()}
+        for code in sorted(groups, key=lambda c: (files[c][0], c)):
+            tensors, first = groups[code], files[code][0]
+            example = next(t for t in tensors if t.file == first)
+            params = sum(map(prod, map(_SHAPE, tensors)))  # in C: a sharded set holds 200,000 tensors
             yield make_finding(
-                "CG101", file,
-                f"{len(tensors)} floating tensor(s) ({params:,} parameters) are {dn(code)}, "
-                f"expected {wanted} ({how}); e.g. {shown(tensors[0].name)}"
+                "CG101", first,
+                f"{len(tensors)} floating tensor(s) ({params:,} parameters){spread(files[code], ws)} are "
+                f"{dn(code)}, expected {wanted} ({how}); e.g. {shown(example.name)}"
                 + (f". {hints[code]}" if hints.get(code) else "") + _quantized_note(inv, ws),
-                tensor=tensors[0].name,
+                tensor=example.name,
             )._replace(set=ws.name, fix=fix)
+
+
+def spread(files: list[str], ws: WeightSet) -> str:
+    """Where a set's finding is, beyond the file it is reported on (nothing for one file)."""
+    if len(files) == 1:
+        return ""
+    if len(files) == len(ws.files):
+        return f" in all {len(files):,} files of the set"
+    return f" in {len(files):,} of the set's {len(ws.files):,} files"
 
 
 def check_mixed_float_dtypes(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
@@ -193,30 +211,6 @@ def dominant_float(inv: ModelInventory, ws: WeightSet, policy: Policy) -> str | 
     CG108 both ask)."""
     totals = policed_parameters(inv, ws, policy)
     return max(totals, key=totals.__getitem__) if totals else None
-
-
-def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
-    for ws in judged_sets(inv):
-        if ws.claimed_dtype in ("BF16", "F16"):
-            continue  # a half-precision copy by name: its norms are half precision by design
-        if "BF16" not in ws.by_dtype() and "F16" not in ws.by_dtype():
-            continue
-        is_norm = fp32_keeper(NORM_PATTERNS)  # the same globs, matched the same way
-        groups: dict[str, list[TensorInfo]] = defaultdict(list)
-        halves = [ws.by_dtype()[code] for code in ("BF16", "F16") if code in ws.by_dtype()]
-        # one half dtype (the common case): its group is already in file order, and holds nothing else
-        candidates = halves[0] if len(halves) == 1 else ws.tensors
-        for tensor in candidates:  # file order: a file's first norm is its example, whichever half dtype
-            if tensor.dtype in ("BF16", "F16") and is_norm(tensor.name):
-                groups[tensor.file].append(tensor)
-        for file, tensors in sorted(groups.items()):
-            kinds = sorted({dn(t.dtype) for t in tensors})
-            yield make_finding(
-                "CG104", file,
-                f"{len(tensors)} normalization parameter(s) stored in {'/'.join(kinds)}; "
-                f"e.g. {shown(tensors[0].name)}. Many recipes keep norms in fp32",
-                tensor=tensors[0].name,
-            )._replace(set=ws.name)
 
 
 def check_float64(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:

@@ -59,12 +59,13 @@ def _check_set(ws: WeightSet, owner: dict[str, WeightSet]) -> Iterator[Finding]:
             if scan is None or scan.format is None:
                 continue  # missing (above) or unreadable (CG001 already)
             names = list(map(_NAME, scan.tensors))
-            present = set(names)
             # the common case, decided without inverting the map: every name in the shard is unique and
-            # mapped to it, and the index maps no more names to it than that (so the two sets are equal)
-            if len(present) == len(names) == counts[shard] and \
-                    list(map(weight_map.get, names)).count(shard) == len(names):
+            # mapped to it, and the index maps no more names to it than that (so the two sets are equal);
+            # a safetensors header's names are unique already (its reader refuses a duplicate key)
+            unique = scan.format == "safetensors" or len(set(names)) == len(names)
+            if unique and len(names) == counts[shard] and list(map(weight_map.get, names)).count(shard) == len(names):
                 continue
+            present = set(names)
             listed = set(_inverted(weight_map, by_shard)[shard])
             missing = sorted(listed - present)
             extra = sorted(present - listed)

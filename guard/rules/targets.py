@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -87,7 +86,11 @@ def _converted_tensors(inv: ModelInventory, ws: WeightSet) -> Mapping[str, Seque
     roles = component_roles(inv, ws) if inv.quantization(ws) is not None else {}
     if not roles:
         return by_dtype
-    kept = {code: tuple(t for t in group if t.name not in roles) for code, group in by_dtype.items()}
+    from guard.inventory.quant_modules import unroled_tensors  # the set is quantized
+
+    kept: dict[str, list[TensorInfo]] = {code: [] for code in by_dtype}  # the set's order of codes
+    for tensor in unroled_tensors(ws, roles):  # a few: embeddings, norms, a head (kept once per set)
+        kept[tensor.dtype].append(tensor)
     return {code: group for code, group in kept.items() if group}
 
 
@@ -98,7 +101,7 @@ def _check_set(by_dtype: Mapping[str, Sequence[TensorInfo]], policy: Policy) -> 
         for code in by_dtype.keys() & table.keys():  # the few codes a target lacks, not every tensor
             for tensor in by_dtype[code]:
                 if not (target.framework in ("flax", "jax") and code in ("I64", "U64")
-                        and any(fnmatch.fnmatchcase(tensor.name, p) for p in _FLAX_DROPPED_BUFFERS)):
+                        and _dropped_buffer(tensor.name)):
                     groups[(tensor.file, code)].append(tensor.name)
         for (file, code), names in sorted(groups.items()):
             yield make_finding(
@@ -107,3 +110,9 @@ def _check_set(by_dtype: Mapping[str, Sequence[TensorInfo]], policy: Policy) -> 
                 f"e.g. {shown(names[0])}",
                 tensor=names[0],
             )
+
+
+def _dropped_buffer(name: str) -> bool:
+    from fnmatch import fnmatchcase  # only for a Flax target's int64 buffers: not on a plain scan's import path
+
+    return any(fnmatchcase(name, pattern) for pattern in _FLAX_DROPPED_BUFFERS)

@@ -151,7 +151,7 @@ def _inventory(model_dir: Path) -> Any:
     from guard.inventory import discover_models, load_local_model
 
     here = model_dir.resolve()
-    model = next((m for m in discover_models([model_dir]) if m.directory.resolve() == here), None)
+    model = next((m for m in discover_models([model_dir]) if Path(m.directory).resolve() == here), None)
     if model is None:
         raise GuardError(f"{model_dir}: no weights found to make a copy from")
     return load_local_model(model)

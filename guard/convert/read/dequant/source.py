@@ -42,7 +42,7 @@ def open_quantization(src: Path, source: SourceModel) -> Quantized | None:
     from guard.inventory import discover_models, load_local_model
     from guard.inventory.quantization import quantized_modules
 
-    models = [m for m in discover_models([src]) if m.directory.resolve() == src.resolve()]
+    models = [m for m in discover_models([src]) if Path(m.directory).resolve() == src.resolve()]
     if not models:
         return None
     inventory = load_local_model(models[0])

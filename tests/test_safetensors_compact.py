@@ -1,0 +1,84 @@
+"""The compact-header reading agrees with the general JSON parse on every header, valid or not.
+
+The safetensors library writes its header compact (``{"__metadata__":{...},"name":{"dtype":...}}``),
+and the reader lists such a header's entries with one regular-expression pass instead of
+json.loads.  Headers written by the library itself are read that way; a mutated header (a byte
+inserted, dropped or replaced: a quote, a brace, a digit, a space, an escape, a control
+character) must get exactly what the general parse gives: the same tensors, the same findings,
+or the same one-line error.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import numpy as np
+import pytest
+from safetensors.numpy import save
+
+from guard.errors import MalformedCheckpoint
+from guard.readers import safetensors as reader
+from guard.sources import BytesSource
+
+_PIECES = [*'",:{}[] \n\tab0159\\-', '"dtype":"F32"', '"shape":[', '"data_offsets":[', "é", "\x01", "NaN", "-0"]
+
+
+def _written() -> list[bytes]:
+    return [
+        save({"model.embed.weight": np.zeros((2, 3), np.float32), "model.norm.weight": np.zeros((4,), np.float16),
+              "lm_head.bias": np.zeros((1, 1), np.uint8)}, metadata={"format": "pt"}),
+        save({"x": np.zeros((2,), np.float32), "y}z": np.zeros((3,), np.float32)}),
+        save({}, metadata={"0": ""}),  # no tensor at all: the general parse's, a file of metadata only
+    ]
+
+
+def _read(data: bytes, *, compact: bool, monkeypatch: pytest.MonkeyPatch) -> object:
+    with monkeypatch.context() as patch:
+        if not compact:
+            patch.setattr(reader, "_read_compact", lambda *_: None)
+        try:
+            return reader.read_safetensors(BytesSource(data, name="model.safetensors"))
+        except MalformedCheckpoint as exc:
+            return f"error: {exc}"
+
+
+def test_a_header_of_metadata_alone_is_read_as_no_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = _written()[-1]
+    scan = _read(data, compact=True, monkeypatch=monkeypatch)
+    assert scan == _read(data, compact=False, monkeypatch=monkeypatch)
+    assert scan.format == "safetensors" and scan.tensors == () and scan.findings == ()  # type: ignore[union-attr]
+
+
+def test_library_headers_take_the_compact_reading() -> None:
+    for data in _written()[:-1]:
+        (length,) = struct.unpack("<Q", data[:8])
+        source = BytesSource(data, name="model.safetensors")
+        scan = reader._read_compact(data[8:8 + length], source, length)
+        assert scan is not None and scan.tensors
+        assert scan == reader.read_safetensors(source)
+
+
+def test_mutated_headers_agree_with_the_json_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(20261205)
+    accepted = 0
+    for _ in range(3000):
+        data = rng.choice(_written())
+        (length,) = struct.unpack("<Q", data[:8])
+        text, body = list(data[8:8 + length].decode()), data[8 + length:]
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(text) + 1)
+            roll = rng.random()
+            if roll < 0.4:
+                text.insert(at, rng.choice(_PIECES))
+            elif text:
+                text[min(at, len(text) - 1):min(at, len(text) - 1) + 1] = [] if roll < 0.8 else [rng.choice(_PIECES)]
+        header = "".join(text).encode()
+        if rng.random() < 0.5:
+            header += b" " * (-len(header) % 8)
+        size = max(len(body) + rng.choice([0, 0, 0, -1, 1, 4]), 0)
+        mutated = struct.pack("<Q", len(header)) + header + (body + bytes(8))[:size]
+        compact = _read(mutated, compact=True, monkeypatch=monkeypatch)
+        assert compact == _read(mutated, compact=False, monkeypatch=monkeypatch), header
+        accepted += reader._read_compact(header, BytesSource(mutated), len(header)) is not None
+    assert accepted > 10  # renamed tensors and the like still take the compact reading
