@@ -1,7 +1,7 @@
 """Parity streams a Flax checkpoint whose big leaves are chunked arrays, reading them chunk by chunk.
 
 ``flax.serialization`` stores a leaf over ``MAX_CHUNK_SIZE`` bytes (2**30) as a map of 1-D chunks,
-which has no single byte range (``guard.parity.chunked``).  Here ``MAX_CHUNK_SIZE`` is lowered to
+which has no single byte range (``guard.convert.read.flax_chunks``).  Here ``MAX_CHUNK_SIZE`` is lowered to
 10 kB, so a tiny Llama's vocabulary matrices and MLP kernels are written chunked (the last chunk of
 each a partial one) while its attention kernels stay plain leaves: the same file layout a 70B model
 has, in seconds.  The PyTorch side is saved by transformers, the Flax side converted by ckpt-guard
@@ -95,7 +95,7 @@ def whole_file_decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_the_big_leaves_are_chunked_and_read_back_bit_exactly(converted: Any, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from guard.parity.chunked import read_chunked
+    from guard.convert.read.flax_chunks import read_chunked
 
     flax_dir = write_chunked(converted("bf16")[1], tmp_path / "flax", monkeypatch)
     raw = (flax_dir / "flax_model.msgpack").read_bytes()
@@ -158,3 +158,16 @@ def test_a_scaled_chunked_kernel_is_cg302_naming_its_block(converted: Any, tmp_p
     message = next(f.message for f in findings if f.message.startswith("fp32 "))
     assert f"first block that disagrees: '{block}'" in message
     assert whole_file_decodes == []
+
+
+def test_convert_reads_chunked_leaves_chunk_by_chunk(converted: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     whole_file_decodes: list[str]) -> None:
+    """`convert --to torch` of the chunked checkpoint: no msgpack decoded whole, and the same bytes written
+    as from the unchunked one."""
+    flax_plain = converted("bf16")[1]
+    flax_dir = write_chunked(flax_plain, tmp_path / "flax", monkeypatch)
+    assert convert(flax_dir, "--to", "torch", "--out", tmp_path / "from-chunked") == 0
+    assert whole_file_decodes == []
+    assert convert(flax_plain, "--to", "torch", "--out", tmp_path / "from-plain") == 0
+    assert (tmp_path / "from-chunked" / "model.safetensors").read_bytes() == \
+        (tmp_path / "from-plain" / "model.safetensors").read_bytes()

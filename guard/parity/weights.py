@@ -50,9 +50,9 @@ class CheckpointWeights:
 
     def load(self, stored: str) -> Any:
         """The stored tensor as numpy, in its stored dtype (ml_dtypes for bf16).  A chunked Flax leaf is
-        read chunk by chunk (``guard.parity.chunked``), never by decoding its whole file."""
+        read chunk by chunk (``guard.convert.read.flax_chunks``), never by decoding its whole file."""
         from guard.errors import GuardError
-        from guard.parity.chunked import read_chunked
+        from guard.convert.read.flax_chunks import read_chunked
 
         tensor = self.tensors[stored]
         try:

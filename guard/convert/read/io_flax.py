@@ -29,8 +29,10 @@ def _restore_file(path: Path) -> Any:
         raise MalformedCheckpoint(f"cannot decode msgpack: {exc}") from None
 
 
-class FlaxWholeFileLoader:
-    """For chunked leaves, which have no single byte range: decode the file once (one shard)."""
+class FlaxChunkedLoader:
+    """For chunked leaves, which have no single byte range: each read chunk by chunk into one array
+    (``guard.convert.read.flax_chunks``: memory is the array).  A leaf whose chunks are not where its
+    header says is decoded with its whole file instead (one shard held), for flax's own verdict."""
 
     def __init__(self) -> None:
         self._cache = OneFileCache(_restore_file)
@@ -38,6 +40,12 @@ class FlaxWholeFileLoader:
     def load(self, info: TensorInfo) -> np.ndarray:
         import numpy as np
 
+        from guard.convert.read.flax_chunks import NoChunks, read_chunked
+
+        try:
+            return read_chunked(info)
+        except NoChunks:
+            pass
         node = self._cache.get(Path(info.file))
         for part in info.name.split("/"):
             node = node[part]

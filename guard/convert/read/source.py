@@ -12,7 +12,7 @@ from pathlib import Path
 
 from guard.catalogue import make_finding
 from guard.config import Policy
-from guard.convert.read.io_flax import FlaxWholeFileLoader
+from guard.convert.read.io_flax import FlaxChunkedLoader
 from guard.convert.read.io_torch import RangeLoader, TorchBinLoader, UnsafePickle, torch_bin_tensors
 from guard.errors import MalformedCheckpoint, UsageError
 from guard.findings import Finding
@@ -101,7 +101,7 @@ def open_source(src: Path, *, to: str, variant: str | None = None) -> SourceMode
     elif not _check_shards(src, model, scans):
         return model
     loader: Loader = TorchBinLoader() if fmt == "torch-bin" else RangeLoader()
-    chunked, ranges = FlaxWholeFileLoader(), RangeLoader()
+    chunked, ranges = FlaxChunkedLoader(), RangeLoader()
     for path in model.files:
         for info in _list_tensors(path, fmt, model.findings, scans.get(path)):
             use = chunked if fmt == "flax-msgpack" and info.data_start is None else loader

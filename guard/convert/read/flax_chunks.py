@@ -1,11 +1,11 @@
 """A chunked Flax msgpack leaf, read chunk by chunk from its byte ranges.
 
 ``flax.serialization`` splits an array over 2**30 bytes into a map of 1-D chunks (a vocabulary
-matrix of a 70B-wide model: 2.1 GB in bf16).  Such a leaf has no single byte range, so convert's
-loader decodes its whole file (a shard of several GB) and keeps the decoded shard: for parity's
-streamed runs that was the peak of the whole run.  Here the scanner's own token reader walks to the
-leaf, seeking past every other payload, and the chunks' bytes are read straight into one array:
-memory is the array itself.
+matrix of a 70B-wide model: 2.1 GB in bf16).  Such a leaf has no single byte range; decoding its
+whole file to reach it (a shard of several GB, held decoded) made it the peak of a conversion or a
+streamed parity run.  Here the scanner's own token reader walks to the leaf, seeking past every
+other payload, and the chunks' bytes are read straight into one array: memory is the array itself.
+Convert's Flax loader (``guard.convert.read.io_flax``) and parity's weights read chunked leaves here.
 """
 
 from __future__ import annotations
