@@ -9,7 +9,6 @@ anything else (--help, a typo) goes to the click commands in ``guard.cli.diff`` 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -29,35 +28,20 @@ DIFF_FLAGS: tuple[Flag, ...] = (
 
 def run_diff(old: Path, new: Path, *, fmt: str, output: Path | None, values: bool, no_summary: bool,
              **policy_flags: object) -> int:
-    from guard.cli.run import resolve_policy
+    from guard.cli.run import resolve_policy, write_rendered
     from guard.diff import compare_sides, local_side, render_change
 
     policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
     change = compare_sides(local_side(old), local_side(new), policy, values=values)
-    if output is not None:
-        from guard.atomic import write_text_atomic
-
-        write_text_atomic(output, render_change(change, fmt))
-    else:
-        color = fmt == "text" and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-        sys.stdout.write(render_change(change, fmt, color=color))
-        sys.stdout.flush()
-    if not no_summary:
-        append_step_summary(change)
+    write_rendered(lambda as_fmt, color=False: render_change(change, as_fmt, color=color), fmt, output,
+                   summary=None if no_summary else lambda: _markdown(change))
     return change.exit_code
 
 
-def append_step_summary(change: object) -> None:
-    path = os.environ.get("GITHUB_STEP_SUMMARY")
-    if os.environ.get("GITHUB_ACTIONS") != "true" or not path:
-        return
+def _markdown(change: object) -> str:
     from guard.diff import render_change_markdown
 
-    try:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(render_change_markdown(change))  # type: ignore[arg-type]
-    except OSError as exc:
-        print(f"ckpt-guard: warning: cannot write the job summary to {path} ({exc.strerror})", file=sys.stderr)
+    return render_change_markdown(change)  # type: ignore[arg-type]
 
 
 def run_textconv(file: Path) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 from guard.config import Policy, build_policy, find_config_file, load_config
 from guard.errors import GuardError, UsageError
@@ -43,24 +44,32 @@ def run_scan(paths: tuple[str | Path, ...], fmt: str, output: Path | None, value
 
 def emit(report: Report, fmt: str, output: Path | None, *, summary: bool = True) -> None:
     """Print or write the report; append the job summary under GitHub Actions."""
+    write_rendered(lambda as_fmt, color=False: render(report, as_fmt, color=color), fmt, output,
+                   summary=(lambda: render(report, "markdown")) if summary else None)
+
+
+def write_rendered(render_as: Callable[..., str], fmt: str, output: Path | None, *,
+                   summary: Callable[[], str] | None) -> None:
+    """``render_as(fmt)`` to ``output`` (atomically) or to stdout (colour on a terminal), then the markdown
+    ``summary()`` appended to the job summary under GitHub Actions: a scan's report and a diff's change."""
     if output is not None:
         from guard.atomic import write_text_atomic  # tempfile: only when writing a file
 
-        write_text_atomic(output, render(report, fmt))
+        write_text_atomic(output, render_as(fmt))
     else:
         color = fmt == "text" and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-        sys.stdout.write(render(report, fmt, color=color))
+        sys.stdout.write(render_as(fmt, color=color))
         sys.stdout.flush()
-    if summary:
-        append_step_summary(report)
+    if summary is not None:
+        append_step_summary(summary)
 
 
-def append_step_summary(report: Report) -> None:
+def append_step_summary(markdown: Callable[[], str]) -> None:
     path = os.environ.get("GITHUB_STEP_SUMMARY")
     if os.environ.get("GITHUB_ACTIONS") != "true" or not path:
         return
     try:
-        text = render(report, "markdown")
+        text = markdown()
     except GuardError:
         return
     try:

@@ -25,21 +25,20 @@ def match_findings(old: Side, new: Side, old_report: Report, new_report: Report,
     """(introduced, resolved): the new side's findings without a match, and the old side's."""
     old_keyed = list(_keyed("old", old, old_report.findings, set_keys))
     new_keyed = list(_keyed("new", new, new_report.findings, set_keys))
-    remaining = Counter(key for key, _ in old_keyed)
-    introduced = []
-    for key, finding in new_keyed:
-        if remaining[key] > 0:
-            remaining[key] -= 1
+    return _moved_examples(_unmatched(new_keyed, old_keyed), _unmatched(old_keyed, new_keyed))
+
+
+def _unmatched(keyed: list[tuple[tuple[object, ...], Finding]],
+               other: list[tuple[tuple[object, ...], Finding]]) -> list[tuple[tuple[object, ...], Finding]]:
+    """``keyed``'s findings left over once each key of ``other`` has matched one (a multiset difference)."""
+    left = Counter(key for key, _ in other)
+    out = []
+    for key, finding in keyed:
+        if left[key] > 0:
+            left[key] -= 1
         else:
-            introduced.append((key, finding))
-    available = Counter(key for key, _ in new_keyed)
-    resolved = []
-    for key, finding in old_keyed:
-        if available[key] > 0:
-            available[key] -= 1
-        else:
-            resolved.append((key, finding))
-    return _moved_examples(introduced, resolved)
+            out.append((key, finding))
+    return out
 
 
 def _moved_examples(introduced: list[tuple[tuple[object, ...], Finding]],
