@@ -203,30 +203,27 @@ its tensor order), as a user's `save_file` / `save_pretrained` writes them; befo
 benchmark wrote headers with `json.dumps` (a space after every separator), which no library writes.
 
 What the hook costs, in instructions (callgrind, `python -S` with the tree on the path, pipeline
-commit; deterministic where wall time is not): 267.6 M at the start of this round, 216.8 M now
-(`python -S -c pass` is 27.7 M). Where the time goes now, medians of 21 in-process runs split by
-phase: interpreter 8 ms, `guard.cli` 2.9 ms, the other imports 9.6 ms, discovery 0.9 ms, reading
-the 40 headers and building the inventory 8.2 ms, rules and summaries 3.4 ms, the text report 0.4 ms.
-What this round changed:
-- No `pathlib` on the scan's path: discovery, the CLI's plain path, the config search and the
-  pipeline walk keep paths as strings spelled as pathlib spells them (`guard.paths`); pathlib, with
-  the `urllib.parse` and `ipaddress` it imports, cost ~2.9 ms of CPU per call
-  (`tests/test_architecture.py` asserts none of them, nor `fnmatch`, `importlib` or `typing`, is
-  imported by the hook's line).
-- `@record` builds its tuple subclass with one shared `__new__` instead of `collections.namedtuple`,
-  which compiled a `__new__` per class with `eval` (~0.1 ms each, 26 records before the first read):
-  22 M instructions of imports.
-- Compact headers (the library's own form) are listed by one regular-expression pass instead of
-  json.loads and a per-entry walk, proved exact by the matches tiling the text, and fall back to the
-  general parse for anything else (a differential test mutates library-written headers and compares
-  both paths: `tests/test_safetensors_compact.py`): 15 % less per header (121 us against 144 us for
-  120 tensors).
-- CG008's and CG110-CG113's modules are imported only for a model with a PyTorch or a quantized set;
-  `fnmatch` and `importlib` only where used; keep-fp32's default globs are tested in C for a whole
-  dtype group; `Policy.is_enabled` is answered once per code.
+commit, the command line's own process; deterministic where wall time is not): 217.3 M at the start
+of this round (3200f42), 204.1 M now (`python -S -c pass` is 27.7 M; 267.6 M when the round before
+began). The interpreter's start and the imports (~12 ms with `site`) are most of what is left: the
+standard library's `re`, `json`, `collections`, `enum` and `functools` (~7 ms under `-X importtime`),
+which the reader needs, and ~40 of guard's own modules. What this round changed on the hook's line:
+- A safetensors file's header comes with its format's sniff: `LocalFile(read_ahead=16 KiB)` reads
+  the header of up to ~150 tensors in the sniff's one `pread`, and keeps it (three reads were two
+  system calls and three Python calls per file).
+- The collector: each file's records are frozen once read (`guard/collector.py`, the command
+  line's own process only), so no collection walks them again; a file from a reader that can build
+  cycles (a pickle's memo) is collected first, so no cyclic garbage is ever frozen.
+- Shard names are classified once per form (`model-00007-of-00040.safetensors` as its first
+  shard's name), and the cache holds 16,384 names, not 4,096 (the sets, the shard rule and the
+  variant rule ask per file, with two spellings: the old cache thrashed past 2,048 files).
+- The config search parses a `pyproject.toml` only where a `tool.ckpt-guard` table can be (the
+  project's name as a dependency or a script no longer costs a TOML parse: ~6 ms).
+- Shard indexes are proven against their shards' headers instead of parsed (`docs/layouts.md`).
 
-Earlier, on the pipeline commit: 1.60x when issue 23 was filed, 1.15-1.40x after its first round
-(wall time under a load average of 7; 273 M instructions with site); before that 1.94x, 2.44x, and
+Earlier, on the pipeline commit: 1.19-1.21x at the start of this round; 1.60x when issue 23 was filed,
+1.15-1.40x after its first round (wall time under a load average of 7; 273 M instructions with site);
+before that 1.94x, 2.44x, and
 3.15x on the shards when `guard.cli` imported every command group before a scan could start.
 
 """

@@ -82,3 +82,46 @@ def test_mutated_headers_agree_with_the_json_parse(monkeypatch: pytest.MonkeyPat
         assert compact == _read(mutated, compact=False, monkeypatch=monkeypatch), header
         accepted += reader._read_compact(header, BytesSource(mutated), len(header)) is not None
     assert accepted > 10  # renamed tensors and the like still take the compact reading
+
+
+@pytest.mark.parametrize("joint", ["}{", "},{{", "}}{", "}{,", "} ,", "}, "])
+def test_entries_must_be_joined_by_commas(joint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the first entry opens with the header's brace; any other joint is the general parse's to judge."""
+    for data in _written()[:2]:
+        (length,) = struct.unpack("<Q", data[:8])
+        header = data[8:8 + length].rstrip(b" ").replace(b'},"', joint.encode() + b'"', 1)
+        header += b" " * (-len(header) % 8)
+        mutated = struct.pack("<Q", len(header)) + header + data[8 + length:]
+        assert reader._read_compact(header, BytesSource(mutated), len(header)) is None
+        result = _read(mutated, compact=True, monkeypatch=monkeypatch)
+        assert result == _read(mutated, compact=False, monkeypatch=monkeypatch)
+        if joint.replace(" ", "") == "},":  # a space is still JSON: read by the general parse, with the same tensors
+            assert not isinstance(result, str) and len(result.tensors) == len(reader.read_safetensors(  # type: ignore[attr-defined]
+                BytesSource(data, name="model.safetensors")).tensors)
+        else:
+            assert isinstance(result, str) and result.startswith("error: header is not valid JSON")
+
+
+@pytest.mark.parametrize("old, new", [
+    ('"shape":[2,3]', '"shape":[02,3]'), ('"shape":[2,3]', '"shape":[2,,3]'), ('"shape":[2,3]', '"shape":[2,3,]'),
+    ('"shape":[2,3]', '"shape":[,2,3]'), ('"shape":[2,3]', '"shape":[2,0,3]'), ('"shape":[2,3]', '"shape":[0]'),
+    ('"shape":[2,3]', '"shape":[2,3,1]'), ('"shape":[2,3]', '"shape":[6]'),
+    ('"shape":[2,3]', '"shape":[' + ",".join(["1"] * 120) + ',2,3]'),  # past the pattern's 255 characters
+    ('"shape":[2,3]', '"shape":[2,000000000000000000003]'), ('"shape":[2,3]', '"shape":[2,' + "9" * 21 + "]"),
+    ('"data_offsets":[0,24]', '"data_offsets":[00,24]'), ('"data_offsets":[0,24]', '"data_offsets":[0,024]'),
+    ('"data_offsets":[0,24]', '"data_offsets":[0,' + "0" * 19 + '24]'), ('"data_offsets":[0,24]', '"data_offsets":[0,24.0]'),
+])
+def test_numbers_in_json_form_only(old: str, new: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pattern takes any digits; what is not JSON (or not the library's form) goes to the general parse."""
+    data = _written()[0]
+    (length,) = struct.unpack("<Q", data[:8])
+    header = data[8:8 + length].rstrip(b" ")
+    assert old.encode() in header
+    header = header.replace(old.encode(), new.encode(), 1)
+    header += b" " * (-len(header) % 8)
+    mutated = struct.pack("<Q", len(header)) + header + data[8 + length:]
+    compact = reader._read_compact(header, BytesSource(mutated, name="model.safetensors"), len(header))
+    general = _read(mutated, compact=False, monkeypatch=monkeypatch)
+    assert _read(mutated, compact=True, monkeypatch=monkeypatch) == general
+    if compact is not None:  # taken by the pattern: exactly what the general parse reads
+        assert compact == general

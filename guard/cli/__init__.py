@@ -29,15 +29,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the default threshold of 700 allocations it runs dozens of times per hook call, each full
         # pass over every module's objects too (callgrind: 4 % of the pipeline commit's instructions).
         # A rarer young collection still bounds any cyclic garbage (a hostile pickle can build
-        # cycles); the modules, frozen once imported, are never walked again.  Only for the process
-        # itself: a caller's main([...]) (tests, an embedding tool) keeps its collector as it was.
+        # cycles); the modules, frozen once imported, are never walked again, nor is a file's records
+        # once it is read (guard.collector).  Only for the process itself: a caller's main([...])
+        # (tests, an embedding tool) keeps its collector as it was.
         process = argv is None
         if process:
             gc.set_threshold(10_000)
         from guard.cli.run import run_scan
 
         if process:
-            gc.freeze()
+            from guard.collector import own_process
+
+            own_process()
         options, paths = fast
         return _plain(lambda: run_scan(tuple(paths), **options), process=process)  # type: ignore[arg-type]
     if args[:1] in (["diff"], ["textconv"]):  # git's textconv driver and plain diffs: no click either

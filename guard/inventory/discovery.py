@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterable, Iterator
 
 from guard.catalogue import make_finding
+from guard.collector import settle
 from guard.errors import UsageError
 import guard.inventory.tf_dirs as tf_dirs  # the module itself: `from guard.inventory` would be a cycle with __init__
 from guard.inventory.conventions import UNSUPPORTED_SUFFIXES
@@ -241,15 +242,39 @@ def head_is_weights(head: bytes) -> bool:
 
 
 def load_local_model(model: LocalModel) -> ModelInventory:
-    scans = [scan_local_file(p) for p in model.weight_files]
+    scans = []
+    for path in model.weight_files:
+        scans.append(scan_local_file(path))
+        settle(scans[-1].format)  # the command line's own process: its records out of the collector's reach
     if model.orbax:
         from guard.inventory.orbax_dirs import scan_local_orbax
 
         scans += [scan_local_orbax(d, name=display_path(d)) for d in model.orbax]
-    json_files = {display_path(p): read_small_file(p) for p in model.json_files}
     scans = tf_dirs.rebase_companions(scans, display_path(model.directory))  # a SavedModel's variables/
-    return build_inventory(display_path(model.directory), scans, json_files=json_files,
-                           companion_size=lambda name: _size(os.path.join(model.directory, name)))
+    opened: list[LocalFile] = []
+    try:
+        json_files = {display_path(p): _json_data(p, opened) for p in model.json_files}
+        return build_inventory(display_path(model.directory), scans, json_files=json_files,
+                               companion_size=lambda name: _size(os.path.join(model.directory, name)))
+    finally:
+        for source in opened:
+            source.close()
+
+
+STREAMED_INDEX_BYTES = 1 << 20  # a larger index (~13,000 tensors and up) is compared from its file, not read whole
+
+
+def _json_data(path: str, opened: list[LocalFile]) -> bytes | ByteSource | None:
+    """A JSON file's bytes; a large shard index's open file instead (closed by the caller), which the index
+    proof reads a chunk at a time (a 200,000-tensor index is 16 MB: held whole, a sixth of the scan's peak)."""
+    if is_index_file(path_name(path)):
+        try:
+            if os.stat(path).st_size > STREAMED_INDEX_BYTES:
+                opened.append(LocalFile(path, name=display_path(path)))
+                return opened[-1]
+        except OSError:
+            pass  # read_small_file says it could not be read
+    return read_small_file(path)
 
 
 def _size(path: str) -> int | None:
@@ -259,13 +284,16 @@ def _size(path: str) -> int | None:
         return None
 
 
+_SAFETENSORS_AHEAD = 1 << 14  # a safetensors header of up to ~150 tensors comes with the sniff's read
+
+
 def scan_local_file(path: str | os.PathLike[str]) -> FileScan:
     path = clean_path(path)
     name = display_path(path)
     if is_package(path_name(path)):
         return scan_local_package(path, name=name)
     try:
-        source = LocalFile(path, name=name)
+        source = LocalFile(path, name=name, read_ahead=_SAFETENSORS_AHEAD if path.endswith(".safetensors") else 0)
     except OSError as exc:
         return unreadable(BytesSource(b"", name=name), f"cannot open file ({exc.strerror})")
     with source:

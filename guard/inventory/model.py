@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from guard.catalogue import make_finding
+from guard.errors import MalformedCheckpoint
 from guard.findings import Finding
 from guard.inventory.conventions import EXTENSION_FORMATS, UNSUPPORTED_SUFFIXES
 from guard.inventory.names import classify
@@ -18,6 +19,7 @@ from guard.inventory.sets import WeightSet, group_sets, mark_primary
 from guard.inventory.stats import ConfigDtype, DtypeStats, ShardIndex
 from guard.inventory.quantization import Quantization, set_quantization
 from guard.records import record
+from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan, TensorInfo
 
 CONFIG_NAME = "config.json"
@@ -116,13 +118,14 @@ def build_inventory(
     path: str,
     weight_scans: Iterable[FileScan],
     *,
-    json_files: Mapping[str, bytes | None],
+    json_files: Mapping[str, bytes | ByteSource | None],
     companion_size: Callable[[str], int | None] | None = None,
 ) -> ModelInventory:
     """Assemble an inventory from already-read weight files and small JSON files.
 
     ``json_files`` maps display paths of index files and config.json to their
-    bytes (None where the file could not be read).  ``companion_size`` gives the
+    bytes (None where the file could not be read; a large index may come as an open
+    source, read a chunk at a time: see ``guard.inventory.index_proof``).  ``companion_size`` gives the
     size of a file beside them by its relative name (None: missing), for the files
     a weight file needs (ONNX external data).  Local and Hub scans share this, so
     the same files give the same sets and findings either way.
@@ -141,9 +144,16 @@ def build_inventory(
     config: dict[str, object] | None = None
     config_text = ""
     quant_files: dict[str, object] = {}
+    deferred: dict[str, bytes | ByteSource] = {}  # index -> its bytes, proven against its shards once sets are known
+    marks: list[tuple[int, str]] = []
     for name, data in sorted(json_files.items()):
         base = os.path.basename(name)
-        parsed, text = _parse_json(name, data, findings)
+        if data and is_index_file(base):  # bytes, or an open source (never empty: only a large index is one)
+            deferred[name] = data
+            marks.append((len(findings), name))  # where its findings go if it is parsed: file order, as before
+            indexes.append(ShardIndex(name, NO_MAP))
+            continue
+        parsed, text = _parse_json(name, _whole(data) if data is not None else None, findings)
         if base == CONFIG_NAME:
             config_path, config_text = name, text
             if parsed is not None and not isinstance(parsed, dict):
@@ -154,15 +164,73 @@ def build_inventory(
             if parsed is not None:
                 quant_files[base] = parsed
         elif is_index_file(base):
-            weight_map = _weight_map(parsed)
-            valid = weight_map is not None
-            if parsed is not None and not valid:  # unparsable JSON: CG001 above; the index still stands
-                findings.append(make_finding(
-                    "CG004", name, "shard index has no valid \"weight_map\" (tensor name -> shard file)"))
-            indexes.append(ShardIndex(name, weight_map if valid else {}, text))  # type: ignore[arg-type]
-    sets = mark_primary(group_sets(files, indexes), diffusers=_is_diffusers(config))
+            indexes.append(_parsed_index(name, parsed, text, findings))
+    sets = group_sets(files, indexes)
+    if deferred:  # each index against its own set's shards: proven equal, or parsed as any other
+        sets, indexes, found = _settle_indexes(files, sets, indexes, deferred)
+        for at, name in reversed(marks):
+            findings[at:at] = found.get(name, ())
+    sets = mark_primary(sets, diffusers=_is_diffusers(config))
     return ModelInventory(path, files, tuple(indexes), config_path, config, config_text, tuple(findings), sets,
                           MappingProxyType(quant_files) if quant_files else NO_QUANT_FILES)
+
+
+NO_MAP: Mapping[str, str] = MappingProxyType({})  # an index not yet proven or parsed (empty: joins no file)
+
+
+def _parsed_index(name: str, parsed: object, text: str, findings: list[Finding]) -> ShardIndex:
+    weight_map = _weight_map(parsed)
+    if parsed is not None and weight_map is None:  # unparsable JSON: CG001 already; the index still stands
+        findings.append(make_finding(
+            "CG004", name, "shard index has no valid \"weight_map\" (tensor name -> shard file)"))
+    return ShardIndex(name, weight_map if weight_map is not None else {}, text)
+
+
+def _settle_indexes(files: tuple[FileScan, ...], sets: list[WeightSet], indexes: list[ShardIndex],
+                    deferred: dict[str, bytes | ByteSource]
+                    ) -> tuple[list[WeightSet], list[ShardIndex], dict[str, list[Finding]]]:
+    """Each deferred index proven against its set's shards (``guard.inventory.index_proof``), else parsed.
+
+    A proven index is valid JSON and agrees with its shards: it needs no parse, and CG004 has
+    nothing to say of it.  Any other is parsed and judged exactly as before; if one is, the sets
+    are grouped again (an index with no shards of its own may join the single file it names).
+    """
+    from guard.inventory.index_proof import HeaderMap, prove_index
+
+    proven: dict[str, ShardIndex] = {}
+    for ws in sets:
+        for index in ws.indexes:
+            data = deferred.get(index.path)
+            source = BytesSource(data, name=index.path) if isinstance(data, bytes) else data
+            if source is not None and prove_index(source, ws.files):
+                proven[index.path] = ShardIndex(index.path, HeaderMap(ws.files), "", True)
+    settled = []
+    found: dict[str, list[Finding]] = {}
+    for index in indexes:
+        if index.path in proven:
+            settled.append(proven[index.path])
+        elif index.path in deferred:
+            findings = found[index.path] = []
+            parsed, text = _parse_json(index.path, _whole(deferred[index.path]), findings)
+            settled.append(_parsed_index(index.path, parsed, text, findings))
+        else:
+            settled.append(index)
+    if len(proven) < len(deferred):
+        return group_sets(files, settled), settled, found
+    return [ws._replace(indexes=tuple(proven.get(i.path, i) for i in ws.indexes)) if ws.indexes else ws
+            for ws in sets], settled, found
+
+
+def _whole(data: bytes | ByteSource) -> bytes | None:
+    """An index's bytes, read whole where it was handed over as an open file (as ``read_small_file`` reads)."""
+    if isinstance(data, bytes):
+        return data
+    if data.size > MAX_JSON_BYTES:
+        return b"\xff"  # oversized -> reported as invalid JSON
+    try:
+        return data.read_at(0, data.size)
+    except (OSError, MalformedCheckpoint):
+        return None
 
 
 def _weight_map(parsed: object) -> dict[str, str] | None:

@@ -46,10 +46,27 @@ def classify(path: str, *, weights: bool = False) -> FileRole:
 
     ``weights``: the file was read as weights, so it is never an index, whatever its name says.
     """
-    return _classify(posixpath.basename(path), weights)
+    return _classify_name(posixpath.basename(path), weights)
 
 
-@functools.lru_cache(maxsize=4096)  # discovery, the sets, the shard and variant rules all ask per file
+@functools.lru_cache(maxsize=1 << 14)  # discovery, the sets, the shard and variant rules all ask per file
+def _classify_name(name: str, weights: bool) -> FileRole:
+    at = name.find("-of-")
+    if at >= 6 and name.find("-of-", at + 1) < 0:
+        # One shard of many (``model-00007-of-04000.safetensors``): its role is its first shard's,
+        # numbered.  The 4,000 shards of a sharded model share one classification, not 4,000.
+        shard = _shard(name[at - 6:at + 9])
+        if shard is not None:
+            role = _classify(f"{name[:at - 6]}-00001-of-00001{name[at + 9:]}", weights)
+            if role.shard is not None:  # the numbers were the shard's, not part of a stem
+                return _tuple_new(FileRole, (name, *role[1:7], shard))
+    return _classify(name, weights)
+
+
+_tuple_new = tuple.__new__
+
+
+@functools.lru_cache(maxsize=1 << 10)  # the names' forms: a shard stands for all of its set's shards
 def _classify(name: str, weights: bool) -> FileRole:
     parts = name.split(".")
     for template, conv in _PARSED:

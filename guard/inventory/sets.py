@@ -115,7 +115,8 @@ class WeightSet:
                         totals[code] = 0
                     groups[code].extend(scan.tensors)
                     totals[code] += sum(map(prod, map(_SHAPE, scan.tensors)))
-                    shared = shared or any(storage is not None for storage in set(map(_STORAGE, scan.tensors)))
+                    shared = shared or (scan.format not in _UNSHARED
+                                        and any(storage is not None for storage in set(map(_STORAGE, scan.tensors))))
                     continue
                 if 1 < len(codes) <= 4:  # a few dtypes (a quantized shard: I32 and F16): one C pass a dtype
                     for code in dict.fromkeys(column):  # in order of first appearance
@@ -155,6 +156,7 @@ class WeightSet:
 
 
 _DTYPE, _SHAPE, _STORAGE = itemgetter(1), itemgetter(2), itemgetter(7)  # TensorInfo's fields, for map() in C
+_UNSHARED = frozenset({"safetensors", "gguf"})  # formats with no shared storage: their readers never set one
 
 
 def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list[WeightSet]:

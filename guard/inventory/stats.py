@@ -31,7 +31,8 @@ class ConfigDtype:
 class ShardIndex:
     path: str
     weight_map: Mapping[str, str]  # tensor -> shard file name; empty when the index is unusable
-    text: str = ""
+    text: str = ""  # the JSON, for the line of a finding; "" where the index is proven
+    proven: bool = False  # equal, byte for byte, to the index its set's shard headers make (index_proof)
 
 
 def dtype_summary(tensors: Iterable[TensorInfo]) -> dict[str, DtypeStats]:

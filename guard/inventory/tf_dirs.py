@@ -130,6 +130,9 @@ def rebase_companions(scans: Iterable[FileScan], model_path: str) -> list[FileSc
     """Companions are named beside their file; a file in a subfolder (variables/) gets them rebased."""
     out = []
     for scan in scans:
+        if not scan.companions:  # most files: nothing to rebase
+            out.append(scan)
+            continue
         folder = posixpath.dirname(scan.path)
         if scan.companions and folder and folder != model_path and folder.startswith(model_path.rstrip("/") + "/"):
             sub = folder[len(model_path.rstrip("/")) + 1 :]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 import struct
-from itertools import chain, repeat
+from collections.abc import Callable
+from itertools import repeat
 from operator import itemgetter, sub
 
 from guard import dtypes
@@ -240,13 +241,24 @@ def read_safetensors(source: ByteSource) -> FileScan:
 # then ``"name":{"dtype":"BF16","shape":[8,4],"data_offsets":[0,64]}`` entries joined by commas.
 # One regular expression pass lists its entries as strings, in C; a header in any other form (spaces,
 # another key order, escapes in names, zero dims, numbers past 20 digits) goes to the JSON parse.
-# Each match starts with its comma (the header's opening brace counts as one), so matches whose
-# lengths sum to the text's length tile it: nothing in the header was skipped.
-_COMPACT = (r',"([^"]*)":\{"dtype":"(\w+","shape":\[(?:[1-9]\d{0,19}(?:,[1-9]\d{0,19})*)?)\],'
-            r'"data_offsets":\[(0|[1-9]\d{0,19}),(0|[1-9]\d{0,19})\]\}')  # compiled on first use, re caches it
-_COMPACT_CHARS = len(',"":{"dtype":"],"data_offsets":[,]}')  # what a match holds beside its four groups
+# Each match starts with its comma (the first, without metadata, with the header's opening brace), so
+# matches with nothing between them tile the header: nothing in it was skipped.  The pattern takes
+# digits and commas for a shape and digits for an offset (loose classes run faster in the engine);
+# the numbers' JSON form is checked after it: each distinct shape once, by ``_span_of_key``, and the
+# offsets together (no leading zero).  A shape past 255 characters (never a real tensor's) goes to
+# the JSON parse, which bounds its work on a hostile one.
+_COMPACT = (r'([,{])"([^"]*)":\{"dtype":"(\w+","shape":\[[\d,]{0,255})\],'
+            r'"data_offsets":\[(\d{1,20}),(\d{1,20})\]\}')
+_compact_split: Callable[[str], list[str]] | None = None  # compiled on first use: a hook may read no safetensors
+
+
+def _compile_compact() -> Callable[[str], list[str]]:
+    global _compact_split
+    _compact_split = re.compile(_COMPACT, re.ASCII).split
+    return _compact_split
+
+
 _METADATA = '{"__metadata__":'
-_NAME, _KEY, _BEGIN, _END = (itemgetter(i) for i in range(4))
 _SPANS: dict[str, tuple[str, tuple[int, ...], int] | None] = {}  # ``BF16","shape":[8,4`` -> (code, shape, bytes)
 _SPANS_HELD = 1 << 14  # bounded: a hostile file's distinct shapes
 _UNSEEN = ("", (), -1)  # a span never stored: spans map keys to (code, shape, bytes) or None
@@ -272,7 +284,7 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
         return None
     close -= len(raw) - len(text)  # the same place in characters: the padding is ASCII
     metadata: dict[str, str] = {}
-    tiled = 0  # where the entries begin: the opening brace, or the comma after the metadata
+    start = 0  # where the entries begin: after the metadata object, or at the opening brace
     if text.startswith(_METADATA):
         try:
             value, start = _METADATA_DECODER.raw_decode(text, len(_METADATA))
@@ -280,22 +292,23 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
             return None
         if type(value) is not dict or not all(type(v) is str for v in value.values()):
             return None
-        metadata, entries, tiled = value, [], start
-    else:  # the first entry follows the opening brace, every other one a comma
-        first = re.compile("{" + _COMPACT[1:], re.ASCII).match(text)
-        if first is None:
-            return None
-        start, entries = first.end(), [first.groups()]
-    entries += re.compile(_COMPACT, re.ASCII).findall(text, start, close)
-    count = len(entries)
-    if not count or count * _COMPACT_CHARS + sum(map(len, chain.from_iterable(entries))) != close - tiled:
+        metadata = value
+    # split: the text between matches, then each match's five groups, alternating in one flat list (no
+    # tuple per entry, no copy of the header); the entries tile the header between its metadata and its
+    # closing brace when every text between them is empty and only the first opens with the brace
+    parts = (_compact_split or _compile_compact())(text)
+    count = len(parts) // 6
+    if not count or parts[0] != text[:start] or parts[-1] != text[close:] or any(parts[6:-1:6]):
         return None  # no tensor (the general parse judges an empty header), or something between the entries
-    names = list(map(_NAME, entries))
+    openers = parts[1::6]
+    if openers[0] != ("," if start else "{") or openers.count(",") != count - (not start):
+        return None
+    names = parts[2::6]
     # a duplicate, or a control character (not allowed in a JSON string; isprintable also turns away
     # DEL and non-printing code points, which the general parse then judges): the general parse
     if len(set(names)) != count or not "".join(names).isprintable():
         return None
-    keys = list(map(_KEY, entries))
+    keys = parts[3::6]
     spans = _SPANS
     infos = list(map(spans.get, keys, repeat(_UNSEEN, count)))
     if _UNSEEN in infos:  # a (dtype, shape) this process has not met yet
@@ -308,10 +321,10 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
         return None
     # offsets tile the buffer in header order: each begin the previous end, compared as the digits
     # themselves (one form per number: no leading zeros), and each end the previous one plus its size
-    begins = list(map(_BEGIN, entries))
-    ends_text = list(map(_END, entries))
-    if begins[0] != "0" or begins[1:] != ends_text[:-1]:
-        return None
+    begins = parts[4::6]
+    ends_text = parts[5::6]
+    if begins[0] != "0" or begins[1:] != ends_text[:-1] or ",0" in ",".join(["", *ends_text]):
+        return None  # a leading zero is not JSON (and no tensor ends at 0: every one holds a byte or more)
     ends = list(map(int, ends_text))
     buffer_start = 8 + length
     if ends[-1] != source.size - buffer_start or list(map(sub, ends, [0, *ends[:-1]])) != list(map(_BYTES, infos)):
@@ -326,10 +339,11 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
 
 
 def _span_of_key(key: str) -> tuple[str, tuple[int, ...], int] | None:
-    if len(key) > 256:  # dozens of dims: the general parse, which bounds its work on a hostile shape
-        return None
     dtype, _, dims = key.partition('","shape":[')
-    span = _span_of(dtype, [int(dim) for dim in dims.split(",")] if dims else [])
+    numbers = dims.split(",") if dims else []
+    if not all(0 < len(dim) <= 20 and dim[0] != "0" for dim in numbers):
+        return None  # an empty dim, a leading zero (not JSON), a zero dim, or past 20 digits: the general parse
+    span = _span_of(dtype, [int(dim) for dim in numbers])
     return None if span is _NO_SPAN else span  # type: ignore[return-value]
 
 

@@ -35,7 +35,7 @@ def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[F
         # model's report as long as its shard list, saying the same thing 4,000 times.
         files = sorted(set(map(_FILE, norms)))
         example = next(t for t in norms if t.file == files[0])
-        kinds = "/".join(sorted({dn(code) for code in map(_DTYPE, norms)}))
+        kinds = "/".join(sorted({dn(code) for code in set(map(_DTYPE, norms))}))
         yield make_finding(
             "CG104", files[0],
             f"{len(norms)} normalization parameter(s){spread(files, ws)} stored in {kinds}; "

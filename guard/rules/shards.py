@@ -22,22 +22,25 @@ _SAMPLE = 3
 
 
 def check_shard_index(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
-    owner = {posixpath.basename(scan.path): ws for ws in inv.sets for scan in ws.files}
+    owners: dict[str, WeightSet] = {}  # shard file name -> its set, filled where an index is checked
     for ws in inv.sets:
-        for finding in _check_set(ws, owner):
+        for finding in _check_set(ws, inv, owners):
             yield finding._replace(set=ws.name)
 
 
-def _check_set(ws: WeightSet, owner: dict[str, WeightSet]) -> Iterator[Finding]:
-    by_name = {posixpath.basename(scan.path): scan for scan in ws.files}
-    numbered = any("-of-" in posixpath.basename(scan.path) for scan in ws.files)
-    if numbered and not ws.indexes and ws.variant is None and ws.layout in ("hf", "original"):
+def _check_set(ws: WeightSet, inv: ModelInventory, owner: dict[str, WeightSet]) -> Iterator[Finding]:
+    if (not ws.indexes and ws.variant is None and ws.layout in ("hf", "original")
+            and any("-of-" in posixpath.basename(scan.path) for scan in ws.files)):
         yield make_finding("CG004", ws.files[0].path,
                            f"{len(ws.files)} shard file(s) of {ws.name} and no index naming them: "
                            "from_pretrained cannot load them")
-    for index in ws.indexes:
-        if not index.weight_map:
-            continue
+    checked = [index for index in ws.indexes if not index.proven and index.weight_map]
+    if not checked:
+        return  # proven: equal, byte for byte, to the index these shards make (inventory.index_proof)
+    if not owner:
+        owner.update((posixpath.basename(scan.path), other) for other in inv.sets for scan in other.files)
+    by_name = {posixpath.basename(scan.path): scan for scan in ws.files}
+    for index in checked:
         weight_map = index.weight_map
         counts = Counter(weight_map.values())  # tensors per shard, counted in C: a 4,000-shard index walks it once
         shards = sorted(counts)

@@ -48,7 +48,7 @@ def check_variant_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Finding
 
 def check_variant_shards(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
     for ws in judged_sets(inv):
-        numbered = [scan for scan in ws.files if classify(scan.path).shard is not None]
+        numbered = [scan for scan in ws.files if classify(scan.path, weights=True).shard is not None]
         if ws.variant is None or ws.indexes or not numbered:
             continue
         yield make_finding(
