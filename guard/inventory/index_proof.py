@@ -10,8 +10,8 @@ So the index is written again from the headers and compared byte for byte, in ch
 string made per tensor beyond the chunk in hand.  Equal bytes prove everything the parse and
 CG004's check would establish:
 
-* the ``weight_map`` is the one in the document (``"weight_map"`` occurs once, and the rest of the
-  document, with the map emptied, parses as JSON with that key at its top level);
+* the ``weight_map`` is the one in the document (``"weight_map"`` occurs nowhere else, and the rest
+  of the document, with the map emptied, parses as JSON with that key at its top level);
 * its keys are the tensors of the set's shards, each once (the names, sorted, strictly increase),
   and each maps to the shard holding it: no missing, extra, misplaced or duplicate tensor, no
   shard listed that is not there, no shard left out;
