@@ -143,7 +143,7 @@ EDITS = {
     "compact JSON": (lambda d: json.dumps(json.loads(d), separators=(",", ":")).encode(), False, False),
     "weight_map in metadata too": (lambda d: d.replace(b'"metadata": {', b'"metadata": {\n    "weight_map": 1,', 1),
                                    False, False),
-    "a second, empty map after": (lambda d: d.rstrip().rstrip(b"}") + b',\n  "weight_map": {}\n}\n', False, False),
+    "a second, empty map after": (lambda d: d.rstrip().rstrip(b"}") + b',\n  "weight_map": {}\n}\n', False, True),
     "trailing garbage": (lambda d: d + b"x", False, True),
     "truncated": (lambda d: d[: len(d) // 2], False, True),
     "a tensor moved": (_move, False, True),
@@ -251,3 +251,20 @@ def test_header_map_builds_only_when_read(tmp_path: Path) -> None:
     first = next(iter(json.loads((root / INDEX).read_text())["weight_map"]))
     assert first in weight_map and weight_map[first] == weight_map.get(first) and weight_map._map is not None
     assert weight_map.get("no.such.tensor", "-") == "-" and "HeaderMap(" in repr(weight_map)
+
+
+def test_an_empty_map_beside_shards_is_cg004(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Valid JSON whose map is empty: from_pretrained would find none of the shards' tensors.  One finding
+    for the set, on the index's line; an index that is not JSON is CG001 alone, as before."""
+    root = tiny_llama(tmp_path / "llama", layers=2)
+    shards = len(list(root.glob("model-*.safetensors")))
+    _rewrite(root, lambda d: (json.dumps({"metadata": json.loads(d)["metadata"], "weight_map": {}}, indent=2)
+                              + "\n").encode())
+    code, report = scanned(root, capsys)
+    found = [f for f in report["findings"] if f["code"] == "CG004"]
+    assert code == 1 and len(found) == 1 and found[0]["path"].endswith(INDEX)
+    line = next(i for i, text in enumerate((root / INDEX).read_text().splitlines(), 1) if '"weight_map"' in text)
+    assert f"maps no tensors: none of the {shards} shard file(s)" in found[0]["message"] and found[0]["line"] == line
+    _rewrite(root, lambda d: d[:-3])
+    _, report = scanned(root, capsys)
+    assert {f["code"] for f in report["findings"] if f["path"].endswith(INDEX)} == {"CG001"}

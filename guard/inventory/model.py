@@ -176,6 +176,7 @@ def build_inventory(
 
 
 NO_MAP: Mapping[str, str] = MappingProxyType({})  # an index not yet proven or parsed (empty: joins no file)
+UNUSABLE: Mapping[str, str] = MappingProxyType({})  # no map to read (CG001 or CG004 said why): nothing to check
 
 
 def _parsed_index(name: str, parsed: object, text: str, findings: list[Finding]) -> ShardIndex:
@@ -183,7 +184,7 @@ def _parsed_index(name: str, parsed: object, text: str, findings: list[Finding])
     if parsed is not None and weight_map is None:  # unparsable JSON: CG001 already; the index still stands
         findings.append(make_finding(
             "CG004", name, "shard index has no valid \"weight_map\" (tensor name -> shard file)"))
-    return ShardIndex(name, weight_map if weight_map is not None else {}, text)
+    return ShardIndex(name, weight_map if weight_map is not None else UNUSABLE, text)
 
 
 def _settle_indexes(files: tuple[FileScan, ...], sets: list[WeightSet], indexes: list[ShardIndex],

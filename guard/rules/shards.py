@@ -17,6 +17,7 @@ from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory, WeightSet, line_in_json
+from guard.inventory.model import UNUSABLE
 
 _SAMPLE = 3
 
@@ -34,14 +35,22 @@ def _check_set(ws: WeightSet, inv: ModelInventory, owner: dict[str, WeightSet]) 
         yield make_finding("CG004", ws.files[0].path,
                            f"{len(ws.files)} shard file(s) of {ws.name} and no index naming them: "
                            "from_pretrained cannot load them")
-    checked = [index for index in ws.indexes if not index.proven and index.weight_map]
+    # proven: equal, byte for byte, to the index these shards make (inventory.index_proof); unusable: its
+    # JSON or its map is not one (CG001 or CG004 already)
+    checked = [index for index in ws.indexes if not index.proven and index.weight_map is not UNUSABLE]
     if not checked:
-        return  # proven: equal, byte for byte, to the index these shards make (inventory.index_proof)
+        return
     if not owner:
         owner.update((posixpath.basename(scan.path), other) for other in inv.sets for scan in other.files)
     by_name = {posixpath.basename(scan.path): scan for scan in ws.files}
     for index in checked:
         weight_map = index.weight_map
+        if not weight_map:  # a map, but empty: from_pretrained would find none of the shards' tensors
+            if ws.files:
+                yield make_finding("CG004", index.path,
+                                   f"the index maps no tensors: none of the {len(ws.files)} shard file(s) of "
+                                   f"{ws.name} would load", line=line_in_json(index.text, "weight_map"))
+            continue
         counts = Counter(weight_map.values())  # tensors per shard, counted in C: a 4,000-shard index walks it once
         shards = sorted(counts)
         by_shard: dict[str, list[str]] = {}  # the map inverted, once, at the first shard that disagrees
