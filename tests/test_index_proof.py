@@ -268,3 +268,52 @@ def test_an_empty_map_beside_shards_is_cg004(tmp_path: Path, capsys: pytest.Capt
     _rewrite(root, lambda d: d[:-3])
     _, report = scanned(root, capsys)
     assert {f["code"] for f in report["findings"] if f["path"].endswith(INDEX)} == {"CG001"}
+
+
+_MLX_SAVE = """
+import sys
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm import utils
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = nn.Linear(16, 16)
+        self.norm = nn.RMSNorm(16)
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = [Block() for _ in range(12)]
+
+# mlx-lm shards at whole gigabytes; four tensors a shard here, written (files and index) by save_model itself
+utils.make_shards = lambda weights: [dict(list(weights.items())[i:i + 4]) for i in range(0, len(weights), 4)]
+model = Tiny()
+model.set_dtype(mx.bfloat16)
+utils.save_model(sys.argv[1], model)
+"""
+
+
+def test_mlx_lm_index_is_proven(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """mlx-lm's own `save_model` (its index sorted, indented by four): proven; a tensor moved in it: parsed, CG004."""
+    import subprocess
+
+    from quant_mlx import MlxUnavailable, mlx_python
+
+    try:
+        python = mlx_python()
+    except MlxUnavailable as exc:
+        pytest.skip(str(exc))
+    root = tmp_path / "mlx"
+    subprocess.run([str(python), "-c", _MLX_SAVE, str(root)], check=True, timeout=300)
+    assert len(list(root.glob("model-*-of-*.safetensors"))) > 3 and b'\n    "weight_map"' in (root / INDEX).read_bytes()
+    (index,) = inventory(root).indexes
+    assert index.proven and dict(index.weight_map) == json.loads((root / INDEX).read_text())["weight_map"]
+    with_proof, without, _ = parsed_as_before(root, capsys, monkeypatch)
+    assert with_proof == without and not [f for f in with_proof[1]["findings"] if f["code"] == "CG004"]
+    _rewrite(root, lambda d: _move(d).replace(b'\n  ', b'\n    '))
+    with_proof, without, proven = parsed_as_before(root, capsys, monkeypatch)
+    assert proven == [False] and with_proof == without
+    assert [f for f in with_proof[1]["findings"] if f["code"] == "CG004"]

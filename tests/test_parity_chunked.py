@@ -79,36 +79,42 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
 
 @pytest.fixture
 def whole_file_decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every msgpack file decoded whole by ckpt-guard's loaders (what chunked reading exists to avoid)."""
-    from guard.convert.read import io_flax
+    """Every msgpack document that ckpt-guard's own code decoded whole (what chunked reading exists to avoid)."""
+    import sys
 
     decoded: list[str] = []
-    restore = io_flax._restore_file
+    restore = serialization.msgpack_restore
 
-    def spy(path: Path) -> Any:
-        decoded.append(str(path))
-        return restore(path)
+    def spy(data: bytes) -> Any:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.split(".")[0] == "guard":
+            decoded.append(f"{caller}: {len(data):,} bytes")
+        return restore(data)
 
-    monkeypatch.setattr(io_flax, "_restore_file", spy)
+    monkeypatch.setattr(serialization, "msgpack_restore", spy)
     return decoded
 
 
 def test_the_big_leaves_are_chunked_and_read_back_bit_exactly(converted: Any, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from guard.convert.read.flax_chunks import read_chunked
+    from guard.readers.flax_msgpack import chunk_ranges
 
     flax_dir = write_chunked(converted("bf16")[1], tmp_path / "flax", monkeypatch)
     raw = (flax_dir / "flax_model.msgpack").read_bytes()
     assert raw.count(MARKER) == len(CHUNKED)
     with LocalFile(flax_dir / "flax_model.msgpack") as source:
         scan = scan_file(source)
+    with LocalFile(flax_dir / "flax_model.msgpack") as source:
+        ranges = chunk_ranges(source)
+    assert set(ranges) == CHUNKED and all(len(r) > 1 for r in ranges.values())
     assert not scan.findings, [f.message for f in scan.findings]
     assert {t.name for t in scan.tensors if t.data_start is None} == CHUNKED  # no single byte range
     assert len(scan.tensors) > len(CHUNKED)  # the attention kernels and norms are plain leaves
     expected = flatten_dict(serialization.msgpack_restore(raw), sep="/")
     for info in (t for t in scan.tensors if t.name in CHUNKED):
         assert np.asarray(expected[info.name]).size % (CHUNK_BYTES // 2)  # a partial last chunk, too
-        array = read_chunked(info)
+        array = read_chunked(info, ranges[info.name])
         assert array.dtype == expected[info.name].dtype and array.shape == expected[info.name].shape
         assert array.tobytes() == np.asarray(expected[info.name]).tobytes(), info.name
 
@@ -171,3 +177,22 @@ def test_convert_reads_chunked_leaves_chunk_by_chunk(converted: Any, tmp_path: P
     assert convert(flax_plain, "--to", "torch", "--out", tmp_path / "from-plain") == 0
     assert (tmp_path / "from-chunked" / "model.safetensors").read_bytes() == \
         (tmp_path / "from-plain" / "model.safetensors").read_bytes()
+
+
+def test_a_leaf_no_longer_chunked_is_one_line_naming_the_file(converted: Any, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader reads the chunk ranges its file's walk gives now; a leaf the scan saw chunked that is not
+    (the file replaced since) is a MalformedCheckpoint naming the file, never a silent decode of it whole."""
+    from guard.convert.read.io_flax import FlaxChunkedLoader
+    from guard.errors import MalformedCheckpoint
+
+    flax_dir = write_chunked(converted("fp32")[1], tmp_path / "flax", monkeypatch)
+    path = flax_dir / "flax_model.msgpack"
+    with LocalFile(path) as source:
+        scan = scan_file(source)
+    chunked = next(t for t in scan.tensors if t.name in CHUNKED)
+    plain = next(t for t in scan.tensors if t.data_start is not None)
+    loader = FlaxChunkedLoader()
+    assert loader.load(chunked).shape == chunked.shape
+    with pytest.raises(MalformedCheckpoint, match=f"{path}: .* is no longer a chunked array"):
+        loader.load(plain._replace(data_start=None, data_end=None))

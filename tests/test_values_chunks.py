@@ -20,7 +20,7 @@ from guard.config import Policy, Target  # noqa: E402
 from guard.inventory import discover_models, load_local_model  # noqa: E402
 from guard.values.check import value_findings  # noqa: E402
 
-N = 600_001  # five chunks of bf16 and fp16, three of fp32, and a length no multiple of 4
+N = 600_001  # five chunks of bf16 and fp16, ten of fp32, and a length no multiple of 4
 
 
 def planted(seed: int) -> dict[str, np.ndarray]:
@@ -34,7 +34,12 @@ def planted(seed: int) -> dict[str, np.ndarray]:
     mixed[N // 2] = np.nan
     mixed[N // 2 + 7] = -np.inf
     mixed[N // 3] = 0.0
-    return {"late": late, "mixed": mixed, "zeros": np.zeros(N)}
+    settled = away.copy()
+    settled[:1000] = 0.0  # zeros first, nothing tiny anywhere: the smallest is a chunk's own minimum
+    settled[N - 9] = 0.003  # the smallest, not tiny, in the last chunk
+    sparse = normal * 3e-4
+    sparse[0::4] = sparse[1::4] = 0.0  # 2:4 sparsity: every group of four flagged by its zeros
+    return {"late": late, "mixed": mixed, "zeros": np.zeros(N), "settled": settled, "sparse": sparse}
 
 
 def expected(x: np.ndarray) -> dict[str, object]:
@@ -66,3 +71,26 @@ def test_figures_do_not_depend_on_the_chunking(dtype: torch.dtype, tmp_path: Pat
         else:
             want = {k: v for k, v in want.items() if k not in ("flush", "inexact_subnormal")}
         assert got == want, name
+
+
+def test_the_batch_is_settled_as_it_fills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny values in every chunk wait in a batch of at most BATCH elements: settled as it fills, not held
+    for the whole tensor (a bound on memory), with the same figures."""
+    from guard.values import stats
+
+    x = planted(3)["mixed"]
+    save_file({"mixed": torch.from_numpy(x).to(torch.bfloat16)}, str(tmp_path / "model.safetensors"))
+    settles: list[int] = []
+    real = stats.TensorScanner._settle
+
+    def counted(self: stats.TensorScanner) -> None:
+        settles.append(self._batched)
+        real(self)
+
+    monkeypatch.setattr(stats.TensorScanner, "BATCH", 4096)
+    monkeypatch.setattr(stats.TensorScanner, "_settle", counted)
+    inv = load_local_model(discover_models([tmp_path])[0])
+    (row,) = value_findings(inv, Policy(targets=(Target("torch", "F16"),))).stats
+    want = expected(torch.from_numpy(x).to(torch.bfloat16).to(torch.float64).numpy())
+    assert row["min_nonzero_abs"] == want["min_nonzero_abs"] and row["casts"]["fp16"]["flush"] == want["flush"]
+    assert len([n for n in settles if n]) > 3  # five chunks, each over the batch: settled along the way

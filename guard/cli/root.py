@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
-from guard import __version__
+from guard import __version__, lazy
 from guard.errors import GuardError
 
 # name -> (module, attribute, short help); the short help is here so `--help` loads no command.
@@ -37,7 +35,7 @@ class LazyGroup(click.Group):
         if cmd_name not in self.lazy:
             return None
         module, attribute, _ = self.lazy[cmd_name]
-        command: click.Command = getattr(importlib.import_module(module), attribute)
+        command: click.Command = lazy.attribute(module, attribute)  # type: ignore[assignment]
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

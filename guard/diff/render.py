@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 
 from guard.diff.change import ChangeReport
+from guard.lazy import attribute
 
 # format -> "module:function"
 VIEWS: dict[str, str] = {
@@ -19,7 +19,7 @@ VIEWS: dict[str, str] = {
 
 def render_change(change: ChangeReport, fmt: str, *, color: bool = False) -> str:
     module, _, function = VIEWS[fmt].partition(":")
-    view = getattr(importlib.import_module(module), function)
+    view = attribute(module, function)
     return str(view(change, color=color) if fmt == "text" else view(change))
 
 

@@ -35,13 +35,12 @@ from operator import itemgetter, lt
 
 from guard.errors import MalformedCheckpoint
 from guard.sources import ByteSource
-from guard.tensors import FileScan
+from guard.tensors import FileScan, TENSOR_FILE, TENSOR_NAME
 
 # the map's opening line and the first entry's indentation (json.dumps(indent=N) puts each on its own line)
 _OPENER = re.compile(rb'\n( *)"weight_map": \{\n( +)"')
 _CHUNK = 8192  # entries written and compared at a time: ~0.7 MB of text
 _HEAD = 1 << 16  # the document before the map (its metadata), and after it: a few lines each
-_NAME, _FILE = itemgetter(0), itemgetter(3)  # TensorInfo.name, .file
 
 
 def prove_index(source: ByteSource, scans: Sequence[FileScan]) -> bool:
@@ -65,8 +64,8 @@ def _proven(source: ByteSource, scans: Sequence[FileScan]) -> bool:
     if any(scan.format is None or not scan.tensors for scan in scans):
         return False  # unreadable (CG001) or empty: the parse and CG004 say what is wrong
     rows = list(chain.from_iterable(scan.tensors for scan in scans))
-    rows.sort(key=_NAME)
-    names = list(map(_NAME, rows))
+    rows.sort(key=TENSOR_NAME)
+    names = list(map(TENSOR_NAME, rows))
     if not all(map(lt, names, islice(names, 1, None))):
         return False  # a name twice (in two shards): the map could hold it only once
     # Entry i is ``indent"name_i": "file_i"``; the text between two names, ``": "file",\n indent"``,
@@ -80,7 +79,7 @@ def _proven(source: ByteSource, scans: Sequence[FileScan]) -> bool:
         chunk_names = names[first:first + _CHUNK]
         if not _plain("".join(chunk_names)):
             return False
-        text = lead + "".join(chain.from_iterable(zip(chunk_names, map(link.__getitem__, map(_FILE, chunk)))))
+        text = lead + "".join(chain.from_iterable(zip(chunk_names, map(link.__getitem__, map(TENSOR_FILE, chunk)))))
         lead = ""
         if first + _CHUNK >= len(rows):  # the last entry closes with its quote alone
             text = text[:len(text) - len(indent) - 3]

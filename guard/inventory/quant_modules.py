@@ -15,7 +15,7 @@ import gc
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import chain, compress, repeat
 from math import prod
-from operator import floordiv, itemgetter, mul, not_
+from operator import floordiv, mul, not_
 
 from guard import dtypes
 from guard.inventory.quant_conventions import (
@@ -29,7 +29,7 @@ from guard.inventory.quant_conventions import (
 )
 from guard.inventory.sets import WeightSet
 from guard.records import record
-from guard.tensors import TensorInfo
+from guard.tensors import TENSOR_DTYPE, TENSOR_NAME, TENSOR_SHAPE, TensorInfo
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the inventory and its Quantization import this module (inside functions): no import back
@@ -120,7 +120,7 @@ class Grouped:
         if self._modules is None:
             made = [kind.built if kind.built is not None else list(map(kind.module, range(len(kind.prefixes))))
                     for kind in self.kinds]
-            self._modules = tuple(sorted(chain.from_iterable(made), key=_NAME))  # QuantModule.prefix
+            self._modules = tuple(sorted(chain.from_iterable(made), key=TENSOR_NAME))  # QuantModule.prefix
         return self._modules
 
 
@@ -177,18 +177,18 @@ def _group(ws: WeightSet, quant: Quantization) -> Grouped:
         if others is not None and len(plan.role_of) < len(aligned):
             others = None  # some tensor a suffix picked has no role: no longer the tensors left out of ``roles``
         for suffix, role in plan.role_of.items():
-            roles.update(zip(map(_NAME, aligned[suffix]), repeat(role)))
+            roles.update(zip(map(TENSOR_NAME, aligned[suffix]), repeat(role)))
         for suffix in plan.floats:
-            component_floats += sum(map(prod, map(_SHAPE, aligned[suffix])))
+            component_floats += sum(map(prod, map(TENSOR_SHAPE, aligned[suffix])))
         layout = plan.layout
         if layout is None:
             for suffix in plan.stray:
-                stray.extend(map(_NAME, aligned[suffix]))
+                stray.extend(map(TENSOR_NAME, aligned[suffix]))
             continue
         kind = Kind(plan, prefixes, aligned, quant)
         if plan.count is not None:  # _logical_count's "payload" arithmetic, its factors worked out once
             stored, bits = plan.count
-            elements = map(prod, map(_SHAPE, aligned[plan.payload]))
+            elements = map(prod, map(TENSOR_SHAPE, aligned[plan.payload]))
             logical += sum(elements) if stored == bits else sum(map(floordiv, map(mul, elements, repeat(stored)),
                                                                     repeat(bits)))
         else:  # counted module by module (scales × group size, a bitmask, bits per module): the records first
@@ -259,12 +259,12 @@ def _by_signature(columns: Mapping[str, dict[str, TensorInfo]]) -> Iterator[tupl
     if all(in_order.values()) or all(column.keys() == first.keys() for column in present.values()):
         aligned = {suffix: list(column.values()) if in_order[suffix] else list(map(column.__getitem__, prefixes))
                    for suffix, column in present.items()}
-        if all(len(set(map(_DTYPE, column))) == 1 for column in aligned.values()):
+        if all(len(set(map(TENSOR_DTYPE, column))) == 1 for column in aligned.values()):
             yield prefixes, aligned
             return
     names = list(dict.fromkeys(chain.from_iterable(present.values())))
     # each prefix's dtype under each suffix (None: not there), one tuple a prefix
-    signatures = list(zip(*(map(dict(zip(column, map(_DTYPE, column.values()))).get, names)
+    signatures = list(zip(*(map(dict(zip(column, map(TENSOR_DTYPE, column.values()))).get, names)
                             for column in present.values())))
     distinct = dict.fromkeys(signatures)
     if len(distinct) <= _FEW:
@@ -281,7 +281,6 @@ def _by_signature(columns: Mapping[str, dict[str, TensorInfo]]) -> Iterator[tupl
 
 _UNROLED = "unroled tensors"  # ws.memo: (roles, the set's tensors not in them)
 _FEW = 16  # signatures told apart by one pass each over all of them; more: one Python pass
-_NAME, _DTYPE, _SHAPE = itemgetter(0), itemgetter(1), itemgetter(2)  # TensorInfo's fields (records are tuples)
 
 
 def _module(plan: _Plan, prefix: str, parts: Mapping[str, TensorInfo], quant: Quantization) -> QuantModule:
@@ -373,7 +372,7 @@ def unroled_tensors(ws: WeightSet, roles: Mapping[str, str]) -> list[TensorInfo]
         left = [t for t in ws.tensors if t.name not in roles]
     else:
         has = roles.__contains__
-        left = list(chain.from_iterable(compress(scan.tensors, map(not_, map(has, map(_NAME, scan.tensors))))
+        left = list(chain.from_iterable(compress(scan.tensors, map(not_, map(has, map(TENSOR_NAME, scan.tensors))))
                                         for scan in ws.files))
     ws.memo[_UNROLED] = (roles, left)
     return left

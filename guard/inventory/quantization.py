@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from itertools import chain, compress, repeat
 from math import prod
-from operator import itemgetter
+
 from types import MappingProxyType
 
 from guard import dtypes
@@ -24,6 +24,7 @@ from guard.inventory.quant_conventions import (
     UNQUANTIZED_KEYS,
 )
 from guard.records import record
+from guard.tensors import TENSOR_DTYPE, TENSOR_NAME, TENSOR_SHAPE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # guard.inventory.model imports this module: no import back
@@ -248,14 +249,12 @@ def _name_candidates(ws: WeightSet, known: Mapping[str, str]) -> Iterator[Tensor
         from guard.inventory.quant_modules import unroled_tensors  # known: the set is quantized
 
         left = unroled_tensors(ws, known)
-        return compress(left, map(str.endswith, map(_NAME, left), repeat(_ENDINGS)))
+        return compress(left, map(str.endswith, map(TENSOR_NAME, left), repeat(_ENDINGS)))
     if ws.layout == "lightning":  # ``tensors`` leaves training state out
         return (t for t in ws.tensors if t.name.endswith(_ENDINGS))
-    return chain.from_iterable(compress(scan.tensors, map(str.endswith, map(_NAME, scan.tensors), repeat(_ENDINGS)))
+    return chain.from_iterable(compress(scan.tensors, map(str.endswith, map(TENSOR_NAME, scan.tensors), repeat(_ENDINGS)))
                                for scan in ws.files)
 
-
-_NAME, _DTYPE, _SHAPE = itemgetter(0), itemgetter(1), itemgetter(2)  # TensorInfo's fields (records are tuples)
 
 
 def _from_tensor_names(ws: WeightSet, *, known: Mapping[str, str] = _EMPTY) -> Quantization | None:
@@ -342,7 +341,7 @@ def logical_by_dtype(inv: ModelInventory, ws: WeightSet) -> dict[str, int]:
 
         rest = unroled_tensors(ws, roles)
         for code in left:
-            left[code] = sum(map(prod, map(_SHAPE, compress(rest, map(code.__eq__, map(_DTYPE, rest)))))) \
+            left[code] = sum(map(prod, map(TENSOR_SHAPE, compress(rest, map(code.__eq__, map(TENSOR_DTYPE, rest)))))) \
                 if rest else 0
     every = quant.declared_by in BY_DTYPES  # GGUF blocks, NNCF: the stored elements are the logical ones
     shares = {code: n for code, n in left.items() if n > 0 and (every or dtypes.is_float(code))}

@@ -13,14 +13,13 @@ import posixpath
 from collections.abc import Iterator, Sequence
 from itertools import compress
 from math import prod
-from operator import itemgetter
 
 from guard import dtypes
 from guard.inventory.conventions import DTYPE_VARIANTS, FORMAT_ORDER, LAYOUT_ORDER, LIGHTNING_STATE_KEYS
 from guard.inventory.names import FileRole, claimed_dtype, classify
 from guard.inventory.stats import DtypeStats, ShardIndex, dtype_summary, grouped_dtype_summary
 from guard.records import record
-from guard.tensors import FileScan, TensorInfo
+from guard.tensors import FileScan, TENSOR_DTYPE, TENSOR_SHAPE, TENSOR_STORAGE, TensorInfo
 
 # What a reader's file format means for the set's format family (names that say nothing).
 _READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "torchscript": "torch", "torch-export": "torch",
@@ -106,7 +105,7 @@ class WeightSet:
             shared = False
             lightning = self.layout == "lightning"
             for scan in self.files:
-                column = list(map(_DTYPE, scan.tensors)) if not lightning else []  # each tensor's dtype, once
+                column = list(map(TENSOR_DTYPE, scan.tensors)) if not lightning else []  # each tensor's dtype, once
                 codes = set(column)
                 if len(codes) == 1:  # one dtype in the file (a shard of most models): the sums run in C
                     code = codes.pop()
@@ -114,9 +113,9 @@ class WeightSet:
                         groups[code] = []
                         totals[code] = 0
                     groups[code].extend(scan.tensors)
-                    totals[code] += sum(map(prod, map(_SHAPE, scan.tensors)))
+                    totals[code] += sum(map(prod, map(TENSOR_SHAPE, scan.tensors)))
                     shared = shared or (scan.format not in _UNSHARED
-                                        and any(storage is not None for storage in set(map(_STORAGE, scan.tensors))))
+                                        and any(storage is not None for storage in set(map(TENSOR_STORAGE, scan.tensors))))
                     continue
                 if 1 < len(codes) <= 4:  # a few dtypes (a quantized shard: I32 and F16): one C pass a dtype
                     for code in dict.fromkeys(column):  # in order of first appearance
@@ -125,8 +124,8 @@ class WeightSet:
                             groups[code] = []
                             totals[code] = 0
                         groups[code].extend(picked)
-                        totals[code] += sum(map(prod, map(_SHAPE, picked)))
-                    shared = shared or any(storage is not None for storage in set(map(_STORAGE, scan.tensors)))
+                        totals[code] += sum(map(prod, map(TENSOR_SHAPE, picked)))
+                    shared = shared or any(storage is not None for storage in set(map(TENSOR_STORAGE, scan.tensors)))
                     continue
                 for tensor in scan.tensors:
                     if lightning and tensor.name.split(".", 1)[0] in LIGHTNING_STATE_KEYS:
@@ -155,7 +154,6 @@ class WeightSet:
         return sorted(self.by_dtype().keys() & dtypes.QUANTIZED_CODES)
 
 
-_DTYPE, _SHAPE, _STORAGE = itemgetter(1), itemgetter(2), itemgetter(7)  # TensorInfo's fields, for map() in C
 _UNSHARED = frozenset({"safetensors", "gguf"})  # formats with no shared storage: their readers never set one
 
 

@@ -39,7 +39,6 @@ class CheckpointWeights:
             raise NotStreamable("the weight files have findings of their own")
         self.separator = separator
         self.tensors = {t.name: t for t in source.tensors}
-        self.msgpack = source.format == "flax-msgpack"  # there, a leaf without a byte range is a chunked array
 
     def naming(self, model_names: set[str], prefix: str) -> dict[str, str | None]:
         """Model name -> stored name (None when absent), with transformers' prefix rule."""
@@ -50,14 +49,11 @@ class CheckpointWeights:
 
     def load(self, stored: str) -> Any:
         """The stored tensor as numpy, in its stored dtype (ml_dtypes for bf16).  A chunked Flax leaf is
-        read chunk by chunk (``guard.convert.read.flax_chunks``), never by decoding its whole file."""
+        read chunk by chunk by its loader (``guard.convert.read.flax_chunks``), never by decoding its whole file."""
         from guard.errors import GuardError
-        from guard.convert.read.flax_chunks import read_chunked
 
         tensor = self.tensors[stored]
         try:
-            if self.msgpack and tensor.info.data_start is None:
-                return read_chunked(tensor.info)
             return tensor.load()
         except (GuardError, OSError, ValueError) as exc:
             raise NotStreamable(f"{stored}: {exc}") from None

@@ -15,11 +15,11 @@ scan's path (an optional parser is imported by its reader, when its format is se
 from __future__ import annotations
 
 import struct
-import sys
 from collections.abc import Callable
 
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
+from guard.lazy import attribute
 from guard.readers.lfs import is_lfs_pointer
 from guard.sources import ByteSource
 from guard.tensors import FileScan
@@ -53,8 +53,7 @@ READERS: dict[str, str] = {
 
 def reader_for(fmt: str) -> Reader:
     module, _, function = READERS[fmt].partition(":")
-    __import__(module)  # importlib.import_module without importing importlib (the hook's path)
-    reader: Reader = getattr(sys.modules[module], function)
+    reader: Reader = attribute(module, function)  # type: ignore[assignment]
     return reader
 
 

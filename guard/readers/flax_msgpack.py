@@ -159,8 +159,19 @@ class _Frame:
     peeked: str | None = None  # a map's first key, read to spot a chunked array
 
 
-def walk_flax_msgpack(cur: _Cursor) -> list[TensorInfo]:
-    """All tensors of the tree, by an explicit stack capped at MAX_DEPTH (no recursion)."""
+def chunk_ranges(source: ByteSource) -> dict[str, list[tuple[int, int]]]:
+    """Each chunked leaf's chunks as absolute (start, end) byte ranges, in order, by name: what a reader
+    of its values needs (such a leaf has no single range).  One walk of the file with every check the
+    scan makes (keys in order, one dtype, sizes adding up to the shape)."""
+    chunks: dict[str, list[tuple[int, int]]] = {}
+    walk_flax_msgpack(_Cursor(source), chunks=chunks)
+    return chunks
+
+
+def walk_flax_msgpack(cur: _Cursor, *, chunks: dict[str, list[tuple[int, int]]] | None = None
+                      ) -> list[TensorInfo]:
+    """All tensors of the tree, by an explicit stack capped at MAX_DEPTH (no recursion).  ``chunks``: filled
+    with each chunked leaf's byte ranges (``chunk_ranges``)."""
     head = _read_head(cur)
     if head.kind != "map":
         raise MalformedCheckpoint(f"top level is a msgpack {head.kind}, not a map")
@@ -196,7 +207,7 @@ def walk_flax_msgpack(cur: _Cursor) -> list[TensorInfo]:
             if child.is_map:
                 _peek_first_key(cur, child)
             if child.peeked == CHUNKED_MARKER:
-                tensor = _read_chunked(cur, head.value, "/".join(path), source=cur.source.name)
+                tensor = _read_chunked(cur, head.value, "/".join(path), source=cur.source.name, ranges=chunks)
             else:
                 stack.append(child)
                 continue
@@ -306,7 +317,8 @@ def _check_nbytes(name: str, code: str, shape: tuple[int, ...], nbytes: int) -> 
         raise MalformedCheckpoint(f"tensor {name!r}: {code}{list(shape)} does not match its {nbytes:,} bytes")
 
 
-def _read_chunked(cur: _Cursor, count: int, name: str, *, source: str) -> TensorInfo:
+def _read_chunked(cur: _Cursor, count: int, name: str, *, source: str,
+                  ranges: dict[str, list[tuple[int, int]]] | None = None) -> TensorInfo:
     """``{marker: true, "shape": {"0": d0, ...}, "chunks": {"0": ext, ...}}`` as one tensor."""
     if count != 3 or _read_head(cur) != ("bool", 1, 0):
         raise MalformedCheckpoint(f"tensor {name!r}: chunked array is not {{marker: true, shape, chunks}}")
@@ -336,6 +348,8 @@ def _read_chunked(cur: _Cursor, count: int, name: str, *, source: str) -> Tensor
         raise MalformedCheckpoint(f"tensor {name!r}: chunks must be 1-D arrays of one dtype")
     if sum(c.numel for c in chunks) != prod(shape):
         raise MalformedCheckpoint(f"tensor {name!r}: chunks do not add up to shape {shape}")
+    if ranges is not None:
+        ranges[name] = [(c.data_start, c.data_end) for c in chunks]  # type: ignore[misc]
     return TensorInfo(name, chunks[0].dtype, tuple(shape), source)
 
 

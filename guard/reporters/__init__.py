@@ -8,10 +8,9 @@ loads the SARIF or markdown code.
 
 from __future__ import annotations
 
-import sys
-
 from collections.abc import Callable
 
+from guard.lazy import attribute
 from guard.report import Report
 
 Renderer = Callable[..., str]
@@ -28,8 +27,7 @@ REPORTERS: dict[str, str] = {
 
 def renderer(fmt: str) -> Renderer:
     module, _, function = REPORTERS[fmt].partition(":")
-    __import__(module)  # importlib.import_module without importing importlib (the hook's path)
-    found: Renderer = getattr(sys.modules[module], function)
+    found: Renderer = attribute(module, function)  # type: ignore[assignment]
     return found
 
 

@@ -11,12 +11,12 @@ the primary set, CG109 within a model and across a pipeline's components.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
 
 from guard.config import Policy
 from guard.findings import Finding
 from guard.inventory import ModelInventory
+from guard.lazy import attribute
 from guard.rules.copies import check_copies_agree
 from guard.rules.config_dtype import check_config_dtype
 from guard.rules.dtype_policy import check_float64, check_mixed_float_dtypes, check_unexpected_dtype
@@ -40,8 +40,7 @@ def _when(applies: Callable[[ModelInventory], bool], module: str, name: str) -> 
     def check(inventory: ModelInventory, policy: Policy) -> Iterable[Finding]:
         if not applies(inventory):
             return ()
-        __import__(module)
-        found: Check = getattr(sys.modules[module], name)
+        found: Check = attribute(module, name)  # type: ignore[assignment]
         return found(inventory, policy)
 
     check.__name__ = check.__qualname__ = name

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from itertools import compress
 from math import prod
-from operator import attrgetter, not_
+from operator import not_
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -23,7 +23,7 @@ from guard.inventory import ModelInventory, WeightSet
 from guard.inventory.quantization import component_roles
 from guard.rules.dtype_fixes import relative  # noqa: F401  (guard.rules.variants imports it from here)
 from guard.rules.dtype_fixes import quantized_no_fix, set_cast_params, set_writes
-from guard.tensors import TensorInfo
+from guard.tensors import TENSOR_FILE, TENSOR_NAME, TENSOR_SHAPE, TensorInfo
 
 
 def judged_sets(inv: ModelInventory) -> Iterator[WeightSet]:
@@ -45,7 +45,6 @@ def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) ->
     return cached  # type: ignore[return-value]
 
 
-_NAME, _FILE, _SHAPE = attrgetter("name"), attrgetter("file"), attrgetter("shape")
 
 
 def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tuple[TensorInfo, ...]]:
@@ -61,12 +60,12 @@ def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tu
     for code, group in ws.by_dtype().items():
         if not dtypes.is_float(code) or code in dtypes.QUANTIZED_CODES:
             continue
-        if roles:
-            group = tuple(t for t in group if t.name not in roles)
+        if roles:  # in C: a quantized set holds 80,000 tensors
+            group = tuple(compress(group, map(not_, map(roles.__contains__, map(TENSOR_NAME, group)))))
         if code == "F32" and gguf_files:
             group = tuple(t for t in group if not ((t.file in gguf_files and len(t.shape) <= 1) or keeps_fp32(t.name)))
         elif code == "F32":  # the common case: keep-fp32 alone decides, each name tested in C
-            group = tuple(compress(group, map(not_, match_flags(policy.keep_fp32, list(map(_NAME, group))))))
+            group = tuple(compress(group, map(not_, match_flags(policy.keep_fp32, list(map(TENSOR_NAME, group))))))
         if group:
             policed[code] = group
     whole = ws.by_dtype()
@@ -86,7 +85,7 @@ def policed_parameters(inv: ModelInventory, ws: WeightSet, policy: Policy) -> di
     if cached is None:
         whole, totals = ws.by_dtype(), ws.parameters_by_dtype()
         cached = ws.memo[key] = {
-            code: totals[code] if len(group) == len(whole[code]) else sum(prod(t.shape) for t in group)
+            code: totals[code] if len(group) == len(whole[code]) else sum(map(prod, map(TENSOR_SHAPE, group)))
             for code, group in policed_float_tensors(inv, ws, policy).items()}
     return cached  # type: ignore[return-value]
 
@@ -135,11 +134,11 @@ def check_unexpected_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Find
         fix = quantized_no_fix(inv, ws, "CG101") or _cast_fix(inv, ws, policy, to=to)
         # One finding per dtype for the whole set, on its first file holding it: one per shard, each
         # carrying the set's fix (every shard's name), made a sharded set's report quadratic in its shards.
-        files = {code: sorted(set(map(_FILE, tensors))) for code, tensors in groups.items()}
+        files = {code: sorted(set(map(TENSOR_FILE, tensors))) for code, tensors in groups.items()}
         for code in sorted(groups, key=lambda c: (files[c][0], c)):
             tensors, first = groups[code], files[code][0]
             example = next(t for t in tensors if t.file == first)
-            params = sum(map(prod, map(_SHAPE, tensors)))  # in C: a sharded set holds 200,000 tensors
+            params = policed_parameters(inv, ws, policy)[code]  # the fix summed them: once per set
             yield make_finding(
                 "CG101", first,
                 f"{len(tensors)} floating tensor(s) ({params:,} parameters){spread(files[code], ws)} are "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import compress
-from operator import attrgetter
 
 from guard.catalogue import make_finding
 from guard.config import NORM_PATTERNS, Policy, match_flags
@@ -12,9 +11,9 @@ from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory
 from guard.rules.dtype_policy import judged_sets, spread
+from guard.tensors import TENSOR_DTYPE, TENSOR_FILE, TENSOR_NAME
 
 _HALVES = ("BF16", "F16")
-_FILE, _NAME, _DTYPE = attrgetter("file"), attrgetter("name"), attrgetter("dtype")
 
 
 def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
@@ -28,14 +27,14 @@ def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[F
         # the half-precision tensors in file order: the first norm is the example; with one half dtype
         # (the common case) its group is already in file order and holds nothing else
         tensors = groups[held[0]] if len(held) == 1 else [t for t in ws.tensors if t.dtype in _HALVES]
-        norms = list(compress(tensors, match_flags(NORM_PATTERNS, list(map(_NAME, tensors)))))
+        norms = list(compress(tensors, match_flags(NORM_PATTERNS, list(map(TENSOR_NAME, tensors)))))
         if not norms:
             continue
         # One finding for the set, on the first file holding a norm: one per shard made a sharded
         # model's report as long as its shard list, saying the same thing 4,000 times.
-        files = sorted(set(map(_FILE, norms)))
+        files = sorted(set(map(TENSOR_FILE, norms)))
         example = next(t for t in norms if t.file == files[0])
-        kinds = "/".join(sorted({dn(code) for code in set(map(_DTYPE, norms))}))
+        kinds = "/".join(sorted({dn(code) for code in set(map(TENSOR_DTYPE, norms))}))
         yield make_finding(
             "CG104", files[0],
             f"{len(norms)} normalization parameter(s){spread(files, ws)} stored in {kinds}; "

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from itertools import chain, compress, repeat
-from operator import itemgetter
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -21,7 +20,7 @@ from guard.config import Policy
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory, WeightSet
 from guard.inventory.quantization import Quantization
-from guard.tensors import TensorInfo
+from guard.tensors import TENSOR_NAME, TensorInfo
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,7 +37,6 @@ _NO_NAMED_LAYOUT = frozenset({"torchao"})
 _NOT_NAMED_BY_LAYOUT = frozenset({"tensor dtypes", "file metadata", "report"})
 # Methods that share a fingerprint: GPTQ and AWQ both write qweight/qzeros/scales.
 _SAME_FAMILY = {"awq": "gptq"}
-_NAME = itemgetter(0)  # TensorInfo.name (records are tuples)
 
 
 def _each_set(inv: ModelInventory, check: SetCheck) -> Iterator[Finding]:
@@ -263,7 +261,7 @@ def _by_name(ws: WeightSet) -> dict[str, TensorInfo]:
         else:  # built in C, file by file: the same map, the later of two equal names kept
             found = {}
             for scan in ws.files:
-                found.update(zip(map(_NAME, scan.tensors), scan.tensors))
+                found.update(zip(map(TENSOR_NAME, scan.tensors), scan.tensors))
         ws.memo["tensors by name"] = found
     return found  # type: ignore[return-value]
 

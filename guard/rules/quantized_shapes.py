@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from itertools import compress
-from operator import itemgetter
 
 from guard.inventory.quant_modules import Kind, QuantModule
-from guard.tensors import TensorInfo
+from guard.tensors import TENSOR_SHAPE, TensorInfo
 
 Check = Callable[[QuantModule, TensorInfo, Mapping[str, TensorInfo]], "str | None"]
-_SHAPE = itemgetter(2)  # TensorInfo.shape (records are tuples)
 
 
 def kind_shape_problems(kind: Kind) -> Iterator[tuple[str, str, str]]:
@@ -34,7 +32,7 @@ def kind_shape_problems(kind: Kind) -> Iterator[tuple[str, str, str]]:
             if problem is not None:
                 yield module.prefix, module.payload, problem
         return
-    columns = [map(_SHAPE, column) for column in kind.columns.values()]  # every module of a kind has these parts
+    columns = [map(TENSOR_SHAPE, column) for column in kind.columns.values()]  # every module of a kind has these parts
     keys = list(zip(*columns)) if len(columns) > 1 else list(columns[0])
     first = dict(zip(reversed(keys), range(count - 1, -1, -1)))  # each distinct key -> its first module, in C
     bad: dict[object, str] = {}

@@ -11,13 +11,13 @@ from __future__ import annotations
 import posixpath
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from operator import itemgetter
 
 from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory, WeightSet, line_in_json
 from guard.inventory.model import UNUSABLE
+from guard.tensors import TENSOR_NAME
 
 _SAMPLE = 3
 
@@ -70,7 +70,7 @@ def _check_set(ws: WeightSet, inv: ModelInventory, owner: dict[str, WeightSet]) 
             scan = by_name.get(shard)
             if scan is None or scan.format is None:
                 continue  # missing (above) or unreadable (CG001 already)
-            names = list(map(_NAME, scan.tensors))
+            names = list(map(TENSOR_NAME, scan.tensors))
             # the common case, decided without inverting the map: every name in the shard is unique and
             # mapped to it, and the index maps no more names to it than that (so the two sets are equal);
             # a safetensors header's names are unique already (its reader refuses a duplicate key)
@@ -97,8 +97,6 @@ def _check_set(ws: WeightSet, inv: ModelInventory, owner: dict[str, WeightSet]) 
                 yield make_finding("CG004", scan.path,
                                    f"shard file is not referenced by {posixpath.basename(index.path)}")
 
-
-_NAME = itemgetter(0)  # TensorInfo.name: records are tuples, and map() with it stays in C
 
 
 def _inverted(weight_map: Mapping[str, str], by_shard: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -50,7 +50,7 @@ _EXPORT_FILE_FORMATS = frozenset({"onnx", "openvino", "tflite", "coreml", "tf-bu
 
 # Integer buffers Flax models do not carry (transformers rebuilds them), so their
 # width never reaches JAX: position/token-type id tables, batch-norm counters.
-_FLAX_DROPPED_BUFFERS = ("*_ids", "*num_batches_tracked")
+_FLAX_DROPPED_BUFFERS = ("_ids", "num_batches_tracked")  # name endings (the globs *_ids, *num_batches_tracked)
 
 
 def format_target_findings(scan: FileScan) -> list[Finding]:
@@ -113,6 +113,4 @@ def _check_set(by_dtype: Mapping[str, Sequence[TensorInfo]], policy: Policy) -> 
 
 
 def _dropped_buffer(name: str) -> bool:
-    from fnmatch import fnmatchcase  # only for a Flax target's int64 buffers: not on a plain scan's import path
-
-    return any(fnmatchcase(name, pattern) for pattern in _FLAX_DROPPED_BUFFERS)
+    return name.endswith(_FLAX_DROPPED_BUFFERS)

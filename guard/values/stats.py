@@ -43,6 +43,13 @@ _ML_NAMES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_
              "F8_E8M0": "float8_e8m0fnu"}
 
 
+def every_pattern(source: str) -> Any:
+    """Every bit pattern of a source of at most 16 bits, as that dtype (NaNs and infinities included)."""
+    src = numpy_dtype(source)
+    return np.arange(2 ** (8 * src.itemsize), dtype=np.uint32).astype(
+        np.uint16 if src.itemsize == 2 else np.uint8).view(src)
+
+
 @lru_cache(maxsize=None)
 def cast_is_exact(source: str, target: str) -> bool:
     """True when every finite value of ``source`` survives a cast to ``target`` unchanged."""
@@ -51,8 +58,7 @@ def cast_is_exact(source: str, target: str) -> bool:
     src = numpy_dtype(source)
     if src.itemsize <= 2:  # enumerate every bit pattern
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            values = np.arange(2 ** (8 * src.itemsize), dtype=np.uint64).astype(
-                np.uint16 if src.itemsize == 2 else np.uint8).view(src).astype(np.float64)
+            values = every_pattern(source).astype(np.float64)
             values = values[np.isfinite(values)]
             back = values.astype(numpy_dtype(target)).astype(np.float64)
         return bool(np.array_equal(values, back))
@@ -69,8 +75,7 @@ def rounds_in_range(source: str, target: str) -> bool:
     if src.itemsize > 2:
         return True
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        values = np.arange(2 ** (8 * src.itemsize), dtype=np.uint64).astype(
-            np.uint16 if src.itemsize == 2 else np.uint8).view(src).astype(np.float64)
+        values = every_pattern(source).astype(np.float64)
         info = ml_dtypes.finfo(dst)
         values = values[(np.abs(values) >= float(info.smallest_normal)) & (np.abs(values) <= float(info.max))]
         return not np.array_equal(values, values.astype(dst).astype(np.float64))
@@ -123,9 +128,8 @@ def underflow_table(source: str, target: str) -> Any:
     casts' temporaries and calls).
     """
     uint, mask, _inf = IEEE_BITS[source]
-    bits = np.arange(1 << 16, dtype=np.uint32).astype(uint)
-    mag = bits & uint(mask)
-    values = bits.view(numpy_dtype(source))
+    values = every_pattern(source)
+    mag = values.view(uint) & uint(mask)
     with np.errstate(all="ignore"):  # NaN patterns compare unequal, and are not tiny
         back = values.astype(numpy_dtype(target)).astype(values.dtype)
         changed = back != values
@@ -196,15 +200,16 @@ class Scratch:
     cost more in page faults than the arithmetic on them."""
 
     def __init__(self) -> None:
-        self._arrays: dict[Any, tuple[Any, Any, Any]] = {}
+        self._arrays: dict[Any, tuple[Any, Any, Any, Any]] = {}
 
-    def arrays(self, uint: Any, size: int) -> tuple[Any, Any, Any]:
-        """Magnitudes, flags, and one flag per group of four elements."""
+    def arrays(self, uint: Any, size: int) -> tuple[Any, Any, Any, Any]:
+        """Magnitudes, flags, one flag per group of four elements, and magnitudes less one."""
         held = self._arrays.get(uint)
         if held is None or held[0].size < size:
-            held = (np.empty(size, uint), np.empty(size, np.bool_), np.empty(size // 4 + 1, np.bool_))
+            held = (np.empty(size, uint), np.empty(size, np.bool_), np.empty(size // 4 + 1, np.bool_),
+                    np.empty(size, uint))
             self._arrays[uint] = held
-        return held[0][:size], held[1][:size], held[2]
+        return held[0][:size], held[1][:size], held[2], held[3]
 
 
 def flagged_groups(bits: Any, flags: Any, groups: Any) -> Any:
@@ -273,7 +278,7 @@ class TensorScanner:
             return
         st = self.stats
         st.numel += bits.size
-        mag, flags, groups = scratch.arrays(self.uint, bits.size)
+        mag, flags, groups, less_one = scratch.arrays(self.uint, bits.size)
         np.bitwise_and(bits, self._mask, out=mag)
         top = int(mag.max())
         if top >= self.inf_bits:  # NaN or Inf present: count them, go on with the finite rest
@@ -289,6 +294,10 @@ class TensorScanner:
         if top > st.max_bits:  # the reported sign is the first largest value's (argmax)
             st.max_bits, st.worst_bits = top, int(bits[int(mag.argmax())])
         near = flagged_groups(bits, np.less(mag, self._small, out=flags), groups)
+        lowered = None  # |x| - 1, where needed: zero wraps to the largest uint, so zeros fall out of a "<"
+        if near.size > bits.size >> 3:  # mostly zeros flagged (a pruned, 2:4-sparse tensor): the tiny ones alone
+            lowered = np.subtract(mag, self._one, out=less_one[:mag.size])
+            near = flagged_groups(bits, np.less(lowered, self._small - self._one, out=flags), groups)
         if near.size:
             self._batch.append(near)
             self._batched += near.size
@@ -299,7 +308,9 @@ class TensorScanner:
             if not 0 < st.min_bits < self.tiny_below:
                 low = int(mag.min())
                 if not low:  # |x| - 1 wraps 0 to the largest uint, so zeros never win the min
-                    low = (int(np.subtract(mag, self._one).min()) + 1) & self._top
+                    if lowered is None:
+                        lowered = np.subtract(mag, self._one, out=less_one[:mag.size])
+                    low = (int(lowered.min()) + 1) & self._top
                 if low and (st.min_bits < 0 or low < st.min_bits):
                     st.min_bits = low
         elif self._batched >= self.BATCH:

@@ -10,7 +10,7 @@ is ever packed into a msgpack buffer.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from guard.convert.read.io_torch import OneFileCache
 from guard.errors import MalformedCheckpoint
@@ -20,35 +20,28 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-def _restore_file(path: Path) -> Any:
-    from flax.serialization import msgpack_restore
+def _chunk_ranges(path: Path) -> dict[str, list[tuple[int, int]]]:
+    from guard.readers.flax_msgpack import chunk_ranges
+    from guard.sources import LocalFile
 
-    try:
-        return msgpack_restore(path.read_bytes())
-    except Exception as exc:  # msgpack raises a zoo of types on hostile bytes; all mean "unreadable"
-        raise MalformedCheckpoint(f"cannot decode msgpack: {exc}") from None
+    with LocalFile(path) as source:
+        return chunk_ranges(source)
 
 
 class FlaxChunkedLoader:
     """For chunked leaves, which have no single byte range: each read chunk by chunk into one array
-    (``guard.convert.read.flax_chunks``: memory is the array).  A leaf whose chunks are not where its
-    header says is decoded with its whole file instead (one shard held), for flax's own verdict."""
+    (``guard.convert.read.flax_chunks``: memory is the array), from the byte ranges the scanner's walk of
+    its file gives (one walk per file, kept while its leaves are read)."""
 
     def __init__(self) -> None:
-        self._cache = OneFileCache(_restore_file)
+        self._ranges = OneFileCache(_chunk_ranges)
 
     def load(self, info: TensorInfo) -> np.ndarray:
-        import numpy as np
+        from guard.convert.read.flax_chunks import read_chunked
 
-        from guard.convert.read.flax_chunks import NoChunks, read_chunked
-
-        try:
-            return read_chunked(info)
-        except NoChunks:
-            pass
-        node = self._cache.get(Path(info.file))
-        for part in info.name.split("/"):
-            node = node[part]
-        return np.array(node, copy=True)
+        ranges = self._ranges.get(Path(info.file)).get(info.name)
+        if ranges is None:  # the scan saw a chunked leaf there: the file changed since
+            raise MalformedCheckpoint(f"{info.file}: {info.name} is no longer a chunked array")
+        return read_chunked(info, ranges)
 
 

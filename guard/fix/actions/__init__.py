@@ -8,10 +8,9 @@ a config rewrite loads no numpy, a weight fix loads no transformers.
 
 from __future__ import annotations
 
-import importlib
-
 from guard.fix.context import ActionContext, Staged
 from guard.fixes import Fix
+from guard.lazy import attribute
 
 ACTIONS: dict[str, tuple[str, str]] = {
     "config-dtype": ("guard.fix.actions.config_dtype", "stage_config_dtype"),
@@ -27,5 +26,5 @@ ACTIONS: dict[str, tuple[str, str]] = {
 
 def stage(fix: Fix, ctx: ActionContext) -> Staged:
     module, function = ACTIONS[fix.action]
-    staged: Staged = getattr(importlib.import_module(module), function)(fix, ctx)
+    staged: Staged = attribute(module, function)(fix, ctx)  # type: ignore[operator]
     return staged
