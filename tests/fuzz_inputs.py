@@ -440,7 +440,12 @@ def _safetensors_samples() -> list[bytes]:
     out = []
     for i, state in enumerate(_torch_state()):
         flat = {k: v.contiguous().clone() for k, v in flatten(state, ".", lambda v: hasattr(v, "dtype"))}
-        out.append(save(flat, metadata={"format": "pt", "n": str(i)}))
+        # The library writes its metadata map in hash order (a Rust HashMap): the draw in which it
+        # comes out sorted is kept, so a seeded mutation sample is the same on every run.
+        data = save(flat, metadata={"format": "pt", "n": str(i)})
+        while b'{"__metadata__":{"format"' not in data[:64]:
+            data = save(flat, metadata={"format": "pt", "n": str(i)})
+        out.append(data)
     return out
 
 
@@ -462,8 +467,45 @@ def _torch_legacy_samples() -> list[bytes]:
     for state in _torch_state()[:3]:  # the legacy writer predates fp8 and uint16 storages
         buf = io.BytesIO()
         torch.save(state, buf, _use_new_zipfile_serialization=False)
-        out.append(buf.getvalue())
+        out.append(_numbered_storages(buf.getvalue(), state))
     return out
+
+
+def _numbered_storages(data: bytes, state: dict[str, Any]) -> bytes:
+    """The legacy file with its storages keyed 0, 1, ... in the order the pickle meets them.
+
+    The writer keys each storage by its address (``str(storage._cdata)``) and writes the data
+    in the keys' sorted order, so the bytes change from run to run.  Renumbered with keys of
+    the same length, the key list written again as the writer writes it (a protocol-2 pickle)
+    and the storages' bytes put in that order, every run draws the same seeded mutation sample.
+    """
+    import pickle
+    import pickletools
+
+    seen: dict[str, int] = {}  # address -> element size, first meeting first
+    for _name, tensor in flatten(state, ".", lambda v: hasattr(v, "untyped_storage")):
+        seen.setdefault(str(tensor.untyped_storage()._cdata), tensor.element_size())
+    width = len(next(iter(seen)))
+    if any(len(key) != width for key in seen):  # addresses of one width keep every offset
+        return data
+    new_key = {key: str(rank).zfill(width) for rank, key in enumerate(seen)}
+    stream = io.BytesIO(data)
+    for _ in range(4):  # magic number, protocol, sys_info, the object
+        for _op in pickletools.genops(stream):
+            pass
+    keys_at = stream.tell()
+    for _op in pickletools.genops(stream):
+        pass
+    old_keys = pickle.loads(data[keys_at:stream.tell()])  # our own writer's list of strings
+    chunks, at = {}, stream.tell()
+    for key in old_keys:
+        size = 8 + int.from_bytes(data[at:at + 8], "little") * seen[key]
+        chunks[new_key[key]], at = data[at:at + size], at + size
+    head = data[:keys_at]
+    for old, new in new_key.items():
+        head = head.replace(old.encode(), new.encode())
+    keys = sorted(chunks)
+    return head + pickle.dumps(keys, protocol=2) + b"".join(chunks[key] for key in keys) + data[at:]
 
 
 def _flax_samples() -> list[bytes]:

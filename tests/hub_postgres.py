@@ -1,6 +1,6 @@
 """A real PostgreSQL server for the queue tests, started by the test session itself.
 
-Debian's ``postgresql`` package (``.ci/run`` installs it) provides ``initdb``
+Debian's ``postgresql`` package (``make test`` installs it) provides ``initdb``
 and ``pg_ctl`` under ``/usr/lib/postgresql/<version>/bin``.  The server runs
 from a fresh directory, listens on a unix socket only, trusts local
 connections and skips fsync (a test server).  PostgreSQL refuses to run as
@@ -30,7 +30,7 @@ _numbers = itertools.count()
 def missing(what: str) -> None:
     if os.environ.get("CKPT_GUARD_PARTIAL_ENV") == "1":
         pytest.skip(what)
-    pytest.fail(f"{what}; install Debian's `postgresql` package (`apt-get install -y postgresql`, as .ci/run "
+    pytest.fail(f"{what}; install Debian's `postgresql` package (`apt-get install -y postgresql`, as `make test` "
                 "does) or set CKPT_GUARD_PARTIAL_ENV=1 to skip the PostgreSQL tests", pytrace=False)
 
 

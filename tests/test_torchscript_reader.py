@@ -202,3 +202,47 @@ def test_huge_counts_and_deep_nesting_are_cg001() -> None:
     deep = b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."
     assert_refused(_rezip(data, {"data.pkl": deep}), "model.pt", "deep")
     assert_refused(_rezip(data, {"constants.pkl": deep}), "model.pt", "deep")
+
+
+def _data_pkl(data: bytes) -> bytes:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl")))
+
+
+@pytest.mark.parametrize("case", ["protocol-4", "class-name-space", "class-name-nul"])
+def test_records_torch_jit_load_refuses_are_refused(case: str) -> None:
+    """Three verdicts held to torch.jit.load's own unpickler (docs/reliability.md, TorchScript)."""
+    data = save_bytes(build("script"))
+    pkl = _data_pkl(data)
+    if case == "protocol-4":
+        assert pkl[:2] == b"\x80\x02"
+        pkl = b"\x80\x04" + pkl[2:]
+    else:
+        bad = b" " if case == "class-name-space" else b"\x00"
+        assert b"__torch__.torchscript_samples\nNet\n" in pkl
+        pkl = pkl.replace(b"__torch__.torchscript_samples\nNet\n", b"__torch__.torchscript_samples\nN" + bad + b"t\n", 1)
+    mutant = _rezip(data, {"data.pkl": pkl})
+    theirs = listing(mutant)
+    assert isinstance(theirs, str), theirs  # the reference refuses it
+    if case == "protocol-4":
+        assert "Only Pickle protocol 2" in theirs
+    result = bounded_scan(mutant, "model.pt")
+    assert_well_behaved(result, mutant)
+    assert "CG001" in {f.code for f in result.scan.findings}, result.scan.findings
+    assert ("protocol 4" if case == "protocol-4" else "class name") in result.reason
+
+
+def test_zip64_end_record_running_into_its_locator_is_read_as_torch_reads_it() -> None:
+    """miniz reads the zip64 end record where the locator points, even over the locator itself."""
+    data = bytearray(save_bytes(build("script")))
+    loc = data.rfind(b"PK\x06\x07")
+    record = struct.unpack_from("<Q", data, loc + 8)[0]
+    assert data[record:record + 4] == b"PK\x06\x06" and record + 56 == loc
+    moved = record + 12  # the record now overlaps the locator; its counts become garbage
+    struct.pack_into("<Q", data, loc + 8, moved)
+    data[moved:moved + 4] = b"PK\x06\x06"
+    mutant = bytes(data)
+    assert isinstance(listing(mutant), str)  # torch.jit.load refuses it
+    result = bounded_scan(mutant, "model.pt")
+    assert_well_behaved(result, mutant)
+    assert "CG001" in {f.code for f in result.scan.findings}, result.scan.findings

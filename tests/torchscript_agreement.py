@@ -30,7 +30,9 @@ KNOWN: dict[str, tuple[bool, str]] = {
                                 r"|Unknown builtin op|Unknown pickler class id|INTERNAL ASSERT FAILED"
                                 r"|Unknown IValue list kind|UnicodeDecodeError|expected .* but found|<--- HERE"
                                 r"|Unknown type name|Unexpected token|Parsing error|Unpickler found unknown"
-                                r"|failed retrieving file meta-data for code/|not in the map"),
+                                r"|failed retrieving file meta-data for code/|not in the map"
+                                r"|strings must be qualified Python identifiers|Only Pickle protocol 2 is supported"
+                                r"|File \"code/"),
     # torch.jit.load crashed, hung or ran out of memory on the mutant (its deserializer is C++);
     # we read it.
     "reference-crashed": (True, r"no answer after|bad_alloc|MemoryError"),
@@ -40,10 +42,15 @@ KNOWN: dict[str, tuple[bool, str]] = {
     # The archive is held to torch.load's checks (guard.readers.torch.records), which torch.load
     # makes before it hands a TorchScript archive to torch.jit.load: every record name UTF-8 text,
     # .data/serialization_id too, every record inside the archive's folder, byteorder little or big,
-    # sizes that agree.  torch.jit.load alone skips some of them.
+    # sizes that agree, names matched exactly (miniz ignores case).  torch.jit.load alone skips some of them.
     "stricter-zip": (False, r"is not UTF-8|not in the archive's folder|byteorder record is|zip does not hold"
                             r"|multi-disk|zip64|End Of Central Directory"
-                            r"|does not fit|inconsistent sizes|overlaps|central directory"),
+                            r"|does not fit|inconsistent sizes|overlaps|central directory|zip has no "),
+    # The byteorder record says how every tensor's bytes read, so it is read and its zip records
+    # checked (local header, compression method).  torch.jit.load never reads it: torch.load hands
+    # a TorchScript archive over before it reads byteorder, and the TorchScript loader reads
+    # storages in the machine's order.  A damaged byteorder record is a damaged archive to us.
+    "byteorder-read": (False, r"'[^']*/byteorder'"),
     # A storage shorter than its tensor: torch.jit.load reads the record as far as it goes.
     "stricter-storage": (False, r"shorter than its|runs past"),
 }

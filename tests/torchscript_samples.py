@@ -9,6 +9,7 @@ mutated archive may crash or hang the TorchScript deserializer): its
 
 from __future__ import annotations
 
+import functools
 import io
 import multiprocessing
 from collections import Counter
@@ -72,13 +73,75 @@ def build(kind: str, dtype: torch.dtype = torch.float32) -> Any:
 
 
 def sample_torchscripts() -> list[bytes]:
-    """Small, varied archives: the mutation bases and the fuzz seeds."""
+    """Small, varied archives: the mutation bases and the fuzz seeds, the same bytes on every run.
+
+    torch.jit writes a module's ``Final`` constants in the order of a Python set, so the code
+    records (and every offset after them) follow the process's string-hash seed: the archives
+    are written in a child process with ``PYTHONHASHSEED=0``, and their random serialization
+    id is zeroed, so a seeded mutation sample is the same on every run and every machine.
+    """
+    import os
+
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        return list(_written_with_fixed_hash_seed())
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return [save_bytes(build("script")), save_bytes(build("trace")), save_bytes(build("frozen")),
-                save_bytes(build("script", torch.bfloat16)), save_bytes(build("script"), lite=True)]
+        archives = [save_bytes(build("script")), save_bytes(build("trace")), save_bytes(build("frozen")),
+                    save_bytes(build("script", torch.bfloat16)), save_bytes(build("script"), lite=True)]
+    return [fixed_serialization_id(data) for data in archives]
+
+
+@functools.lru_cache(maxsize=1)
+def _written_with_fixed_hash_seed() -> tuple[bytes, ...]:
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = ("import pickle, sys; sys.path.insert(0, sys.argv[1]); "
+              "from torchscript_samples import sample_torchscripts; "
+              "sys.stdout.buffer.write(pickle.dumps(sample_torchscripts()))")
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run([sys.executable, "-c", script, here], env=env, capture_output=True, check=True)
+    return tuple(pickle.loads(done.stdout))  # our own child's output, not a checkpoint
+
+
+def fixed_serialization_id(data: bytes) -> bytes:
+    """The archive with ``.data/serialization_id`` set to zeros of the same length.
+
+    torch.jit.save writes a random id there on every save, so a seeded mutation sample drawn
+    from fresh archives would differ from run to run; torch.jit.load never checks the id.
+    The record is stored, not deflated: its bytes and its CRC-32 (local header and central
+    directory) are patched in place and the layout stays as torch wrote it.
+    """
+    import struct
+    import zipfile
+    import zlib
+
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        info = next((i for i in archive.infolist() if i.filename.endswith("/.data/serialization_id")), None)
+        if info is None or info.compress_type != zipfile.ZIP_STORED:
+            return data
+        old = archive.read(info)
+    new = b"0" * len(old)
+    out = bytearray(data)
+    name_len, extra_len = struct.unpack_from("<HH", out, info.header_offset + 26)
+    start = info.header_offset + 30 + name_len + extra_len
+    out[start:start + len(old)] = new
+    crc = struct.pack("<I", zlib.crc32(new))
+    out[info.header_offset + 14:info.header_offset + 18] = crc
+    central = out.find(b"PK\x01\x02", len(out) - 22 - 46 * 64)  # search the central directory for this entry
+    needle = info.filename.encode()
+    while central != -1:
+        entry_name_len = struct.unpack_from("<H", out, central + 28)[0]
+        if out[central + 46:central + 46 + entry_name_len] == needle:
+            out[central + 16:central + 20] = crc
+            break
+        central = out.find(b"PK\x01\x02", central + 4)
+    return bytes(out)
 
 
 def listing(data: bytes) -> Listing | str:

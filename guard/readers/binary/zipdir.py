@@ -145,7 +145,9 @@ def _find_directory(source: ByteSource) -> tuple[int, int, int, int, int]:
         # signature is ignored, as miniz and zipfile ignore it: the 32-bit record then has to do.
         if sig == b"PK\x06\x07" and z64_at + _ZIP64_EOCD.size > source.size:
             raise MalformedCheckpoint("zip64 locator points past the end of the archive")
-        if sig == b"PK\x06\x07" and z64_at + _ZIP64_EOCD.size <= eocd_at - _ZIP64_LOCATOR.size:
+        # miniz reads the record where the locator points even where it runs into the locator
+        # itself (a damaged tail), and then takes its counts: so does this reader.
+        if sig == b"PK\x06\x07":
             (sig, _size, _made, _need, disk64, cd_disk64, on_disk64, count64, cd_size64,
              cd_offset64) = _ZIP64_EOCD.unpack(source.read_at(z64_at, _ZIP64_EOCD.size))
             if sig == b"PK\x06\x06":

@@ -10,6 +10,7 @@ becomes an inert ``Unsafe`` marker.
 from __future__ import annotations
 
 import pickletools
+import re
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING  # pure data tables, as pickle uses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ MAX_MARKS = 1_000  # open MARKs; state dicts nest a handful deep
 MAX_MEMO = 4_000_000  # memo slots: ~5 per tensor
 MAX_NESTING = 200  # container depth when naming tensors
 MAX_LINE = 64 * 1024  # a protocol-0 text argument (GLOBAL module name, INT digits)
+_SCRIPT_NAME = re.compile(r"[A-Za-z0-9_.]*")  # the bytes torch.jit's unpickler takes in a GLOBAL line
 MAX_DIMS = 1_000
 
 # Storage classes (torch.X and torch.cuda.X) -> torch dtype name.
@@ -381,16 +383,18 @@ class PickleWalker:
                 stack.append(self._call(items[0], tuple(items[1:])))
             elif name == "BUILD":
                 state = pop()  # set on an object we never build; kept where tensors may hide in it
-                target = top()
-                if isinstance(target, Unsafe):
-                    target.parts.append(state)
+                self._build(top(), state)
             elif name == "BINPERSID":
                 stack.append(self.persistent_load(pop()))
             elif name == "PERSID":
                 raise _bad("text persistent ids (PERSID) are not written by torch")
             elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):
                 raise _bad("pickle uses out-of-band buffers (protocol 5), which torch never writes")
-            elif name in ("PROTO", "FRAME"):
+            elif name == "PROTO":
+                if self.torchscript and arg != 2:
+                    # torch.jit.load's unpickler (C++) takes protocol 2 alone, what torch.jit.save writes
+                    raise _bad(f"TorchScript record declares pickle protocol {arg}; torch.jit.load reads protocol 2 only")
+            elif name == "FRAME":
                 pass
             elif name == "STOP":
                 return pop()
@@ -399,14 +403,24 @@ class PickleWalker:
             else:  # pragma: no cover - pickletools knows no opcode this chain misses
                 raise _bad(f"unhandled pickle opcode {name}")
 
+    def _build(self, target: object, state: object) -> None:
+        """BUILD's state on a description (a walker for another allow-list keeps it on its own records)."""
+        if isinstance(target, Unsafe):
+            target.parts.append(state)
+
     def _line(self, stream: PickleStream) -> str:
         line = stream.readline(MAX_LINE)
         if not line.endswith(b"\n"):
             raise _bad("GLOBAL/INST name is not newline-terminated")
         try:
-            return line[:-1].decode("utf-8")
+            text = line[:-1].decode("utf-8")
         except UnicodeDecodeError:
             raise _bad("GLOBAL/INST name is not UTF-8") from None
+        if self.torchscript and not _SCRIPT_NAME.fullmatch(text):
+            # torch.jit.load's unpickler refuses any other byte in a class name ("strings must be
+            # qualified Python identifiers"): such a name is a corrupted archive, not another class.
+            raise _bad(f"TorchScript class name {text!r} holds characters other than letters, digits, '_' and '.'")
+        return text
 
     def _global(self, module: str, name: str) -> Global | Unsafe:
         # pickle maps Python 2 names (``__builtin__.eval``) the same way before importing.
