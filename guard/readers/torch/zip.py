@@ -68,7 +68,14 @@ def read_torch_zip(source: ByteSource, *, locate_data: bool = False) -> FileScan
     pickle_entry = entries.get(f"{prefix}/data.pkl")
     if pickle_entry is None:
         raise MalformedCheckpoint(f"zip has no {prefix}/data.pkl: not a torch checkpoint")
-    if f"{prefix}/constants.pkl" in entries:  # torch.load hands such an archive to torch.jit.load
+    constants = f"{prefix}/constants.pkl"
+    if constants not in entries:
+        # miniz finds records case-insensitively: torch would take this archive for TorchScript
+        twin = next((name for name in entries if name.lower() == constants.lower()), None)
+        if twin is not None:
+            raise MalformedCheckpoint(f"zip has no {constants} but {twin!r}: record names that differ only in "
+                                      "case are read alike by torch and refused here")
+    if constants in entries:  # torch.load hands such an archive to torch.jit.load
         from guard.readers.torch.torchscript import read_torchscript
 
         return read_torchscript(source, counted, archive, prefix, locate_data=locate_data)
