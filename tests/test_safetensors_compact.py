@@ -125,3 +125,76 @@ def test_numbers_in_json_form_only(old: str, new: str, monkeypatch: pytest.Monke
     assert _read(mutated, compact=True, monkeypatch=monkeypatch) == general
     if compact is not None:  # taken by the pattern: exactly what the general parse reads
         assert compact == general
+
+
+# ---------------------------------------------------------------- json.dumps' form: ", " and ": "
+
+
+def _spaced(data: bytes) -> bytes:
+    """The same file with its header written again by ``json.dumps`` (default separators), as
+    hand-rolled writers write it: the entries' order and the tensor bytes unchanged."""
+    import json
+
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.dumps(json.loads(data[8:8 + length])).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + data[8 + length:]
+
+
+def test_json_dumps_headers_take_the_fast_reading() -> None:
+    for data in map(_spaced, _written()[:-1]):
+        assert b'": {"dtype": "' in data
+        (length,) = struct.unpack("<Q", data[:8])
+        source = BytesSource(data, name="model.safetensors")
+        scan = reader._read_compact(data[8:8 + length], source, length)
+        assert scan is not None and scan.tensors
+        assert scan == reader.read_safetensors(source)
+
+
+def test_mutated_json_dumps_headers_agree_with_the_json_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(20261206)
+    accepted = 0
+    bases = [_spaced(data) for data in _written()]
+    for _ in range(3000):
+        data = rng.choice(bases)
+        (length,) = struct.unpack("<Q", data[:8])
+        text, body = list(data[8:8 + length].decode().rstrip(" ")), data[8 + length:]
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(text) + 1)
+            roll = rng.random()
+            if roll < 0.4:
+                text.insert(at, rng.choice([*_PIECES, ", ", ": ", '"dtype": "F32"', '"shape": [', "  "]))
+            elif text:
+                text[min(at, len(text) - 1):min(at, len(text) - 1) + 1] = [] if roll < 0.8 else [rng.choice(_PIECES)]
+        header = "".join(text).encode()
+        if rng.random() < 0.5:
+            header += b" " * (-len(header) % 8)
+        size = max(len(body) + rng.choice([0, 0, 0, -1, 1, 4]), 0)
+        mutated = struct.pack("<Q", len(header)) + header + (body + bytes(8))[:size]
+        assert _read(mutated, compact=True, monkeypatch=monkeypatch) == _read(mutated, compact=False,
+                                                                              monkeypatch=monkeypatch), header
+        accepted += reader._read_compact(header, BytesSource(mutated), len(header)) is not None
+    assert accepted > 10
+
+
+@pytest.mark.parametrize("old, new", [
+    ('"shape": [2, 3]', '"shape": [02, 3]'), ('"shape": [2, 3]', '"shape": [2,  3]'),
+    ('"shape": [2, 3]', '"shape": [2 , 3]'), ('"shape": [2, 3]', '"shape": [2,3]'), ('"shape": [2, 3]', '"shape": [2, 3, ]'),
+    ('"shape": [2, 3]', '"shape": [ 2, 3]'), ('"shape": [2, 3]', '"shape": [2 3]'), ('"shape": [2, 3]', '"shape": [2, 0, 3]'),
+    ('"shape": [2, 3]', '"shape": [6]'), ('"data_offsets": [0, 24]', '"data_offsets": [0,24]'),
+    ('"data_offsets": [0, 24]', '"data_offsets": [0, 024]'), ('"dtype": "F32"', '"dtype":  "F32"'),
+])
+def test_json_dumps_numbers_and_spacing(old: str, new: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other spacing is still JSON: the general parse reads it, and the fast reading agrees or steps aside."""
+    data = _spaced(_written()[0])
+    (length,) = struct.unpack("<Q", data[:8])
+    header = data[8:8 + length].rstrip(b" ")
+    assert old.encode() in header
+    header = header.replace(old.encode(), new.encode(), 1)
+    header += b" " * (-len(header) % 8)
+    mutated = struct.pack("<Q", len(header)) + header + data[8 + length:]
+    fast = reader._read_compact(header, BytesSource(mutated, name="model.safetensors"), len(header))
+    general = _read(mutated, compact=False, monkeypatch=monkeypatch)
+    assert _read(mutated, compact=True, monkeypatch=monkeypatch) == general
+    if fast is not None:
+        assert fast == general

@@ -249,16 +249,21 @@ def read_safetensors(source: ByteSource) -> FileScan:
 # the JSON parse, which bounds its work on a hostile one.
 _COMPACT = (r'([,{])"([^"]*)":\{"dtype":"(\w+","shape":\[[\d,]{0,255})\],'
             r'"data_offsets":\[(\d{1,20}),(\d{1,20})\]\}')
-_compact_split: Callable[[str], list[str]] | None = None  # compiled on first use: a hook may read no safetensors
+# The same entries as ``json.dumps`` writes them with its default separators (", " and ": "): what
+# hand-rolled writers produce, and as valid a header as the library's.  A shape's key is brought to the
+# compact form before it is judged, so both forms share one table of spans.
+_SPACED = (r'(, |\{)"([^"]*)": \{"dtype": "(\w+", "shape": \[[\d, ]{0,255})\], '
+           r'"data_offsets": \[(\d{1,20}), (\d{1,20})\]\}')
+_splits: dict[bool, Callable[[str], list[str]]] = {}  # compiled on first use: a hook may read no safetensors
 
 
-def _compile_compact() -> Callable[[str], list[str]]:
-    global _compact_split
-    _compact_split = re.compile(_COMPACT, re.ASCII).split
-    return _compact_split
+def _compile_split(spaced: bool) -> Callable[[str], list[str]]:
+    split = _splits[spaced] = re.compile(_SPACED if spaced else _COMPACT, re.ASCII).split
+    return split
 
 
 _METADATA = '{"__metadata__":'
+_METADATA_SPACED = '{"__metadata__": '
 _SPANS: dict[str, tuple[str, tuple[int, ...], int] | None] = {}  # ``BF16","shape":[8,4`` -> (code, shape, bytes)
 _SPANS_HELD = 1 << 14  # bounded: a hostile file's distinct shapes
 _UNSEEN = ("", (), -1)  # a span never stored: spans map keys to (code, shape, bytes) or None
@@ -272,8 +277,10 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     dims >= 1, offsets that tile the buffer in header order with each span exactly its tensor's
     size.  Anything else (a finding, an error to word) is left to the general parse.
     """
-    if b'"dtype":"' not in raw[:4096] or b"\\" in raw or _needs_exact_parse(raw):
-        return None  # not the library's compact form (json.dumps' spaces), or escapes, constants, signs
+    head = raw[:4096]
+    spaced = b'"dtype":"' not in head
+    if (spaced and b'"dtype": "' not in head) or b"\\" in raw or _needs_exact_parse(raw):
+        return None  # neither the library's compact form nor json.dumps', or escapes, constants, signs
     tail = raw[-8:]
     close = len(raw) - len(tail) + len(tail.rstrip(b" ")) - 1  # the library pads the header to 8 bytes
     if close < 0 or raw[close] != 0x7D:  # "}"
@@ -285,9 +292,10 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     close -= len(raw) - len(text)  # the same place in characters: the padding is ASCII
     metadata: dict[str, str] = {}
     start = 0  # where the entries begin: after the metadata object, or at the opening brace
-    if text.startswith(_METADATA):
+    prefix = _METADATA_SPACED if spaced else _METADATA
+    if text.startswith(prefix):
         try:
-            value, start = _METADATA_DECODER.raw_decode(text, len(_METADATA))
+            value, start = _METADATA_DECODER.raw_decode(text, len(prefix))
         except ValueError:
             return None
         if type(value) is not dict or not all(type(v) is str for v in value.values()):
@@ -296,12 +304,13 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     # split: the text between matches, then each match's five groups, alternating in one flat list (no
     # tuple per entry, no copy of the header); the entries tile the header between its metadata and its
     # closing brace when every text between them is empty and only the first opens with the brace
-    parts = (_compact_split or _compile_compact())(text)
+    parts = (_splits.get(spaced) or _compile_split(spaced))(text)
     count = len(parts) // 6
     if not count or parts[0] != text[:start] or parts[-1] != text[close:] or any(parts[6:-1:6]):
         return None  # no tensor (the general parse judges an empty header), or something between the entries
     openers = parts[1::6]
-    if openers[0] != ("," if start else "{") or openers.count(",") != count - (not start):
+    comma = ", " if spaced else ","
+    if openers[0] != (comma if start else "{") or openers.count(comma) != count - (not start):
         return None
     names = parts[2::6]
     # a duplicate, or a control character (not allowed in a JSON string; isprintable also turns away
@@ -315,7 +324,7 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
         for key in set(keys).difference(spans):
             if len(spans) >= _SPANS_HELD:
                 spans.clear()
-            spans[key] = _span_of_key(key)
+            spans[key] = _span_of_key(_compact_key(key) if spaced else key)
         infos = list(map(spans.__getitem__, keys))
     if None in infos:
         return None
@@ -336,6 +345,13 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
         repeat(None, count), repeat(None, count), repeat(None, count))))
     # positional, all eight fields: the record's fast path (a scan of 4,000 shards builds 4,000 of these)
     return FileScan(source.name, "safetensors", source.size, tensors, (), metadata, 8 + length, ())
+
+
+def _compact_key(key: str) -> str:
+    """``BF16", "shape": [8, 4`` as the compact form writes it; other spacing is left to the JSON parse."""
+    dtype, _, dims = key.partition('", "shape": [')
+    dims = dims.replace(", ", ",")
+    return f'{dtype}","shape":[{dims}' if " " not in dims else '","shape":[,'  # the second: no span
 
 
 def _span_of_key(key: str) -> tuple[str, tuple[int, ...], int] | None:
