@@ -14,13 +14,12 @@ import warnings
 from collections.abc import Iterator
 
 LIBRARY_LOGGERS = ("transformers", "diffusers", "jax", "absl", "flax", "orbax", "torch", "torchao", "py.warnings",
-                   "huggingface_hub")
+                   "huggingface_hub", "DeepSpeed")
 
 
 @contextlib.contextmanager
 def quiet_libraries(*, verbose: bool) -> Iterator[None]:
     level = logging.WARNING if verbose else logging.ERROR
-    _import_torch_first()
     saved_env = os.environ.get("TRANSFORMERS_VERBOSITY")
     os.environ["TRANSFORMERS_VERBOSITY"] = "warning" if verbose else "error"  # read when transformers loads
     handler = logging.StreamHandler(sys.stderr)
@@ -38,8 +37,11 @@ def quiet_libraries(*, verbose: bool) -> Iterator[None]:
             warnings.simplefilter("default")
             for lg in loggers.values():
                 lg.setLevel(level)
+                _pin_level(lg)
             yield
     finally:
+        for lg in loggers.values():
+            lg.__dict__.pop("setLevel", None)
         logging.captureWarnings(False)
         if verbose:
             root.removeHandler(handler)
@@ -53,12 +55,14 @@ def quiet_libraries(*, verbose: bool) -> Iterator[None]:
             os.environ["TRANSFORMERS_VERBOSITY"] = saved_env
 
 
-def _import_torch_first() -> None:
-    """torch sets its logger's level when it is imported; every user of this context imports it anyway,
-    so import it before the levels are set (else torch's own WARNING level wins over ours, and a later
-    import, such as transformers loading torchao, logs pytree deprecations onto the user's terminal)."""
-    with contextlib.suppress(ImportError):
-        import torch  # noqa: F401
+def _pin_level(logger: logging.Logger) -> None:
+    """Keep the level just set while the context lasts.
+
+    torch, DeepSpeed and others set their logger's level when they are imported, which would win over
+    ours (torch's WARNING lets a later import, transformers loading torchao, log pytree deprecations
+    onto the user's terminal).  Importing them first to get that over with cost a conversion that
+    needs no torch 1.5 to 4.6 s of torch's import; pinning the level costs nothing."""
+    logger.setLevel = lambda _level: None  # type: ignore[method-assign]  # an instance attribute, removed after
 
 
 def _transformers_verbosity(level: int | None) -> int | None:
