@@ -32,7 +32,7 @@ KNOWN: dict[str, tuple[bool, str]] = {
                                 r"|Unknown type name|Unexpected token|Parsing error|Unpickler found unknown"
                                 r"|failed retrieving file meta-data for code/|not in the map"
                                 r"|strings must be qualified Python identifiers|Only Pickle protocol 2 is supported"
-                                r"|File \"code/"),
+                                r"|File \"code/|Can't hash IValues"),
     # torch.jit.load crashed, hung or ran out of memory on the mutant (its deserializer is C++);
     # we read it.
     "reference-crashed": (True, r"no answer after|bad_alloc|MemoryError"),
