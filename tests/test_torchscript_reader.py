@@ -114,8 +114,9 @@ def test_a_foreign_global_in_torchscript_stays_a_cg003_error() -> None:
     assert [f.code for f in errors] == ["CG003", "CG001"] and "posix.system" in errors[0].message
 
 
-def test_a_constant_not_in_constants_folder_is_found_in_data() -> None:
-    """The lite format's storage context writes a storage once: a constant's may sit in data/."""
+def test_a_constant_moved_out_of_the_constants_folder_is_refused_outside_the_lite_format() -> None:
+    """Only the lite format (bytecode.pkl, its shared storage context) keeps constants in data/, which
+    test_tensors_match_jit_load[lite] reads; torch.jit.load of any other archive looks in constants/."""
     data = save_bytes(build("trace"))
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         names = archive.namelist()
@@ -135,8 +136,12 @@ def test_a_constant_not_in_constants_folder_is_found_in_data() -> None:
                 dst.writestr(f"{prefix}/{name}", constants_pkl if name == "constants.pkl" else body)
         for name, body in moved.items():
             dst.writestr(f"{prefix}/{name}", body)
-    old = out.getvalue()
-    assert our_listing(scan_file(BytesSource(old, name="model.pt")).tensors) == listing(data)
+    moved_out = out.getvalue()
+    theirs = listing(moved_out)
+    assert isinstance(theirs, str) and "constants/" in theirs
+    scan = scan_file(BytesSource(moved_out, name="model.pt"))
+    [finding] = [f for f in scan.findings if f.code == "CG001"]
+    assert "'constants/" in finding.message
 
 
 def test_remote_scan_reads_a_tiny_share(tmp_path: Path) -> None:

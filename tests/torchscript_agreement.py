@@ -32,7 +32,7 @@ KNOWN: dict[str, tuple[bool, str]] = {
                                 r"|Unknown type name|Unexpected token|Parsing error|Unpickler found unknown"
                                 r"|failed retrieving file meta-data for code/|not in the map"
                                 r"|strings must be qualified Python identifiers|Only Pickle protocol 2 is supported"
-                                r"|File \"code/|Can't hash IValues"),
+                                r"|File \"code/|Can't hash IValues|Arguments for call are not valid"),
     # torch.jit.load crashed, hung or ran out of memory on the mutant (its deserializer is C++);
     # we read it.
     "reference-crashed": (True, r"no answer after|bad_alloc|MemoryError"),
@@ -45,7 +45,8 @@ KNOWN: dict[str, tuple[bool, str]] = {
     # sizes that agree, names matched exactly (miniz ignores case).  torch.jit.load alone skips some of them.
     "stricter-zip": (False, r"is not UTF-8|not in the archive's folder|byteorder record is|zip does not hold"
                             r"|multi-disk|zip64|End Of Central Directory"
-                            r"|does not fit|inconsistent sizes|overlaps|central directory|zip has no "),
+                            r"|does not fit|inconsistent sizes|overlaps|central directory|zip has no "
+                            r"|cannot inflate '[^']*/\.data/"),
     # The byteorder record says how every tensor's bytes read, so it is read and its zip records
     # checked (local header, compression method).  torch.jit.load never reads it: torch.load hands
     # a TorchScript archive over before it reads byteorder, and the TorchScript loader reads

@@ -6,8 +6,10 @@ to ``torch.jit.load`` by that test).  The weights are in two pickles:
 - ``data.pkl``: the module object; parameters, buffers and tensor attributes are
   persistent ids into ``data/N``;
 - ``constants.pkl``: a tuple of the tensors the code uses as constants, whose bytes
-  are in ``constants/N``; a key that is not there is looked up in ``data/`` (the lite
-  format's shared storage context writes a storage once).  They are named ``constants.N``.
+  are in ``constants/N``; in the lite format (``bytecode.pkl`` beside them) a key that is
+  not there is looked up in ``data/`` (its shared storage context writes a storage once),
+  and elsewhere a missing one is a missing record, as torch.jit.load finds it.  They are
+  named ``constants.N``.
 
 ``code/`` (TorchScript source), ``bytecode.pkl`` (the lite interpreter's
 instructions), ``extra/`` and ``traced_inputs.pkl`` (example inputs) hold no weights
@@ -49,10 +51,14 @@ def read_torchscript(source: ByteSource, counted: CountingSource, archive: ZipAr
                      locate_data: bool = False) -> FileScan:
     entries = archive.entries
     in_constants = False
+    # only the lite format shares storages between data/ and constants/; torch.jit.load of any other
+    # archive finds a constant in constants/ or refuses the file
+    shared = f"{prefix}/bytecode.pkl" in entries
 
     def persistent_load(pid: object) -> object:
         ref = storage_from_pid(pid)
-        if in_constants and isinstance(ref, StorageRef) and f"{prefix}/{CONSTANTS_FOLDER}{ref.key}" in entries:
+        if in_constants and isinstance(ref, StorageRef) and (
+                not shared or f"{prefix}/{CONSTANTS_FOLDER}{ref.key}" in entries):
             ref = replace(ref, key=CONSTANTS_FOLDER + ref.key)  # its own key space
         return ref
 
