@@ -313,3 +313,23 @@ def test_a_source_deleted_mid_conversion_is_one_guard_error(tmp_path: Path,
     (tmp_path / "out").mkdir()
     with pytest.raises(GuardError, match=r"model\.safetensors: cannot read .*; nothing written"):
         write_output(tmp_path / "out", [outputs], layout="safetensors")
+
+
+@pytest.mark.parametrize("code, torch_dtype", [("BF16", "bfloat16"), ("F16", "float16")])
+def test_fp64_narrows_as_torch_does_through_float(code: str, torch_dtype: str) -> None:
+    """torch builds a half or bfloat16 from a float: fp64 rounds to fp32 first, then to 16 bits (twice).
+    numpy (and ml_dtypes 0.7 for bf16) round once, which differs on values just past a tie."""
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    from guard.write.cast import CastCheck
+
+    ties = [1 + 2.0**-8 + 2.0**-40, 1 + 2.0**-11 + 2.0**-40, 1 + 3 * 2.0**-9 + 2.0**-45]
+    rng = np.random.default_rng(0)
+    values = np.concatenate([ties, -np.array(ties), rng.standard_normal(4096) * 1e3,
+                             [65519.99, 65520.0, 1e300, -1e-9, 0.0, -0.0, np.inf, np.nan]]).astype(np.float64)
+    check = CastCheck(code)
+    ours = check.cast(values).view(np.uint16)
+    theirs = torch.from_numpy(values).to(getattr(torch, torch_dtype)).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(ours, theirs)
+    assert check.count == (2 if code == "F16" else 1)  # 1e300 (and 65520 in fp16) become inf: CG201

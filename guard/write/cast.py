@@ -2,7 +2,8 @@
 
 ``--dtype keep`` casts nothing.  ``--keep-fp32`` globs hold floating tensors in fp32
 whatever the target.  Integer and bool tensors never change.  Rounding is numpy /
-ml_dtypes round-to-nearest-even, bit-identical to torch's (reference section 7).
+ml_dtypes round-to-nearest-even, bit-identical to torch's (reference section 7); an fp64
+source narrows to 16 bits through fp32, as torch's does.
 """
 
 from __future__ import annotations
@@ -51,7 +52,12 @@ class CastCheck:
         if piece.dtype == self.target:
             return piece
         with np.errstate(over="ignore", invalid="ignore"):
-            out = piece.astype(self.target)
+            if piece.dtype.itemsize == 8 and self.target.itemsize < 4:
+                # torch narrows a double through float (c10::Half and c10::BFloat16 are built from a
+                # float), so its fp64 -> fp16/bf16 rounds twice; numpy and ml_dtypes >= 0.7 round once
+                out = piece.astype(np.float32).astype(self.target)
+            else:
+                out = piece.astype(self.target)
         if out.dtype.itemsize > piece.dtype.itemsize:
             return out  # widening (fp16/bf16 -> fp32, fp32 -> fp64) is exact
         created = np.isinf(out) & np.isfinite(piece)
