@@ -9,7 +9,7 @@ MLX_VENV := .venv-mlx
 # auto-gptq's torch dequantization (its QuantLinear), the reference for GPTQ: unpacked, not installed
 AUTO_GPTQ := .auto-gptq
 
-.PHONY: demo test bench fuzz clean mlx-venv
+.PHONY: demo test bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,15 +30,120 @@ $(MLX_VENV)/.installed: constraints-mlx.txt
 	$(MLX_VENV)/bin/python -m pip install -q -c constraints-mlx.txt 'mlx[cpu]' mlx-lm
 	touch $@
 
+# `parity --against tunix`: google-tunix pins safetensors < 0.8, so it runs in a venv of its own
+# (~5 min, 2.4 GB; tests/against_envs.py builds the same venv when it is missing).
+TUNIX_VENV := .venv-tunix
+$(TUNIX_VENV)/.installed: constraints-tunix.txt
+	$(PYTHON) -m venv $(TUNIX_VENV)
+	$(TUNIX_VENV)/bin/python -m pip install -q -c constraints-tunix.txt google-tunix jax flax torch
+	touch $@
+
+tunix-venv: $(TUNIX_VENV)/.installed
+
+# `parity --against easydel`: easydel 0.3 pins jax ~= 0.9, flax 0.12.3, transformers ~= 5.5: a venv of its own
+# (~10 min on a loaded 2-core machine, 2.7 GB; tests/against_envs.py builds the same venv when it is missing).
+EASYDEL_VENV := .venv-easydel
+$(EASYDEL_VENV)/.installed: constraints-easydel.txt
+	$(PYTHON) -m venv $(EASYDEL_VENV)
+	$(EASYDEL_VENV)/bin/python -m pip install -q -c constraints-easydel.txt easydel Pillow torch
+	touch $@
+
+easydel-venv: $(EASYDEL_VENV)/.installed
+
+# `parity --against keras-hub`: keras-hub itself only, beside the main venv's keras/jax (its
+# tensorflow-text dependency would install a second TensorFlow over tensorflow-cpu); ~6 s, 18 MB.
+KERAS_HUB := .keras-hub
+$(KERAS_HUB)/.installed: $(STAMP)
+	$(PY) -m pip install -q --no-deps --upgrade --target $(KERAS_HUB) keras-hub==0.32.0
+	touch $@
+
+keras-hub-lib: $(KERAS_HUB)/.installed
+
+# `convert --to maxtext`: MaxText 0.2.5's wheel, unpacked (its param_mapping hooks are the tests' reference; a
+# few seconds), and MaxText itself in a Python 3.12 venv, whose decoder the tests run on converted checkpoints
+# (maxtext[tpu]: 239 packages, 2.9 GB, ~12 min uncached; tests skip that check where it is missing).
+# a Python 3.12: on PATH, else pyenv's (pyenv's shim answers only for its selected versions)
+PYTHON312 ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
+	$$p -c 'import sys; print(sys.executable)' 2>/dev/null && break; done)
+MAXTEXT_LIB := .maxtext
+MAXTEXT_VENV := .venv-maxtext
+$(MAXTEXT_LIB)/.installed: $(STAMP)
+	$(PY) -m pip install -q --no-deps --target $(MAXTEXT_LIB) --python-version 3.12 --only-binary=:all: maxtext==0.2.5
+	touch $@
+
+$(MAXTEXT_VENV)/.installed:
+	@test -n "$(PYTHON312)" || { echo "make test needs Python 3.12 for MaxText's venv (set PYTHON312=...)" >&2; exit 1; }
+	$(PYTHON312) -m venv $(MAXTEXT_VENV)
+	$(MAXTEXT_VENV)/bin/python -m pip install -q 'maxtext[tpu]==0.2.5'
+	touch $@
+
+maxtext-lib: $(MAXTEXT_LIB)/.installed
+maxtext-venv: $(MAXTEXT_VENV)/.installed
+
 $(AUTO_GPTQ)/.installed: $(STAMP)
 	$(PY) -m pip install -q --no-deps --upgrade --target $(AUTO_GPTQ) auto-gptq==0.7.1
 	touch $@
 
-test: $(STAMP) node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed
+# DeepSpeed writes the ZeRO checkpoints the training-state tests read and is zero_to_fp32's reference.
+# An sdist: built over the venv's CPU torch (no build isolation, or it pulls another torch); on a CPU it
+# JIT-builds its shm op with ninja at first use (~25 s, once).  The install: ~56 s uncached, ~7 s from pip's cache.
+DEEPSPEED_STAMP := $(VENV)/.deepspeed-0.19.8
+$(DEEPSPEED_STAMP): $(STAMP)
+	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -c constraints.txt deepspeed==0.19.8
+	touch $@
+
+# git-lfs and PostgreSQL, which tests drive for real: installed from Debian's packages when missing
+dev-tools:
+	bash scripts/dev-tools.sh
+
+# The whole suite in the pinned environment, then its fast part on the latest releases (test-latest).
+test: dev-tools $(STAMP) node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed $(DEEPSPEED_STAMP) \
+		$(TUNIX_VENV)/.installed $(KERAS_HUB)/.installed $(EASYDEL_VENV)/.installed \
+		$(MAXTEXT_LIB)/.installed $(MAXTEXT_VENV)/.installed
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-latest
 
 bench: $(STAMP)
 	$(PY) bench/scan.py
+
+# The latest releases, installed the way users install: `pip install ".[all]"` with no constraints.txt,
+# only torch pinned (to the CPU build: any other torch pulls several GB of CUDA wheels).  Rebuilt when
+# pyproject.toml changes; the tree itself is reinstalled (not editable) before each use.
+LATEST_VENV := .venv-latest
+LATEST_PY := $(LATEST_VENV)/bin/python
+LATEST_TORCH := torch==2.13.0
+# A fast part of the suite on the latest releases (the scan, the hook through real pre-commit, the
+# value scan, convert): a dependency's regression shows up the week it ships.
+# (test_convert*.py with transformers models need transformers 4's Flax classes, which the latest
+# transformers no longer has; the fixer hook's pre-commit tests install torch into pre-commit's own
+# venv: minutes.)  ~3 min on 2 CPUs, plus ~20 s reinstalling the tree.
+LATEST_TESTS := tests/test_scan_cli.py tests/test_scan_hot_path.py tests/test_safetensors_reader.py \
+	tests/test_safetensors_compact.py tests/test_precommit.py tests/test_values.py tests/test_values_chunks.py \
+	tests/test_values_minifloats.py tests/test_convert_stream.py -k 'not fixer_hook'
+# what those tests import beyond ".[all]" (the dev extra's heavy writers are not needed by them)
+LATEST_TEST_TOOLS := pytest pytest-timeout hypothesis pre-commit
+
+$(LATEST_VENV)/.installed: pyproject.toml
+	rm -rf $(LATEST_VENV)
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_PY) -m pip install -q --upgrade pip
+	$(LATEST_PY) -m pip install -q '.[all]' '$(LATEST_TORCH)'
+	$(LATEST_PY) -m pip freeze --exclude ckpt-guard > $(LATEST_VENV)/resolved.txt
+	$(LATEST_PY) -m pip install -q $(LATEST_TEST_TOOLS)
+	touch $@
+
+latest-venv: $(LATEST_VENV)/.installed
+	$(LATEST_PY) -m pip install -q --no-deps --force-reinstall .
+
+test-latest: latest-venv
+	CKPT_GUARD_PARTIAL_ENV=1 $(LATEST_PY) -m pytest -q -p no:cacheprovider $(LATEST_TESTS)
+
+# bench/values.py runs both environments in the same rounds; the others run with the latest interpreter
+bench-latest: $(STAMP) latest-venv
+	$(PY) bench/values.py --python $(PY) --python $(LATEST_PY) --write-docs
+	$(LATEST_PY) bench/scan.py --cases loaders scale
+	$(LATEST_PY) bench/hook.py --latest --write-docs
+	$(LATEST_PY) bench/convert.py --layers 12 --write-docs
 
 # FUZZ_SECONDS per atheris target; crashes land in fuzz/regressions/<target>/
 fuzz: $(STAMP)
@@ -48,4 +153,5 @@ fuzz: $(STAMP)
 mlx-venv: $(MLX_VENV)/.installed
 
 clean:
-	rm -rf $(VENV) $(MLX_VENV) $(AUTO_GPTQ) build *.egg-info .pytest_cache demo-models
+	rm -rf $(VENV) $(MLX_VENV) $(LATEST_VENV) $(AUTO_GPTQ) $(TUNIX_VENV) $(EASYDEL_VENV) $(KERAS_HUB) \
+		$(MAXTEXT_LIB) $(MAXTEXT_VENV) build *.egg-info .pytest_cache demo-models

@@ -8,8 +8,10 @@ alternating order, as pre-commit would call each hook with the file list:
   * `check-added-large-files --enforce-all --maxkb=N FILES...` (pre-commit-hooks)
 Each hook runs from its own fresh virtual environment with a regular (not
 editable) install, the way pre-commit installs hooks.  Target: at most 1.2x on both commits.
+With ``--latest`` both hooks are installed without constraints.txt, as pre-commit resolves them for a
+user today (their own section of docs/benchmarks.md; `make bench-latest` runs it).
 
-Usage: .venv/bin/python bench/hook.py [--size-gb 2] [--shards 20] [--rounds 10] [--write-docs]
+Usage: .venv/bin/python bench/hook.py [--size-gb 2] [--shards 20] [--rounds 10] [--latest] [--write-docs]
 """
 
 from __future__ import annotations
@@ -73,15 +75,18 @@ def generate(repo: Path, size_gb: float, shards: int) -> list[Path]:
     return files
 
 
-def hook_env(out: Path, name: str, requirement: str, *, fingerprint: str = "") -> Path:
+def hook_env(out: Path, name: str, requirement: str, *, fingerprint: str = "", latest: bool = False) -> Path:
     """A virtual environment holding one hook, installed as pre-commit installs it (`pip install .`).
 
     ``fingerprint`` names the hook's source: when it changes, the package is installed again
-    (a benchmark of the tree as it is, never of an earlier install).
+    (a benchmark of the tree as it is, never of an earlier install).  ``latest``: without
+    constraints.txt, in a venv of its own (what pre-commit resolves for a user today).
     """
-    env = out / f"venv-{name}"
+    env = out / (f"venv-{name}-latest" if latest else f"venv-{name}")
     stamp = env / ".installed"
-    pip = [str(env / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt")]
+    pip = [str(env / "bin" / "python"), "-m", "pip", "install", "-q"]
+    if not latest:
+        pip += ["-c", str(ROOT / "constraints.txt")]
     if not stamp.exists():
         out.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(env, ignore_errors=True)
@@ -120,13 +125,39 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, int, float]:
     return wall, os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
 
 
-def write_docs(section: str) -> None:
+def installed(bin_dir: Path, package: str) -> str:
+    done = subprocess.run([str(bin_dir / "python"), "-m", "pip", "show", package], capture_output=True, text=True)
+    return next((line.split(":", 1)[1].strip() for line in done.stdout.splitlines() if line.startswith("Version:")),
+                "?")
+
+
+def latest_section(args: argparse.Namespace, table: str, ratios: str, load_before: float, ours_bin: Path,
+                   theirs_bin: Path) -> str:
+    return f"""{HEADING} (latest releases)
+
+`bench/hook.py --latest` (`make bench-latest`): the same two commits and the same measurement as the
+section above, with each hook installed by `pip install` into a fresh virtual environment
+**without constraints.txt**, as pre-commit installs it for a user today: ckpt-guard
+{installed(ours_bin, "ckpt-guard")} (the tree, not editable) with click {installed(ours_bin, "click")};
+pre-commit-hooks {installed(theirs_bin, "pre-commit-hooks")}. Median of {args.rounds} alternating rounds
+after a warm-up; load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.
+
+| files | command | median wall | best wall | median CPU |
+|---|---|---:|---:|---:|
+{table}
+
+ckpt-guard / check-added-large-files: {ratios} (target: at most 1.2x on both).
+
+"""
+
+
+def write_docs(section: str, heading: str = HEADING) -> None:
     text = DOCS.read_text(encoding="utf-8") if DOCS.exists() else "# Benchmarks\n"
-    start = text.find(HEADING + "\n")
+    start = text.find(heading + "\n")
     if start < 0:
         text = text.rstrip("\n") + "\n\n" + section
     else:  # replace our section only: up to the next second-level heading
-        end = text.find("\n## ", start + len(HEADING))
+        end = text.find("\n## ", start + len(heading))
         text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
     DOCS.write_text(text, encoding="utf-8")
 
@@ -138,13 +169,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "hook")
     parser.add_argument("--cases", nargs="+", choices=("shards", "pipeline"), default=["shards", "pipeline"])
+    parser.add_argument("--latest", action="store_true", help="install both hooks without constraints.txt")
     parser.add_argument("--write-docs", action="store_true", help=f"update '{HEADING}' in docs/benchmarks.md")
     args = parser.parse_args()
     cases = {"shards": generate(args.out, args.size_gb, args.shards), "pipeline": generate_pipeline(args.out)}
     cases = {case: files for case, files in cases.items() if case in args.cases}
     venvs = args.out.parent / "hook-venvs"  # beside the repository, which generate() may rebuild
-    ours_bin = hook_env(venvs, "ckpt-guard", str(ROOT), fingerprint=source_fingerprint())
-    theirs_bin = hook_env(venvs, "pre-commit-hooks", "pre-commit-hooks")
+    ours_bin = hook_env(venvs, "ckpt-guard", str(ROOT), fingerprint=source_fingerprint(), latest=args.latest)
+    theirs_bin = hook_env(venvs, "pre-commit-hooks", "pre-commit-hooks", latest=args.latest)
     figures = []
     load_before = os.getloadavg()[0]
     for case, files in cases.items():
@@ -179,6 +211,12 @@ def main() -> int:
                        f"**{c['ckpt-guard'] / c['check-added-large-files']:.2f}x** CPU"
                        for case, _, _, m, _, c in figures)
     table = "\n".join(rows)
+    if args.latest:
+        section = latest_section(args, table, ratios, load_before, ours_bin, theirs_bin)
+        print(section)
+        if args.write_docs:
+            write_docs(section, f"{HEADING} (latest releases)")
+        return 0
     section = f"""{HEADING}
 
 `bench/hook.py`: whole-process time of each hook as pre-commit calls it (its entry point with the

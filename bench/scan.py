@@ -22,6 +22,9 @@ data) plus one model, `ckpt-guard scan TREE` against `find TREE -type f` (target
 
 Usage: .venv/bin/python bench/scan.py [--size-gib 1.0] [--rounds 7] [--out bench/out/scan]
                                       [--cases loaders layout scale discovery]
+
+Every case runs ckpt-guard and the references with the interpreter that runs this script: with
+`.venv-latest/bin/python` (`make bench-latest`) it measures the latest releases (bench/envs.py).
 """
 
 from __future__ import annotations
@@ -139,14 +142,19 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scan")
     parser.add_argument("--cases", nargs="+", choices=("loaders", "layout", "scale", "discovery"),
                         default=["loaders", "layout", "scale", "discovery"])
-    parser.add_argument("--generate-sharded", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--generate-sharded", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     # An installed package runs from compiled bytecode; with PYTHONDONTWRITEBYTECODE set, every child
     # would compile each guard module from source again (a third of a tiny scan's start-up here).
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if args.generate_sharded:
-        generate_sharded(Path(args.generate_sharded[0]), int(args.generate_sharded[1]), 50)
+        generate_sharded(Path(args.generate_sharded[0]), int(args.generate_sharded[1]), 50,
+                         spaced="spaced" in args.generate_sharded[2:])
         return 0
+    sys.path.insert(0, str(ROOT / "bench"))
+    import envs
+
+    print(f"environment: {envs.describe()}")
     print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if "scale" in args.cases:
         scale(args.out, args.rounds)
@@ -236,10 +244,11 @@ def layout_per_file(out: Path, rounds: int) -> None:
     print(f"  per file, weight sets / v0.1.0: {per_new / per_old:5.2f}x  (target <= 1.0x)")
 
 
-def generate_sharded(out: Path, shards: int, per_shard: int) -> Path:
+def generate_sharded(out: Path, shards: int, per_shard: int, *, spaced: bool = False) -> Path:
     """A sharded bf16 model: ``shards`` files of ``per_shard`` small tensors, its index, config.json, each
-    written as its library writes it (compact safetensors headers; transformers' indented, sorted index)."""
-    root = out / f"sharded-{shards}x{per_shard}"
+    written as its library writes it (compact safetensors headers; transformers' indented, sorted index).
+    ``spaced``: the headers as hand-rolled writers write them, ``json.dumps`` with its default separators."""
+    root = out / f"sharded-{shards}x{per_shard}{'-spaced' if spaced else ''}"
     if (root / ".built").exists():
         return root
     root.mkdir(parents=True, exist_ok=True)
@@ -256,7 +265,8 @@ def generate_sharded(out: Path, shards: int, per_shard: int) -> Path:
             header[name] = {"dtype": "BF16", "shape": [8, 4], "data_offsets": [offset, offset + 64]}
             weight_map[name] = file
             offset += 64
-        raw = json.dumps(header, separators=(",", ":")).encode()  # as the safetensors library writes it
+        # as the safetensors library writes it, or json.dumps' default form (", " and ": ")
+        raw = (json.dumps(header) if spaced else json.dumps(header, separators=(",", ":"))).encode()
         raw += b" " * (-len(raw) % 8)
         (root / file).write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
     index = {"metadata": {"total_size": shards * per_shard * 64}, "weight_map": dict(sorted(weight_map.items()))}
@@ -286,9 +296,13 @@ def scale(out: Path, rounds: int) -> None:
     py = sys.executable
     print("scale: whole processes, alternating, median wall time and peak RSS")
     per_tensor = []
-    for shards in (1000, 4000):
-        root = out / f"sharded-{shards}x50"  # built in a child: a forked child's peak RSS starts at its parent's
-        subprocess.run([py, __file__, "--generate-sharded", str(out), str(shards)], check=True)
+    for shards, spaced in ((1000, False), (4000, False), (4000, True)):
+        # built in a child: a forked child's peak RSS starts at its parent's
+        root = out / f"sharded-{shards}x50{'-spaced' if spaced else ''}"
+        subprocess.run([py, __file__, "--generate-sharded", str(out), str(shards), *(["spaced"] if spaced else [])],
+                       check=True)
+        if spaced:
+            print("  the same shards with json.dumps headers (\", \" and \": \"), as hand-rolled writers write them:")
         cmds = {
             "ckpt-guard scan": [py, "-m", "guard", "scan", "--expect", "config", "--no-summary", str(root)],
             "safe_open listing": [py, "-c", "import glob\nfrom safetensors import safe_open\n"
@@ -313,7 +327,8 @@ def scale(out: Path, rounds: int) -> None:
         ratio = wall["ckpt-guard scan"] / wall["safe_open listing"]
         cpu_ratio = cpu["ckpt-guard scan"] / cpu["safe_open listing"]
         work = (cpu["ckpt-guard scan"] - cpu["python -c pass"]) / tensors * 1e6
-        per_tensor.append(work)
+        if not spaced:
+            per_tensor.append(work)
         print(f"  ckpt-guard / safe_open: wall {ratio:.2f}x, cpu {cpu_ratio:.2f}x (target <= 1.5x); "
               f"{work:.2f} us of cpu per tensor above start-up")
     print(f"  cpu per tensor, 4,000 shards / 1,000 shards: {per_tensor[1] / per_tensor[0]:.2f} (linear: ~1.0)")

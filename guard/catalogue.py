@@ -75,8 +75,13 @@ RULES: tuple[Rule, ...] = (
          "Convert to one dtype (`ckpt-guard convert --dtype fp32`), or list deliberate fp32 "
          "tensors with --keep-fp32 '*norm*'."),
     Rule("CG103", "config-dtype-mismatch", W, "headers",
-         "config.json's torch_dtype / dtype (nested configs too) disagrees with the weights.",
-         "config.json says \"torch_dtype\": \"bfloat16\" while every floating tensor is F32.",
+         "config.json's torch_dtype / dtype (nested configs too) disagrees with the weights. An error when the "
+         "config names a narrower float dtype than the weights hold (transformers 5 loads in the config's "
+         "dtype by default, so the weights are rounded down silently; a .keras layer policy likewise); a "
+         "warning when it is wider (loading widens exactly), when a variant saved last holds the config's "
+         "dtype, or when torch_dtype and dtype disagree.",
+         "config.json says \"torch_dtype\": \"bfloat16\" while every floating tensor is F32: an error; "
+         "\"float32\" over BF16 weights: a warning.",
          "Set the config dtype to what the weights hold, or cast the weights."),
     Rule("CG104", "low-precision-norm", N, "headers",
          "Normalization parameters are stored in bf16/fp16; many recipes keep them in fp32.",
@@ -128,6 +133,53 @@ RULES: tuple[Rule, ...] = (
          "MLX per-module false) are packed, or modules it quantizes are stored unpacked.",
          "compressed-tensors `ignore: [\"lm_head\"]` with lm_head.weight_packed in the shards.",
          "Re-export with the quantizer, or correct the config's list of unquantized modules."),
+    Rule("CG114", "training-rank-missing", E, "headers",
+         "A rank's file that the training checkpoint's metadata expects is missing (DCP's `.metadata` "
+         "names it; DeepSpeed's `partition_count` counts it): the checkpoint cannot be loaded or consolidated.",
+         "ckpt/.metadata places model.layers.0.mlp.up_proj.weight in __1_0.distcp, which is not there.",
+         "Copy the whole checkpoint folder again; every rank's file is needed."),
+    Rule("CG115", "training-byte-range-invalid", E, "headers",
+         "A byte range the training checkpoint's metadata gives runs past the end of its file, or overlaps "
+         "another: a truncated copy, or metadata of another save.",
+         "__0_0.distcp is 1,048,576 bytes but .metadata places a chunk at 1,040,000 + 16,384.",
+         "Copy the checkpoint again from where it was written; do not mix files of two saves."),
+    Rule("CG116", "training-chunks-not-tiling", E, "headers",
+         "The chunks a training checkpoint stores for a tensor do not tile its global shape: a gap, an "
+         "overlap, a chunk outside the shape, or a chunk with no bytes stored.",
+         "model.embed_tokens.weight [32000, 4096] stored as rows 0-15999 and 16000-31998.",
+         "Re-save from the training run; the metadata does not describe one whole tensor."),
+    Rule("CG117", "training-metadata-missing", E, "headers",
+         "A DCP checkpoint's `.distcp` files without its `.metadata`: torch writes `.metadata` last, so the "
+         "save never finished, and nothing can load it.",
+         "step-1000/ holds __0_0.distcp and __1_0.distcp and no .metadata.",
+         "Use the last checkpoint whose save finished (it has a .metadata), or save again."),
+    Rule("CG118", "zero-partition-size-mismatch", E, "headers",
+         "A DeepSpeed ZeRO checkpoint's partitions do not add up to its `param_shapes`: the flat fp32 partitions "
+         "hold more or fewer elements than the parameters they are said to hold, so no consolidation is right.",
+         "global_step500/ whose two ranks' partitions hold 6,736 elements while param_shapes needs 6,800.",
+         "Copy the tag folder again from the run; do not mix files of two saves or two world sizes."),
+    Rule("CG119", "training-latest-tag-missing", E, "headers",
+         "DeepSpeed's `latest` file names a tag with no folder beside it: `zero_to_fp32.py` and "
+         "`load_checkpoint` fail, and the newest save is missing.",
+         "checkpoints/latest says global_step900, and checkpoints/ holds only global_step800/.",
+         "Copy the missing tag folder, or write the tag that is there into `latest`."),
+    Rule("CG120", "training-state-published", W, "headers",
+         "A model repository holds training state (optimizer moments, master partitions, rank files): "
+         "gigabytes users download for nothing, and the training run's internals.",
+         "output_dir/global_step500/ with 6.1 GB of optimizer state pushed beside model.safetensors.",
+         "Publish the consolidated weights (`ckpt-guard convert CKPT --to torch --out OUT`) and leave "
+         "checkpoints out (`ignore_patterns=[\"global_step*\"]`)."),
+    Rule("CG121", "training-only-weights", W, "headers",
+         "The only weights in the repository are training partitions: no loadable model is published "
+         "(ZeRO-3 or a sharded FSDP state dict makes `Trainer.save_model` write none). An error in the "
+         "upload gate and the Hub reviewer.",
+         "A repository with config.json and global_step500/*_optim_states.pt and no model.safetensors.",
+         "Consolidate first: `ckpt-guard convert CKPT --to torch --out OUT`, and publish OUT."),
+    Rule("CG122", "published-narrower-than-masters", N, "headers",
+         "A published weight set beside the training state is narrower than the training state's master "
+         "weights: the masters' precision stays behind.",
+         "model.safetensors in BF16 beside global_step500/ whose fp32 masters are the model's real weights.",
+         "Publish the masters: `ckpt-guard convert CKPT --to torch --out OUT` writes them as safetensors."),
     Rule("CG201", "fp16-overflow", E, "values",
          "Values beyond ±65504 become inf when cast to fp16.",
          "An fp32 embedding with max |x| = 1.2e5 and --target torch:fp16.",
@@ -155,11 +207,17 @@ RULES: tuple[Rule, ...] = (
          "model.layers.0.mlp.up_proj.weight F8_E4M3 with 3% of its values at ±448 and weight_scale 1.0.",
          "Quantize with per-tensor or per-block scales (the quantizer's calibration), not a bare cast."),
     Rule("CG301", "roundtrip-not-exact", E, "conversion",
-         "A same-dtype conversion changed tensor bytes.",
-         "A bf16 tensor that went through an fp32 bridge and lost its NaN payload.",
-         "Report a bug; ckpt-guard conversions are bit-exact by design."),
+         "A same-dtype conversion changed tensor bytes; or (a warning) a target's own convention rounds a tensor, "
+         "declared with the count of elements that will not convert back bit-exactly.",
+         "A bf16 tensor that went through an fp32 bridge and lost its NaN payload; MaxText's query kernel, scaled "
+         "by 1/sqrt(head_dim) in f32 and cast back.",
+         "Report a bug; ckpt-guard conversions are bit-exact by design. A declared rounding is the target's own "
+         "layout: keep the source checkpoint as the master copy."),
     Rule("CG302", "parity-failed", E, "conversion",
-         "PyTorch and Flax outputs differ beyond the dtype's tolerance.",
+         "PyTorch and Flax outputs differ beyond the dtype's tolerance, or a side reads a config value that "
+         "makes the model (rope_theta, RoPE scaling, dtype, sizes) otherwise than the source's config.json means; "
+         "or (parity --against) a JAX stack's own loader holds a parameter other than the file's bits (rounded, "
+         "narrowed, reinterpreted) or its forward misses PyTorch's.",
          "max |Δ| / max |ref| = 0.3 on BART logits after conversion.",
          "Check GELU approximation, LayerNorm eps and kernel layout; compare in fp32 first."),
     Rule("CG303", "parity-unavailable", N, "conversion",
@@ -167,7 +225,9 @@ RULES: tuple[Rule, ...] = (
          "model_type 'mamba' has no Flax class in transformers 4.x.",
          "Informational: the weights were converted but outputs could not be compared."),
     Rule("CG304", "key-or-shape-mismatch", E, "conversion",
-         "Tensors missing, unexpected, or of the wrong shape for the target architecture.",
+         "Tensors missing, unexpected, or of the wrong shape for the target architecture; or an architecture, "
+         "or a config value (a RoPE base or scaling), the target's classes cannot compute; or (parity --against) "
+         "a tensor a JAX stack's loader leaves out, or a parameter it holds that no tensor fills.",
          "decoder.layers.3.fc1.weight has no place in the Flax parameter tree.",
          "Check the config matches the weights; never load with missing keys left random."),
     Rule("CG401", "not-scannable-remotely", N, "hub",

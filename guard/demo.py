@@ -99,6 +99,14 @@ def build_samples(root: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     root = Path(args[0] if args else "demo-models")
+    from guard.errors import GuardError
+    from guard.parity.needs import require_flax_transformers
+
+    try:  # its samples include transformers' own Flax copy, and it runs convert --parity
+        require_flax_transformers("the demo")
+    except GuardError as exc:
+        print(f"ckpt-guard demo: {exc}; nothing written", file=sys.stderr)
+        return 2
     problem = fresh_root(root)
     if problem:
         print(f"ckpt-guard demo: {problem}", file=sys.stderr)

@@ -99,7 +99,9 @@ class SetSummary:
 
 # FileScan.metadata key -> how the summary says it (the files' own word on their dtypes)
 _NOTES = (("onnx.input_dtypes", "graph inputs {}"), ("onnx.output_dtypes", "graph outputs {}"),
-          ("general.file_type", "GGUF file type {}"), ("declared_dtype_source", "{}"))
+          ("general.file_type", "GGUF file type {}"), ("declared_dtype_source", "{}"),
+          # a training checkpoint (guard.training.state.TrainingState.notes): who wrote it, where its dtypes live
+          ("training.what", "{}"), ("training.publishes", "{}"), ("training.dtypes", "{}"), ("training.items", "{}"))
 
 
 def set_notes(ws: WeightSet) -> tuple[str, ...]:

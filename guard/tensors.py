@@ -53,7 +53,8 @@ TENSOR_NAME, TENSOR_DTYPE, TENSOR_SHAPE, TENSOR_FILE, TENSOR_STORAGE = (
 
 # Formats a reader may report.
 FORMATS = ("safetensors", "torch-zip", "torch-legacy", "torchscript", "torch-export", "flax-msgpack", "lfs-pointer", "gguf", "onnx", "npy",
-           "npz", "hdf5", "keras", "orbax", "openvino", "coreml", "tf-bundle", "tflite", "executorch")
+           "npz", "hdf5", "keras", "orbax", "openvino", "coreml", "tf-bundle", "tflite", "executorch",
+           "dcp", "deepspeed")  # training checkpoints (guard.training) add theirs
 
 
 NO_METADATA: Mapping[str, str] = MappingProxyType({})
@@ -73,3 +74,5 @@ class FileScan:
     # Other files this one needs, relative to its directory (ONNX external data, ...);
     # the inventory resolves them against the directory listing, local or remote.
     companions: tuple[str, ...] = ()
+    # A training checkpoint read as one scan (guard.training.state.TrainingState); None for any other file.
+    training: object | None = None  # typed loosely: guard.training imports this module

@@ -598,13 +598,14 @@ def test_ten_thousand_findings_are_capped_in_annotations_but_all_in_the_json(tmp
 
 
 @pytest.mark.parametrize("name, value", [("fail-on", "sometimes"), ("values", "yes"), ("convert", "onnx"),
-                                         ("fix", "push"), ("report-existing", "yes")])
+                                         ("fix", "push"), ("report-existing", "yes"),
+                                         ("parity-against", "mlx")])
 def test_install_rejects_bad_inputs_before_installing(tmp_path, name, value):
     env = {"CG_VERSION": "", "CG_VALUES": "false", "CG_CONVERT": "", "CG_PARITY": "false", "CG_FIX": "false",
            "CG_FAIL_ON": "error", "CG_CHANGED_ONLY": "true", "CG_SUMMARY": "true", "CG_ANNOTATE": "true",
            "CG_REPORT_EXISTING": "false"}
     env[{"fail-on": "CG_FAIL_ON", "values": "CG_VALUES", "convert": "CG_CONVERT", "fix": "CG_FIX",
-         "report-existing": "CG_REPORT_EXISTING"}[name]] = value
+         "report-existing": "CG_REPORT_EXISTING", "parity-against": "CG_PARITY_AGAINST"}[name]] = value
     runner = Runner(tmp_path, tmp_path)
     result, _ = runner.run("install.sh", **env)
     assert result.returncode == 2 and f"::error title=ckpt-guard::{name}" in result.stdout

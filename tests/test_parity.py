@@ -338,3 +338,45 @@ def test_reports_show_flax_error_pytorchs_own_and_their_ratio_per_output() -> No
     assert f"| {low['ratio']:.3g} |" in markdown
     assert json.loads(render(report, "json"))["extra"]["parity"]["comparisons"][1]["outputs"]["hidden_states.1"][
         "ratio"] == pytest.approx(low["ratio"])
+
+
+# ---------------------------------------------------------------- the JAX side's backend and precision drift
+
+
+@pytest.mark.slow
+def test_backend_is_reported_and_drift_only_when_asked_on_the_cpu(models: Any, tmp_path: Path) -> None:
+    import jax
+
+    pt_dir, flax_dir = models("mistral")
+    _, plain = run_parity(pt_dir, flax_dir)
+    assert plain["jax_backend"] == jax.default_backend() == "cpu" and plain["jax_device"]
+    assert "default_precision_drift" not in plain  # the CPU computes the same at either precision
+    out = tmp_path / "parity.json"
+    assert main(["parity", str(pt_dir), str(flax_dir), "--drift", "-f", "json", "-o", str(out)]) == 0
+    figures = json.loads(out.read_text())["extra"]["parity"]
+    drift = figures["default_precision_drift"]
+    assert drift["output"] == "logits" and drift["precision"] == "default"
+    # on the CPU the default precision is full fp32: the rerun is the same computation
+    assert drift["vs_highest"] == 0.0
+    assert drift["vs_torch_fp32"] == drift["highest_vs_torch_fp32"] <= 1e-5
+    text = tmp_path / "parity.txt"
+    assert main(["parity", str(pt_dir), str(flax_dir), "--drift", "-o", str(text)]) == 0
+    assert "JAX on cpu" in text.read_text() and "reported, not judged" in text.read_text()
+
+
+def test_drift_is_measured_at_the_default_precision_and_never_judged() -> None:
+    from guard.parity.accelerator import default_precision_drift
+
+    seen: list[str] = []
+
+    def rerun() -> dict[str, Any]:
+        import jax
+
+        seen.append(str(jax.config.jax_default_matmul_precision))
+        return {"logits": np.array([1.0, 2.0, 4.02]), "hidden_states.0": np.zeros(3)}
+
+    ref = {"logits": np.array([1.0, 2.0, 4.0])}
+    drift = default_precision_drift(rerun, {"logits": np.array([1.0, 2.0, 4.0])}, ref)
+    assert seen == ["default"]
+    assert drift["vs_torch_fp32"] == pytest.approx(0.005) and drift["vs_highest"] == pytest.approx(0.005)
+    assert drift["highest_vs_torch_fp32"] == 0.0

@@ -36,7 +36,8 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
 
 @click.command(short_help="Convert between PyTorch and Flax, bit-exactly.")
 @click.argument("src", type=click.Path(path_type=Path))
-@click.option("--to", "to", type=click.Choice(["flax", "torch"]), required=True, help="Target framework.")
+@click.option("--to", "to", type=click.Choice(["flax", "torch", "maxtext"]), required=True,
+              help="Target: flax, torch, or maxtext (a MaxText Orbax checkpoint; its way back is --to torch).")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True,
               help="New output directory (must not exist, or be empty; never SRC).")
 @click.option("--dtype", "dtype", type=click.Choice(["keep", "fp32", "bf16", "fp16"]), default="keep",
@@ -56,6 +57,12 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
               help="Write a quantized model (bitsandbytes, GPTQ, AWQ, HQQ, quanto, FP8, MLX, ...) in full precision, "
                    "at --dtype (keep: the config's dtype).")
 @click.option("--parity", "run_parity", is_flag=True, help="Then compare PyTorch and Flax outputs (CG302/CG303).")
+@click.option("--scan-layers", is_flag=True,
+              help="With --to maxtext: one decoder/layers subtree stacked on MaxText's param_scan_axis "
+                   "(scan_layers=true).")
+@click.option("--config", "config", type=click.Path(path_type=Path), default=None,
+              help="A training checkpoint's model config: a config.json, or the folder holding it (default: beside "
+                   "the checkpoint, or in its parent folder).")
 @click.option("--strict", is_flag=True,
               help="Refuse, instead of dropping with a warning, tensors the target class has no place for.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the libraries' own warnings and log lines.")
@@ -65,19 +72,28 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
               help="Write the report to FILE instead of stdout.")
 def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], layout: str | None,
             variant: str | None, max_shard_size: str, allow_lossy: bool, verify: str, dequantize: bool,
-            run_parity: bool, strict: bool, verbose: bool, fmt: str, output: Path | None) -> int:
+            run_parity: bool, strict: bool, verbose: bool, fmt: str, output: Path | None,
+            scan_layers: bool = False, config: Path | None = None) -> int:
     """Convert a model directory between PyTorch and Flax, bit-exactly unless --dtype says otherwise."""
     require_extras(CONVERT_MODULES, "convert")
     from guard.quiet import quiet_libraries
 
     with quiet_libraries(verbose=verbose):
+        from guard.cli.convert_maxtext import convert_maxtext, is_maxtext_source
+
+        if to == "maxtext" or (to == "torch" and is_maxtext_source(src)):  # guard.convert.maxtext's own path
+            return convert_maxtext(src, to, out, dtype=dtype, keep_fp32=keep_fp32, scan_layers=scan_layers,
+                                   allow_lossy=allow_lossy, run_parity=run_parity,
+                                   max_shard_size=parse_size(max_shard_size), fmt=fmt, output=output,
+                                   summaries=_summaries, next_step=next_step)
         return _convert(src, to, out, dtype, keep_fp32, max_shard_size, allow_lossy, run_parity, strict, fmt, output,
-                        layout=layout, verify=verify, variant=variant, dequantize=dequantize)
+                        layout=layout, verify=verify, variant=variant, dequantize=dequantize, config=config)
 
 
 def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], max_shard_size: str,
              allow_lossy: bool, run_parity: bool, strict: bool, fmt: str, output: Path | None, *,
-             layout: str | None, verify: str, variant: str | None = None, dequantize: bool = False) -> int:
+             layout: str | None, verify: str, variant: str | None = None, dequantize: bool = False,
+             config: Path | None = None) -> int:
     from guard.cli.options import emit
     from guard.convert.read.io_orbax import is_orbax_checkpoint
     from guard.convert.run import output_layout
@@ -86,16 +102,18 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
     if run_parity and (layout == "orbax" or is_orbax_checkpoint(src)):
         raise UsageError("--parity loads flax_model.msgpack with transformers; it cannot read an Orbax checkpoint "
                          "(convert with --layout msgpack for parity)")
+    if run_parity:
+        parity_requirements(src, to, variant=variant, dequantize=dequantize)
     from guard.write.cast import DTYPE_CHOICES, CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
     from guard.report import Report
 
     request = ConvertRequest(src, out, to, CastPolicy(DTYPE_CHOICES[dtype], tuple(keep_fp32)),
                              parse_size(max_shard_size), allow_lossy, strict, layout=layout, verify=verify,
-                             variant=variant, dequantize=dequantize)
+                             variant=variant, dequantize=dequantize, config=config)
     findings, figures = convert_model(request)
     if not figures.get("written"):
-        figures["next_step"] = next_step(findings)
+        figures["next_step"] = figures.get("next_step") or next_step(findings)
     report = Report(findings=findings, policy={"fail_on": "error"}, extra={"conversion": figures})
     if figures.get("written"):
         report.models.extend(_summaries(out))
@@ -107,6 +125,18 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
             click.echo(line)
     emit(report, fmt, output)
     return report.exit_code
+
+
+def parity_requirements(src: Path, to: str, *, variant: str | None, dequantize: bool) -> None:
+    """Everything --parity needs, known before the first byte is written: one line, and no output."""
+    from guard.convert.read.source import choose_layout
+    from guard.parity.needs import require_flax_transformers
+
+    if not dequantize and src.is_dir():  # a quantized source has no twin: its output is paired with itself
+        if choose_layout(src, to=to, variant=variant)[0] == to:  # an Orbax SRC was refused above
+            raise UsageError("--parity compares a PyTorch and a Flax model; source and target are the same "
+                             "framework; nothing written")
+    require_flax_transformers("--parity", after="; nothing written")
 
 
 def _summaries(out: Path) -> list:  # type: ignore[type-arg]
@@ -122,9 +152,6 @@ def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-de
     import tempfile
 
     dequantized = bool(figures.get("dequantized"))  # the quantized source has no twin: pair the output with itself
-    if (figures["from"] == "flax-msgpack") == (request.to == "flax") and not dequantized:
-        raise UsageError("--parity compares a PyTorch and a Flax model; source and target are the same framework")
-    require_extras(("transformers",), "parity")
     from guard.write.cast import CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
     from guard.parity.run import run_parity

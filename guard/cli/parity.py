@@ -13,31 +13,48 @@ from guard.reporters import REPORTERS
 
 @click.command(short_help="Compare PyTorch and Flax outputs of one model.")
 @click.argument("torch_dir", type=click.Path(path_type=Path))
-@click.argument("flax_dir", type=click.Path(path_type=Path))
+@click.argument("flax_dir", type=click.Path(path_type=Path), required=False)
+@click.option("--against", "against", type=click.Choice(("tunix", "keras-hub", "easydel")), default=None,
+              help="Instead of FLAX_DIR: load TORCH_DIR (an HF checkpoint) with that JAX stack's own loader, "
+                   "compare every parameter it holds with the file and its forward with PyTorch's (docs/jax.md).")
+@click.option("--against-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The Python of the environment where the --against library is installed "
+                   "(default: the one `make` builds for it).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the generated inputs.")
 @click.option("--format", "-f", "fmt", type=click.Choice(tuple(REPORTERS)), default="text", show_default=True,
               help="Output format.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report to FILE instead of stdout.")
+@click.option("--drift/--no-drift", default=None,
+              help="Also run the JAX fp32 pass at JAX's default matmul precision and report its drift "
+                   "(a figure, never a failure). Default: on a TPU or GPU only.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the libraries' own warnings and log lines.")
-def parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None, verbose: bool) -> int:
-    """Compare PyTorch and Flax outputs of the same model (transformers' paired classes)."""
+def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_python: Path | None, seed: int,
+           fmt: str, output: Path | None, drift: bool | None, verbose: bool) -> int:
+    """Compare PyTorch and Flax outputs of the same model (transformers' paired classes), or (--against)
+    check that a JAX stack loads an HF checkpoint right."""
+    if (flax_dir is None) == (against is None):
+        raise UsageError("give FLAX_DIR or --against STACK (one of them)")
+    if against is not None:
+        from guard.cli.parity_against import parity_against
+
+        return parity_against(torch_dir, against, against_python, seed, fmt, output, verbose)
     for directory in (torch_dir, flax_dir):
         if not directory.is_dir():
             raise UsageError(f"{directory}: not a directory")
     from guard.quiet import quiet_libraries
 
     with quiet_libraries(verbose=verbose):
-        return _parity(torch_dir, flax_dir, seed, fmt, output)
+        return _parity(torch_dir, flax_dir, seed, fmt, output, drift)
 
 
-def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None) -> int:
+def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None, drift: bool | None) -> int:
     from guard.parity.run import run_parity  # torch, jax, flax, transformers: the `parity` extra
     from guard.inventory import discover_models, load_local_model
     from guard.report import ModelSummary, Report
     from guard.reporters import render
 
-    findings, figures = run_parity(torch_dir, flax_dir, seed=seed)
+    findings, figures = run_parity(torch_dir, flax_dir, seed=seed, drift=drift)
     report = Report(findings=findings, policy={"fail_on": "error"}, extra={"parity": figures})
     for model in discover_models([torch_dir, flax_dir]):  # headers only: the dtype tables of both sides
         if Path(model.directory) in (Path(torch_dir), Path(flax_dir)):

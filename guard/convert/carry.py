@@ -13,6 +13,10 @@ from guard.catalogue import make_finding
 from guard.findings import Finding
 from guard.inventory import is_index_file, is_weight_file
 
+# Files of a training run beside its config.json (DeepSpeed's save folder, the Trainer's checkpoint-N/).
+TRAINING_FILES = frozenset({"latest", "zero_to_fp32.py", "zero_to_torch.py", "trainer_state.json"})
+TRAINING_SUFFIXES = (".distcp", ".metadata")  # PyTorch DCP's rank files and per-rank metadata (__R.metadata)
+
 CONFIG_FILES = ("config.json", "generation_config.json")
 DTYPE_KEYS = ("torch_dtype", "dtype")
 _WEIGHTS = re.compile(r"\.(safetensors|bin|msgpack|pt|pth|ckpt|h5|onnx)$|\.index\.json$"
@@ -67,6 +71,8 @@ def carry_files(src: Path, dest: Path, *, config: dict[str, Any] | None, dtype_n
         name = path.name
         if name == "config.json" or name.startswith(".") or not path.is_file() or _WEIGHTS.search(name):
             continue
+        if name in TRAINING_FILES or name.endswith(TRAINING_SUFFIXES):  # a training run's `latest`, its scripts,
+            continue  # its rank files: no part of the converted model
         if is_weight_file(name) or is_index_file(name):  # other copies and variants, in every naming
             continue
         if name == "generation_config.json" and dtype_name:

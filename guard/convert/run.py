@@ -13,10 +13,12 @@ from guard.convert.read.dequant import DequantError
 from guard.convert.carry import carry_files, main_dtype, read_config
 from guard.write.cast import CastPolicy
 from guard.convert.read.io_orbax import is_orbax_checkpoint
+from guard.convert.legacy_config import flax_target_config
 from guard.convert.map.mapping import plan_mapping
 from guard.write.publish import discard, make_temp_dir, publish
 from guard.convert.read.source import SourceModel, open_source
 from guard.convert.read.source_orbax import open_orbax
+from guard.convert.read.source_training import find_training_source
 from guard.write.verify import verify_output
 from guard.write.writer import LAYOUTS, Naming, OutputTensor, plan_shards, write_output
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
@@ -40,10 +42,19 @@ class ConvertRequest:
     variant: str | None = None  # the weight set to read: None is the one the scanner calls primary
     naming: Naming | None = None  # the written files' names (fix: a variant's); None: model.safetensors, ...
     dequantize: bool = False  # a quantized source is refused unless this says to write it in full precision
+    config: Path | None = None  # --config: the folder (or its config.json) describing a training checkpoint's model
 
     @property
     def output_layout(self) -> str:
         return output_layout(self.to, self.layout)
+
+
+def config_folder(path: Path) -> Path:
+    """--config: a folder holding config.json, or that file itself; a UsageError for anything else."""
+    folder = path if path.is_dir() else path.parent
+    if path.name != "config.json" and not path.is_dir() or not (folder / "config.json").is_file():
+        raise UsageError(f"{path}: --config names neither a config.json nor a folder holding one")
+    return folder
 
 
 def output_layout(to: str, layout: str | None) -> str:
@@ -63,6 +74,11 @@ def check_paths(src: Path, out: Path) -> None:
         raise UsageError(f"{out}: already exists and is not empty; choose a new --out directory")
 
 
+FLAX_CONFIG_NEXT_STEP = ("transformers 4's Flax classes cannot compute what config.json means; for JAX, convert "
+                         "with --to maxtext, or load the safetensors with a JAX stack that reads them itself "
+                         "(tunix, keras-hub, EasyDeL)")
+
+
 def _blocking(findings: list[Finding]) -> bool:
     return any(f.severity is Severity.error for f in findings)
 
@@ -71,11 +87,23 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
     start = time.monotonic()
     check_paths(req.src, req.out)
     layout = req.output_layout
-    config, findings = read_config(req.src)
+    training = None if is_orbax_checkpoint(req.src) else find_training_source(req.src)  # DeepSpeed, ...
+    config_dir = training.config_dir if training is not None else req.src
+    if req.config is not None:
+        config_dir = config_folder(req.config)
+    config, findings = read_config(config_dir)
     if is_orbax_checkpoint(req.src):
         if req.variant is not None:
             raise UsageError(f"{req.src}: an Orbax checkpoint has no variants; drop --variant")
         source = open_orbax(req.src)
+    elif training is not None:
+        if req.variant is not None:
+            raise UsageError(f"{req.src}: a training checkpoint has no variants; drop --variant")
+        source = training.open()
+        if training.layout == "dcp":  # torchtitan's Llama: its names and q/k RoPE order, as HF's
+            from guard.training.dcp.torchtitan import from_torchtitan
+
+            source = from_torchtitan(source, config)
     else:
         source = open_source(req.src, to=req.to, variant=req.variant)
     findings += source.findings
@@ -108,6 +136,13 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
         if info is None or info.numpy is None or info.bits < 8:
             raise UsageError(f"{tensor.info.file}: {tensor.name} is {tensor.info.dtype}, which convert cannot "
                              "carry yet (sub-byte or unknown dtype)")
+    if req.to == "flax" and config is not None:  # the keys transformers 4 reads (the mapping's ties read them too);
+        # what its Flax classes cannot compute is refused
+        config, config_findings = flax_target_config(config, where=str(req.src / "config.json"))
+        findings += config_findings
+        if _blocking(findings):
+            figures["next_step"] = FLAX_CONFIG_NEXT_STEP
+            return findings, figures
     mapping, mapping_findings, mapping_figures = plan_mapping(source, config, to=req.to, src=req.src,
                                                               strict=req.strict)
     findings += mapping_findings
@@ -141,7 +176,7 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
             return findings, figures
         if quantized is not None:
             config = full_precision_config(config)
-        figures["carried"] = carry_files(req.src, temp, config=config, dtype_name=main_dtype(counts))
+        figures["carried"] = carry_files(config_dir, temp, config=config, dtype_name=main_dtype(counts))
         if quantized is not None:
             figures["carried"] = drop_quantization_files(temp, figures["carried"])
         publish(temp, req.out)

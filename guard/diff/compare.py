@@ -21,15 +21,17 @@ _KINDS = {(False, False): (), (True, False): ("recast",), (False, True): ("resha
 DIFFERENT_MODELS = 0.5  # fewer names in common than this share of the smaller side: two different models
 
 
-def compare_sides(old: Side, new: Side, policy: Policy, *, values: bool = False) -> ChangeReport:
+def compare_sides(old: Side, new: Side, policy: Policy, *, values: bool = False,
+                  publishing: bool = False) -> ChangeReport:
+    """``publishing``: each side is a model repository as published (the Hub reviewer: CG120/CG121)."""
     from guard.scan import scan_inventories
 
     if values:
         from guard.diff.values import require_values_extra
 
         require_values_extra()  # before any work: a missing extra is one line, exit 2
-    old_report = scan_inventories(old.inventories, policy, pipelines=old.pipelines)
-    new_report = scan_inventories(new.inventories, policy, pipelines=new.pipelines)
+    old_report = scan_inventories(old.inventories, policy, pipelines=old.pipelines, publishing=publishing)
+    new_report = scan_inventories(new.inventories, policy, pipelines=new.pipelines, publishing=publishing)
     builder = _Builder(values)
     models = [builder.model(key, o, n) for key, o, n in pair_models(old, new, old_report, new_report)]
     if values:

@@ -184,6 +184,12 @@ def comparable(info: TensorInfo) -> str | None:
 
 
 def compare_pair(old: TensorInfo, new: TensorInfo) -> ValueResult:
+    if old.data_start is None or new.data_start is None:
+        from guard.training.values import compare_assembled, is_assembled  # a training checkpoint's logical tensors
+
+        if is_assembled(old) or is_assembled(new):
+            identical, max_abs, max_rel, why = compare_assembled(old, new)
+            return ValueResult(identical, max_abs, max_rel, reason=why)
     reason = comparable(old) or comparable(new)
     if reason is not None:
         return ValueResult(None, reason=reason)

@@ -99,7 +99,7 @@ def _review_body(client: HubClient, policy: Policy, job: Job) -> str | None:
             return None
         if touched is not None:
             return _diff_body(client, policy, job, where)
-    result = scan_hub([job.repo_id], policy, client, revision=job.sha, repo_workers=1)
+    result = scan_hub([job.repo_id], policy, client, revision=job.sha, repo_workers=1, publishing=True)
     if result.errors:
         raise result.errors[0]
     faults.reached("mid-scan")
@@ -113,7 +113,7 @@ def _diff_body(client: HubClient, policy: Policy, job: Job, where: str) -> str:
     from guard.hub.diff import hub_change
 
     assert job.old_sha is not None
-    change = hub_change(client, job.repo_id, job.old_sha, job.sha, policy).change
+    change = hub_change(client, job.repo_id, job.old_sha, job.sha, policy, publishing=True).change  # CG120/CG121
     faults.reached("mid-scan")
     introduced, resolved = len(change.introduced), len(change.resolved)
     fail_on = change.policy.get("fail_on")

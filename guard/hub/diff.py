@@ -40,20 +40,21 @@ def read_sides(client: HubClient, repo_id: str, old: str, new: str) -> tuple[Rep
 
 
 def compare_scans(old: RepoScan, new: RepoScan, policy: Policy, *, old_label: str | None = None,
-                  new_label: str | None = None) -> ChangeReport:
+                  new_label: str | None = None, publishing: bool = False) -> ChangeReport:
     from guard.diff import Side, compare_sides
 
     def side(scan: RepoScan, label: str | None) -> Side:
         name = label or f"{scan.repo_id}@{scan.revision or 'main'}"
         return Side(name, tuple(scan.inventories), "", tuple(scan.pipelines))
 
-    return compare_sides(side(old, old_label), side(new, new_label), policy)
+    return compare_sides(side(old, old_label), side(new, new_label), policy, publishing=publishing)
 
 
-def hub_change(client: HubClient, repo_id: str, old: str, new: str, policy: Policy) -> HubChange:
+def hub_change(client: HubClient, repo_id: str, old: str, new: str, policy: Policy, *,
+               publishing: bool = False) -> HubChange:
     """The change from ``old`` to ``new``; raises the first side's HubError (exit 2 in the CLI)."""
     before, after = read_sides(client, repo_id, old, new)
     for scan in (before, after):
         if scan.error is not None:
             raise scan.error
-    return HubChange(compare_scans(before, after, policy), before, after)
+    return HubChange(compare_scans(before, after, policy, publishing=publishing), before, after)

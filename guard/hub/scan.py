@@ -85,10 +85,11 @@ def list_author_models(client: HubClient, author: str) -> list[str]:
 
 def scan_hub(repo_ids: Sequence[str], policy: Policy, client: HubClient, *, revision: str | None = None,
              repo_workers: int = REPO_WORKERS, file_workers: int | None = None,
-             add: Sequence[str] = ()) -> HubScanResult:
+             add: Sequence[str] = (), publishing: bool = False) -> HubScanResult:
     """Scan every repository that can be read; the others carry their error (exit 2 in the CLI).
 
-    ``add``: `hub fix --add` requests, planned per model as a local scan plans them.
+    ``add``: `hub fix --add` requests, planned per model as a local scan plans them.  ``publishing``: each
+    repository is judged as published (the Hub reviewer): CG120 for its training state, CG121 an error.
     """
     # Each repository has a config.json and at least one weight file in flight at once.
     file_workers = file_workers or max(FILE_WORKERS, 2 * repo_workers)
@@ -98,7 +99,8 @@ def scan_hub(repo_ids: Sequence[str], policy: Policy, client: HubClient, *, revi
                    for repo_id in repo_ids]
         repos = [f.result() for f in futures]
     report = scan_inventories((inv for r in repos for inv in r.inventories), policy,
-                              pipelines=[p for r in repos for p in r.pipelines], add=add)
+                              pipelines=[p for r in repos for p in r.pipelines], add=add, publishing=None)
+    _publishing_findings(report, repos, policy, publishing=publishing)
     report.extra["hub"] = {
         "endpoint": client.endpoint,
         "repos": [r.to_json() for r in repos],
@@ -107,6 +109,22 @@ def scan_hub(repo_ids: Sequence[str], policy: Policy, client: HubClient, *, revi
         "retried": dict(client.retried),  # Hub answers that were asked again, by status (429, 503...)
     }
     return HubScanResult(report, repos)
+
+
+def _publishing_findings(report: Report, repos: Sequence[RepoScan], policy: Policy, *, publishing: bool) -> None:
+    """CG120/CG121 per repository (guard.rules.publishing): one repository's weights say nothing of another's."""
+    from guard.rules.publishing import PublishingCheck
+    from guard.scan import with_fix_field
+
+    found = []
+    for repo in repos:
+        check = PublishingCheck()
+        for inventory in repo.inventories:
+            check.add(inventory)
+        found += [with_fix_field(f) for f in check.findings(publishing=publishing) if policy.is_enabled(f.code, f.path)]
+    if found:
+        report.findings.extend(found)
+        report.findings = report.sorted_findings()
 
 
 def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: ThreadPoolExecutor) -> RepoScan:
@@ -121,11 +139,17 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
         siblings, packages = fold_packages(siblings)  # each Core ML package one entry (guard.hub.packages)
         scan_one = package_scanner(packages, _scan_weight, RemoteFileStat)
         checkpoints = orbax_checkpoints(siblings)  # each an inventory of its own, below
-        groups = _group_by_directory(siblings, inside=tuple(checkpoints))
+        zero = _zero_checkpoints(listed)  # DeepSpeed tag folders: one training-state set each, like Orbax
+        owned = {f"{root}/{n}" if root else n for root, files in zero.items() for n in files}
+        groups = _group_by_directory([s for s in siblings if s.rfilename not in owned], inside=tuple(checkpoints))
         indexes = {s.rfilename: pool.submit(_fetch_json, client, repo_id, result.sha, s.rfilename, _size(s))
                    for s in siblings if posixpath.basename(s.rfilename) == PIPELINE_INDEX}
         orbax = [(root, pool.submit(_scan_orbax, client, repo_id, result.sha, root, files))
                  for root, files in checkpoints.items()]
+        orbax += [(root, pool.submit(_scan_zero, client, repo_id, result.sha, root, files, listed))
+                  for root, files in zero.items()]
+        orbax += [(folder, pool.submit(_check_latest, client, repo_id, result.sha, folder, listed))
+                  for folder in _latest_pointers(listed) if folder not in zero]
         pending = [
             (directory, [pool.submit(scan_one, client, repo_id, result.sha, name, size)
                          for name, size in weights],
@@ -133,7 +157,8 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
               for name, size in jsons})
             for directory, (weights, jsons) in groups.items()
         ]
-        checkpoint_scans = {root: _result(future, result) for root, future in orbax}
+        checkpoint_scans = {root: scan for root, scan in ((root, _result(future, result)) for root, future in orbax)
+                            if scan is not None}  # a `latest` that names its tag is no set
         for directory, weight_futures, json_futures in pending:
             scans = [scan for scan in (_result(f, result) for f in weight_futures) if scan is not None]
             json_files = {_display(repo_id, n): _result(f, result) for n, f in json_futures.items()}
@@ -240,6 +265,57 @@ def _scan_orbax(client: HubClient, repo_id: str, sha: str, root: str,
 
     try:
         scan = read_orbax_checkpoint(display, files, open_file)
+    except RemoteBudgetExceeded as exc:
+        scan = FileScan(path=display, format=None, size=sum(files.values()), findings=(make_finding(
+            "CG401", display, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
+    stat = RemoteFileStat(root or ".", sum(files.values()), sum(f.requests for f in opened),
+                          sum(f.bytes_read for f in opened))
+    return scan._replace(bytes_read=stat.bytes), stat
+
+
+def _zero_checkpoints(listed: dict[str, int | None]) -> dict[str, dict[str, int]]:
+    if not any(name.endswith(("_model_states.pt", "_optim_states.pt")) for name in listed):
+        return {}  # guard.training is imported only for a repository that holds DeepSpeed's files
+    from guard.training.deepspeed.dirs import listed_tag_dirs
+
+    return listed_tag_dirs(listed)
+
+
+def _latest_pointers(listed: dict[str, int | None]) -> list[str]:
+    """Folders holding DeepSpeed's ``latest`` (beside its ``zero_to_fp32.py``): read to check their tag (CG119)."""
+    return [posixpath.dirname(n) for n in listed if posixpath.basename(n) == "latest"
+            and posixpath.join(posixpath.dirname(n), "zero_to_fp32.py") in listed]
+
+
+def _check_latest(client: HubClient, repo_id: str, sha: str, folder: str,
+                  listed: dict[str, int | None]) -> tuple[FileScan | None, RemoteFileStat]:
+    from guard.training.deepspeed.dirs import latest_scan, tag_problem
+
+    name = posixpath.join(folder, "latest")
+    with hub_errors(repo_id, revision=sha, endpoint=client.endpoint):
+        raw = client.get_whole(client.file_url(repo_id, name, sha)) if (listed.get(name) or 0) <= 4096 else b"\xff" * 4097
+    prefix = f"{folder}/" if folder else ""
+    folders = frozenset(n[len(prefix):].split("/", 1)[0] for n in listed if n.startswith(prefix) and "/" in n[len(prefix):])
+    problem = tag_problem(raw, folders)
+    scan = latest_scan(_display(repo_id, folder) if folder else repo_id, problem) if problem else None
+    return scan, RemoteFileStat(name, len(raw), 1, len(raw))
+
+
+def _scan_zero(client: HubClient, repo_id: str, sha: str, root: str, files: dict[str, int],
+               listed: dict[str, int | None]) -> tuple[FileScan, RemoteFileStat]:
+    from guard.training.deepspeed.dirs import scan_listed
+
+    display = _display(repo_id, root) if root else repo_id
+    opened: list[HubFile] = []
+
+    def open_file(base: str, shown: str) -> HubFile:
+        name = f"{root}/{base}" if root else base
+        opened.append(HubFile(client, repo_id=repo_id, revision=sha, filename=name, size=files[base], name=shown))
+        return opened[-1]
+
+    beside = any(posixpath.join(folder, CONFIG_NAME) in listed for folder in {root, posixpath.dirname(root)})
+    try:
+        scan = scan_listed(display, files, open_file, config_beside=beside)
     except RemoteBudgetExceeded as exc:
         scan = FileScan(path=display, format=None, size=sum(files.values()), findings=(make_finding(
             "CG401", display, f"not scannable through ranged reads: {exc}; scan it locally after download"),))

@@ -57,7 +57,7 @@ def gated_upload(directory: Path, repo_id: str, policy: Policy, *, token: str | 
                  timeout: float = 30.0, revision: str | None = None, create_pr: bool = False,
                  private: bool = False, commit_message: str | None = None,
                  retry_deadline: float | None = None) -> UploadOutcome:
-    report = scan_paths([directory], policy)
+    report = scan_paths([directory], policy, publishing=True)  # CG120/CG121: the folder is a repository
     if report.failed and not create_pr:
         return UploadOutcome(report, False, (
             f"ckpt-guard: nothing uploaded to {repo_id}: the scan has findings at or above "

@@ -10,7 +10,7 @@ from guard.catalogue import make_finding
 from guard.collector import settle
 from guard.errors import UsageError
 import guard.inventory.tf_dirs as tf_dirs  # the module itself: `from guard.inventory` would be a cycle with __init__
-from guard.inventory.conventions import UNSUPPORTED_SUFFIXES
+from guard.inventory.conventions import UNSUPPORTED_SUFFIXES, has_training_marker
 from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
 from guard.inventory.package_dirs import enclosing_package, is_package, local_weights, scan_local_package
 from guard.inventory.model import (
@@ -50,6 +50,7 @@ class LocalModel:
     weight_files: tuple[str, ...]
     json_files: tuple[str, ...]
     orbax: tuple[str, ...] = ()  # Orbax checkpoint directories (guard.inventory.orbax_dirs)
+    training: tuple[object, ...] = ()  # training checkpoints here (guard.training.dirs.TrainingDir)
 
 
 def display_path(path: str | os.PathLike[str]) -> str:
@@ -114,9 +115,13 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
     models = []
     for directory, named in directories.items():
         model = _local_model(directory, named, listed.get(directory))
-        if model.weight_files or model.orbax or any(is_index_file(path_name(p)) for p in model.json_files):
+        if model.weight_files or model.orbax or model.training or any(is_index_file(path_name(p)) for p in model.json_files):
             models.append(model)
     roots = [m.directory for m in models if m.orbax]  # nothing inside an Orbax checkpoint
+    # nor inside a folder a training checkpoint claims (a claimed name ending in "/": DeepSpeed's universal zero/)
+    owned = [os.path.join(t.directory, c.rstrip("/")) for m in models for t in m.training  # type: ignore[attr-defined]
+             for c in t.claimed if c.endswith("/")]
+    models = [m for m in models if not any(m.directory == o or _inside(m.directory, o) for o in owned)] if owned else models
     return [m for m in models if not any(_inside(m.directory, r) for r in roots)] if roots else models
 
 
@@ -196,7 +201,20 @@ def _local_model(directory: str, named: set[str], entries: list[os.DirEntry[str]
     if special:
         weights = local_weights(directory, entries, weights)  # IR pairs and Core ML packages
         weights = tf_dirs.local_weights(directory, entries, weights)  # TF bundles and SavedModels
-    return LocalModel(directory, tuple(weights), tuple(jsons), orbax)
+    training = _training(directory, entries)
+    if training:  # the files a training checkpoint owns are read with it, not as weights of their own
+        claimed = {name for found in training for name in found.claimed}  # type: ignore[attr-defined]
+        weights = [w for w in weights if path_name(w) not in claimed]
+    return LocalModel(directory, tuple(weights), tuple(jsons), orbax, training)
+
+
+def _training(directory: str, entries: list[os.DirEntry[str]]) -> tuple[object, ...]:
+    """The training checkpoints the directory holds (guard.training.dirs), asked only where a marker name is."""
+    if not has_training_marker(e.name for e in entries):
+        return ()
+    from guard.training.dirs import claim_training_dirs
+
+    return claim_training_dirs(directory, frozenset(e.name for e in entries if e.is_file()))
 
 
 # Every suffix either pass above looks for (package_dirs: .xml, .mlpackage; tf_dirs: .index, .pb,
@@ -250,6 +268,12 @@ def load_local_model(model: LocalModel) -> ModelInventory:
         from guard.inventory.orbax_dirs import scan_local_orbax
 
         scans += [scan_local_orbax(d, name=display_path(d)) for d in model.orbax]
+    if model.training:
+        from guard.training.dirs import scan_training_dir
+
+        for found in model.training:
+            scans.append(scan_training_dir(found, name=display_path(found.directory)))  # type: ignore[arg-type,attr-defined]
+            settle(scans[-1].format)
     scans = tf_dirs.rebase_companions(scans, display_path(model.directory))  # a SavedModel's variables/
     opened: list[LocalFile] = []
     try:

@@ -48,8 +48,9 @@ class WeightSet:
 
     @property
     def judged(self) -> bool:
-        """Dtype rules (CG101-CG109) apply; training state is read for integrity and safety only."""
-        return self.role != "training-state"
+        """Dtype rules (CG101-CG109) apply; training state is read for integrity and safety only, but for a
+        training checkpoint read as one set (guard.training), whose tensors are what it would publish."""
+        return self.role != "training-state" or bool(self.files and self.files[0].training is not None)
 
     @property
     def tensors(self) -> Iterator[TensorInfo]:
@@ -161,7 +162,7 @@ def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list
     """Every file and index of one directory, in the set it belongs to (sorted by name)."""
     found: dict[tuple[object, ...], tuple[FileRole, str, list[FileScan], list[ShardIndex]]] = {}
     for scan in files:
-        role = classify(scan.path, weights=True)
+        role = classify(scan.path, weights=True) if scan.training is None else _training_role(scan)
         family = role.format or _READER_FAMILIES.get(scan.format or "", scan.format or "")
         key = (*role.set_key[:3], family, role.variant, role.set_key[5])
         found.setdefault(key, (role, family, [], []))[2].append(scan)
@@ -173,6 +174,13 @@ def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list
     sets = [_new_set(role, family, sorted(scans, key=lambda s: s.path), tuple(idx))
             for role, family, scans, idx in found.values()]
     return sorted(sets, key=lambda s: s.name)
+
+
+def _training_role(scan: FileScan) -> FileRole:
+    """A training checkpoint (guard.training) is one set of its own, of its layout, whatever its folder's name."""
+    name = posixpath.basename(scan.path.rstrip("/")) or scan.path
+    layout = scan.training.layout  # type: ignore[attr-defined]
+    return FileRole(name, "training-state", "file", layout, name, scan.format or layout, None, None)
 
 
 def _join_single_file_indexes(found: dict[tuple[object, ...], tuple[FileRole, str, list[FileScan], list[ShardIndex]]]
@@ -225,7 +233,8 @@ def choose_primary(sets: Sequence[WeightSet], *, diffusers: bool) -> WeightSet |
     ``diffusion_pytorch_model.safetensors``) are settled by the directory's own
     kind (diffusers' config names its class), then by name; the other is a copy.
     """
-    candidates = [s for s in sets if s.role == "weights"] or [s for s in sets if s.role == "adapter"]
+    candidates = ([s for s in sets if s.role == "weights"] or [s for s in sets if s.role == "adapter"]
+                  or [s for s in sets if s.files and s.files[0].training is not None])  # a training checkpoint alone
     if not candidates:
         return None
 

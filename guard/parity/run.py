@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from guard.catalogue import make_finding
-from guard.errors import MissingExtraError, UsageError
+from guard.errors import MissingExtraError
 from guard.findings import Finding, Severity
 from guard.inventory import discover_models, display_path, load_local_model
 from guard.parity.inputs import make_inputs
+from guard.parity.needs import PARITY_MODULES, require_flax_transformers
 from guard.parity.runs import Failed as _Failed
 from guard.parity.runs import Unavailable as _Unavailable
 from guard.parity.verdict import comparison_findings, compare_runs, low_dtype
@@ -38,7 +39,10 @@ FLAX_MAPPINGS = (
 )
 
 
-def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[Finding], dict[str, Any]]:
+def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0, drift: bool | None = None,
+               ) -> tuple[list[Finding], dict[str, Any]]:
+    """``drift``: also run the JAX fp32 pass at JAX's default matmul precision and report how far it
+    lands (``guard.parity.accelerator``); None does so on an accelerator only."""
     _require_extras()
     torch_dir, flax_dir = Path(torch_dir), Path(flax_dir)
     where = display_path(flax_dir)
@@ -46,7 +50,8 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[
                                "available": False, "passed": None, "comparisons": []}
     try:
         config = _read_config(torch_dir)
-        flax_type = _read_config(flax_dir).get("model_type")
+        flax_raw = _read_config(flax_dir)
+        flax_type = flax_raw.get("model_type")
         if flax_type != config.get("model_type"):
             raise _Failed(make_finding("CG302", where, f"model_type differs: {config.get('model_type')!r} "
                                                         f"(PyTorch) vs {flax_type!r} (Flax)"))
@@ -59,12 +64,17 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[
 
             pt_cls, flax_cls = getattr(transformers, pt_name), getattr(transformers, flax_name)
             hf_config = transformers.AutoConfig.from_pretrained(torch_dir, local_files_only=True)
+            disagreements = _config_disagreements(config, flax_raw, hf_config, flax_dir, stored, where)
+            if disagreements:  # the outputs would compare two models other than the source's
+                figures.update(passed=False, config_disagrees=[f.message for f in disagreements])
+                return disagreements, figures
             inputs = make_inputs(hf_config, flax_cls, seed=seed)
             figures["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
             runs, modules, blocks = _run_streamed(pt_cls, flax_cls, hf_config, torch_dir, flax_dir, inputs, stored,
                                                   figures)
             if runs is None:
                 runs = _run_all(pt_cls, flax_cls, torch_dir, flax_dir, inputs, stored)
+            _accelerator_figures(figures, drift, runs, lambda: _flax_fp32(flax_cls, hf_config, flax_dir, inputs, blocks))
     except _Unavailable as exc:
         figures.update(available=False, reason=str(exc))
         return [make_finding("CG303", where, f"parity unavailable: {exc}")], figures
@@ -75,6 +85,40 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0) -> tuple[list[
     findings = comparison_findings(figures["comparisons"], where=where)
     figures["passed"] = not any(f.severity is Severity.error for f in findings)
     return findings, figures
+
+
+def _accelerator_figures(figures: dict[str, Any], drift: bool | None, runs: dict[str, dict[str, Any]],
+                         run_fp32: Any) -> None:
+    from guard.parity.accelerator import backend_figures, default_precision_drift, wants_drift
+
+    figures.update(backend_figures())
+    if wants_drift(drift):
+        figures["default_precision_drift"] = default_precision_drift(run_fp32, runs["flax:fp32"], runs["torch:fp32"])
+
+
+def _flax_fp32(flax_cls: Any, hf_config: Any, flax_dir: Path, inputs: dict[str, Any], blocks: list[str] | None,
+               ) -> dict[str, Any]:
+    """The JAX fp32 pass once more, streamed as before where it was."""
+    from guard.parity.runs import run_flax
+    from guard.parity.stream_flax import stream_flax
+
+    if blocks:
+        return stream_flax(flax_cls, hf_config, flax_dir, "F32", inputs, blocks, [])[0]
+    return run_flax(flax_cls, flax_dir, "F32", inputs)
+
+
+def _config_disagreements(torch_raw: dict[str, Any], flax_raw: dict[str, Any], hf_config: Any, flax_dir: Path,
+                          stored: dict[str, str], where: str) -> list[Finding]:
+    """CG302s for config values a side reads otherwise than the source means (guard.parity.config_check)."""
+    import transformers
+
+    from guard.parity.config_check import config_disagreements, meant_values, read_values
+
+    flax_config = transformers.AutoConfig.from_pretrained(flax_dir, local_files_only=True)
+    sides = {"PyTorch": read_values(torch_raw, hf_config, flax=False),
+             "Flax": read_values(flax_raw, flax_config, flax=True)}
+    return config_disagreements(meant_values(torch_raw, hf_config), sides, where=where,
+                                same_weights_dtype=stored["torch"] == stored["flax"])
 
 
 def _run_streamed(pt_cls: Any, flax_cls: Any, hf_config: Any, torch_dir: Path, flax_dir: Path,
@@ -243,20 +287,9 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 def _require_extras() -> None:
-    for module in ("numpy", "torch", "jax", "flax", "transformers"):
+    require_flax_transformers("parity")
+    for module in PARITY_MODULES:  # present, and importable (a broken install is the same one line)
         try:
             __import__(module)
         except ImportError:
             raise MissingExtraError(module, "parity") from None
-    require_flax_transformers()
-
-
-def require_flax_transformers() -> None:
-    """transformers 5 removed the Flax classes parity runs; say so in one line."""
-    import transformers
-
-    major = str(getattr(transformers, "__version__", "0")).split(".")[0]
-    if not major.isdigit() or int(major) >= 5:
-        raise UsageError(f"parity needs transformers 4.x, the last line with Flax classes (found "
-                         f"{getattr(transformers, '__version__', '?')}); install it with: pip install "
-                         "'transformers>=4.40,<5' (convert itself does not need transformers)")

@@ -64,7 +64,43 @@ def parity_text(figures: dict[str, Any]) -> str:
             lines.append(f"    {'output':<32} {'flax':>22} {'pytorch (own)':>22} {'ratio':>7} {'bound':>9}")
             lines += [f"    {inert_text(o, limit=32):<32} {f:>22} {t:>22} {r:>7} {b:>9} {v}"
                       for o, f, t, r, b, v in rows]
+    lines += [f"  {line}" for line in tree_lines(figures)]
+    drift = drift_text(figures)
+    if drift:
+        lines.append(f"  {drift}")
     return "\n".join(lines) + "\n\n"
+
+
+def tree_lines(figures: dict[str, Any]) -> list[str]:
+    """``parity --against``: per load of the stack, how its parameters compare with the file's bits."""
+    lines = []
+    for label, load in (figures.get("loads") or {}).items():
+        tree = load.get("tree")
+        if tree is None:
+            lines.append(f"{inert_text(label, limit=40)}: could not load ({inert_text(str(load.get('error')))})")
+            continue
+        lines.append(f"{inert_text(label, limit=40)}: {tree['exact']} parameter(s) bit-exact, {len(tree['widened'])} "
+                     f"widened exactly, {len(tree['changed'])} changed, {len(tree['missing'])} missing, "
+                     f"{len(tree['extra'])} not from the file, {len(tree['unplaced'])} without a place")
+    return lines
+
+
+def drift_text(figures: dict[str, Any]) -> str | None:
+    """One line: where JAX ran and, where measured, its fp32 drift at the default matmul precision."""
+    backend = figures.get("jax_backend")
+    drift = figures.get("default_precision_drift")
+    if not backend or (backend == "cpu" and not drift):
+        return None
+    where = f"JAX on {inert_text(str(backend))} ({inert_text(str(figures.get('jax_device')), limit=40)})"
+    if not drift:
+        return where
+    return (f"{where}: fp32 passes ran at matmul precision 'highest'; at JAX's default precision "
+            f"{inert_text(str(drift['output']), limit=32)} drifts {_num(drift['vs_torch_fp32'])} from PyTorch fp32 "
+            f"({_num(drift['vs_highest'])} from 'highest'; reported, not judged)")
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.2e}"
 
 
 def parity_markdown(figures: dict[str, Any], escape: Any) -> list[str]:
@@ -84,4 +120,7 @@ def parity_markdown(figures: dict[str, Any], escape: Any) -> list[str]:
                         "PyTorch's own error in the same dtype, and their ratio", "",
                     "| output | Flax | PyTorch (own) | ratio | bound | verdict |", "|---|---:|---:|---:|---:|---|"]
             out += [f"| {escape(o, limit=80)} | {f} | {t} | {r} | {b} | {v} |" for o, f, t, r, b, v in rows]
+    drift = drift_text(figures)
+    if drift:
+        out += ["", escape(drift, limit=400)]
     return [*out, ""]

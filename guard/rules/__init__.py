@@ -79,7 +79,23 @@ CHECKS: tuple[tuple[str, Check], ...] = (
 )
 
 
+def with_kept_modules(inventory: ModelInventory, policy: Policy) -> Policy:
+    """keep-fp32 plus the modules transformers keeps in fp32 for config.json's model_type
+    (``guard.inventory.keep_fp32``): the rules, and the fixes they plan, leave those fp32 tensors be."""
+    config = inventory.config
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not model_type:
+        return policy  # a bare weight file (the hook's usual commit) imports no table
+    from guard.inventory.keep_fp32 import component_globs, kept_modules
+
+    entries = kept_modules(model_type)
+    if not entries:
+        return policy
+    return policy._replace(keep_fp32=policy.keep_fp32 + component_globs(entries))
+
+
 def check_model(inventory: ModelInventory, policy: Policy) -> list[Finding]:
+    policy = with_kept_modules(inventory, policy)
     findings: list[Finding] = []
     for ws in inventory.sets:
         for scan in ws.files:

@@ -149,9 +149,11 @@ def _scale_findings(info: TensorInfo, role: str, method: str, fmt: str | None) -
         return []
     if not _is_float(info.dtype):
         return []  # bnb double-quant absmax codes (U8) and the like: not values
+    from guard.values.minifloats import to_float32
+
     nan = inf = negative = zero = 0
     for chunk in _chunks(info):
-        values = chunk.astype(np.float32)
+        values = to_float32(info.dtype, chunk)
         nan += int(np.count_nonzero(np.isnan(values)))
         inf += int(np.count_nonzero(np.isinf(values)))
         negative += int(np.count_nonzero(values < 0))
@@ -170,18 +172,16 @@ def _scale_findings(info: TensorInfo, role: str, method: str, fmt: str | None) -
 
 
 def _saturation_findings(info: TensorInfo, groups: int) -> list[Finding]:
-    import ml_dtypes
     import numpy as np
 
-    from guard.values.stats import numpy_dtype
+    from guard.values.minifloats import largest, largest_bits
 
-    dtype = numpy_dtype(info.dtype)
-    top = int(np.array(ml_dtypes.finfo(dtype).max, dtype=dtype).view(np.uint8))
+    top = largest_bits(info.dtype)
     at_max = sum(int(np.count_nonzero((chunk.view(np.uint8) & 0x7F) == (top & 0x7F))) for chunk in _chunks(info))
     numel = info.numel or 0
     if not numel or at_max <= SATURATED_FRACTION * numel or at_max <= SATURATED_PER_GROUP * groups:
         return []
-    limit = float(ml_dtypes.finfo(dtype).max)
+    limit = largest(info.dtype)
     return [make_finding("CG206", info.file, f"{at_max:,} of {numel:,} values ({at_max / numel:.1%}) of "
                          f"{shown(info.name)} {info.dtype} sit at ±{limit:g}, the format's maximum, with {groups:,} "
                          "scale group(s): a cast with no scaling clipped them", tensor=info.name)]
@@ -194,14 +194,15 @@ def _is_float(code: str) -> bool:
 
 
 def _chunks(info: TensorInfo) -> Iterator[Any]:
-    """The tensor's values in chunks of CHUNK_ELEMENTS (a truncated file yields what is there)."""
+    """The tensor's elements as unsigned bits (``minifloats.to_float32`` gives their values) in chunks of
+    CHUNK_ELEMENTS (a truncated file yields what is there)."""
     import numpy as np
 
-    from guard.values.stats import numpy_dtype
+    from guard.values.minifloats import BITS_VIEW, itemsize
 
     if info.data_start is None or info.data_end is None:
         return
-    dtype = np.dtype(np.uint8) if info.dtype == "U8" else numpy_dtype(info.dtype)
+    dtype = np.dtype(np.uint8) if info.dtype == "U8" else np.dtype(BITS_VIEW[itemsize(info.dtype)])
     total = (info.data_end - info.data_start) // dtype.itemsize
     with open(info.file, "rb") as fh:
         for start in range(0, total, CHUNK_ELEMENTS):

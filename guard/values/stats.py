@@ -7,7 +7,8 @@ integer comparisons on a ``uint`` view: no float conversion on the hot path.
 Only the rare values near a target's range limits, and the rounding error of a
 requested narrower cast (CG204), are ever converted.
 
-numpy and ml_dtypes are imported by ``guard.values`` before this module is.
+bf16 and fp8 values come from their bits (``guard.values.minifloats``), not from ml_dtypes, whose
+import cost more than a scan's work; ``numpy_dtype`` (ml_dtypes' types) is for other callers.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from guard.values.minifloats import cast_back, float32_table, itemsize, largest, smallest_normal, to_float32
 
 # Source dtypes read on their own bits: code -> (uint view, magnitude mask, +inf bits).
 IEEE_BITS: dict[str, tuple[type, int, int]] = {
@@ -34,8 +36,13 @@ CAST_TARGETS = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ"
 
 
 def numpy_dtype(code: str) -> np.dtype[Any]:
+    """The numpy dtype of a float code (ml_dtypes' for bf16 and fp8: imported here, off the scan's path)."""
     names = {"F16": "float16", "F32": "float32", "F64": "float64"}
-    return np.dtype(names[code]) if code in names else np.dtype(getattr(ml_dtypes, _ML_NAMES[code]))
+    if code in names:
+        return np.dtype(names[code])
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, _ML_NAMES[code]))
 
 
 _ML_NAMES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
@@ -43,11 +50,21 @@ _ML_NAMES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_
              "F8_E8M0": "float8_e8m0fnu"}
 
 
-def every_pattern(source: str) -> Any:
-    """Every bit pattern of a source of at most 16 bits, as that dtype (NaNs and infinities included)."""
-    src = numpy_dtype(source)
-    return np.arange(2 ** (8 * src.itemsize), dtype=np.uint32).astype(
-        np.uint16 if src.itemsize == 2 else np.uint8).view(src)
+def every_value(source: str) -> Any:
+    """The value of every bit pattern of a source of at most 16 bits, as float64 (NaNs and
+    infinities included; exact: every such value fits in fp32)."""
+    with np.errstate(invalid="ignore"):  # NaN patterns
+        return to_float32(source, every_bits(source)).astype(np.float64)
+
+
+def every_bits(source: str) -> Any:
+    size = itemsize(source)
+    return np.arange(2 ** (8 * size), dtype=np.uint32).astype(np.uint16 if size == 2 else np.uint8)
+
+
+def value_of_bits(code: str, bits: int) -> float:
+    """One IEEE kernel pattern (F16, BF16, F32, F64) as a Python float."""
+    return float(kernel_values(code, np.array([bits], dtype=IEEE_BITS[code][0]))[0])
 
 
 @lru_cache(maxsize=None)
@@ -55,12 +72,11 @@ def cast_is_exact(source: str, target: str) -> bool:
     """True when every finite value of ``source`` survives a cast to ``target`` unchanged."""
     if source == target:
         return True
-    src = numpy_dtype(source)
-    if src.itemsize <= 2:  # enumerate every bit pattern
+    if itemsize(source) <= 2:  # enumerate every bit pattern
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            values = every_pattern(source).astype(np.float64)
+            values = every_value(source)
             values = values[np.isfinite(values)]
-            back = values.astype(numpy_dtype(target)).astype(np.float64)
+            back = cast_back(values, target)
         return bool(np.array_equal(values, back))
     return (source, target) == ("F32", "F64")
 
@@ -71,14 +87,12 @@ def rounds_in_range(source: str, target: str) -> bool:
     (bf16 -> fp16 loses only at the range ends: CG201/CG202, never CG204)."""
     if cast_is_exact(source, target):
         return False
-    src, dst = numpy_dtype(source), numpy_dtype(target)
-    if src.itemsize > 2:
+    if itemsize(source) > 2:
         return True
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        values = every_pattern(source).astype(np.float64)
-        info = ml_dtypes.finfo(dst)
-        values = values[(np.abs(values) >= float(info.smallest_normal)) & (np.abs(values) <= float(info.max))]
-        return not np.array_equal(values, values.astype(dst).astype(np.float64))
+        values = every_value(source)
+        values = values[(np.abs(values) >= smallest_normal(target)) & (np.abs(values) <= largest(target))]
+        return not np.array_equal(values, cast_back(values, target))
 
 
 @dataclass(frozen=True)
@@ -93,16 +107,15 @@ class CastLimits:
 
 @lru_cache(maxsize=None)
 def cast_limits(source: str, target: str) -> CastLimits:
-    uint, _mask, inf_bits = IEEE_BITS[source]
-    src, dst = numpy_dtype(source), numpy_dtype(target)
-    tiny = float(ml_dtypes.finfo(dst).smallest_normal)
+    _uint, _mask, inf_bits = IEEE_BITS[source]
+    tiny = smallest_normal(target)
 
     def value(bits: int) -> float:
-        return float(np.array([bits], dtype=uint).view(src)[0])
+        return value_of_bits(source, bits)
 
-    def overflows(bits: int) -> bool:
+    def overflows(bits: int) -> bool:  # float64 holds every source value exactly
         with np.errstate(over="ignore", invalid="ignore"):
-            return not np.isfinite(np.array([value(bits)], dtype=src).astype(dst)[0])
+            return not np.isfinite(cast_back(np.array([value(bits)], dtype=np.float64), target)[0])
 
     return CastLimits(target, _first_true(overflows, inf_bits), _first_true(lambda b: value(b) >= tiny, inf_bits))
 
@@ -128,10 +141,10 @@ def underflow_table(source: str, target: str) -> Any:
     casts' temporaries and calls).
     """
     uint, mask, _inf = IEEE_BITS[source]
-    values = every_pattern(source)
-    mag = values.view(uint) & uint(mask)
+    values = every_value(source)
+    mag = every_bits(source) & uint(mask)
     with np.errstate(all="ignore"):  # NaN patterns compare unequal, and are not tiny
-        back = values.astype(numpy_dtype(target)).astype(values.dtype)
+        back = cast_back(values, target)
         changed = back != values
     tiny = (mag != 0) & (mag < cast_limits(source, target).normal)
     flushed = tiny & (back == 0)
@@ -179,8 +192,7 @@ class TensorStats:
     kernel: str = ""  # the IEEE dtype the bits were read as
 
     def value_of(self, bits: int) -> float:
-        uint = IEEE_BITS[self.kernel][0]
-        return float(np.array([bits], dtype=uint).view(numpy_dtype(self.kernel))[0])
+        return value_of_bits(self.kernel, bits)
 
     @property
     def max_abs(self) -> float | None:
@@ -270,8 +282,8 @@ class TensorScanner:
         self._batched = 0
 
     def update(self, raw: memoryview | bytes, scratch: Scratch) -> None:
-        if self.source in WIDENED_TO_F32:
-            bits = np.frombuffer(raw, dtype=numpy_dtype(self.source)).astype(np.float32).view(np.uint32)
+        if self.source in WIDENED_TO_F32:  # each byte's fp32 bits, from a 256-entry table
+            bits = float32_table(self.source).take(np.frombuffer(raw, dtype=np.uint8))
         else:
             bits = np.frombuffer(raw, dtype=self.uint)
         if bits.size == 0:
@@ -359,12 +371,12 @@ class TensorScanner:
                 self._underflow(cast, near[(near_mag != 0) & (near_mag < limit.normal)])
 
     def _underflow(self, cast: CastStats, tiny: Any) -> None:
-        values = tiny.view(numpy_dtype(self.kernel))
+        values = kernel_values(self.kernel, tiny)
         with np.errstate(under="ignore"):
-            cast_back = values.astype(numpy_dtype(cast.target)).astype(values.dtype)
-        flushed = int(np.count_nonzero(cast_back == 0))
+            back = cast_back(values, cast.target)
+        flushed = int(np.count_nonzero(back == 0))
         cast.flush += flushed
-        cast.inexact_subnormal += int(np.count_nonzero(cast_back != values)) - flushed
+        cast.inexact_subnormal += int(np.count_nonzero(back != values)) - flushed
 
     def _rounding(self, limit: CastLimits, bits: Any, mag: Any) -> None:
         # In slices: the float temporaries stay a few MiB whatever the chunk size.
@@ -375,12 +387,17 @@ class TensorScanner:
         cast = self.stats.casts[limit.target]
         in_range = (mag >= limit.normal) & (mag < limit.overflow)
         wide = np.float64 if self.kernel == "F64" else np.float32
-        values = bits[in_range].view(numpy_dtype(self.kernel)).astype(wide)
+        values = kernel_values(self.kernel, bits[in_range]).astype(wide)
         if values.size == 0:
             return
-        err = np.abs(values.astype(numpy_dtype(limit.target)).astype(wide) - values)
+        err = np.abs(cast_back(values, limit.target) - values)
         cast.rounded += int(np.count_nonzero(err))
         rel = err / np.abs(values)
         index = int(rel.argmax())
         if float(rel[index]) > cast.max_rel_error:
             cast.max_rel_error, cast.worst_rel_value = float(rel[index]), float(values[index])
+
+
+def kernel_values(kernel: str, bits: Any) -> Any:
+    """An IEEE kernel's bits as values: a view for fp16/fp32/fp64, fp32 (exact) for bf16."""
+    return to_float32(kernel, bits) if kernel == "BF16" else bits.view(numpy_dtype(kernel))

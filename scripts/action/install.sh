@@ -12,12 +12,15 @@ for pair in "values=$CG_VALUES" "parity=$CG_PARITY" "changed-only=$CG_CHANGED_ON
 done
 case "$CG_CONVERT" in ""|flax|torch) ;; *) fail "convert must be flax, torch or empty" ;; esac
 if [ "$CG_PARITY" = true ] && [ -z "$CG_CONVERT" ]; then fail "parity needs convert"; fi
+case "${CG_PARITY_AGAINST:-}" in ""|tunix|keras-hub|easydel) ;; *) fail "parity-against must be tunix, keras-hub, easydel or empty" ;; esac
 
 extras=()
 # fix writes weights through guard.write and value-checks its casts: both need numpy and ml_dtypes
 if [ "$CG_VALUES" = true ] || [ "${CG_FIX:-false}" = true ]; then extras+=(values); fi
 [ -n "$CG_CONVERT" ] && extras+=(convert)
 [ "$CG_PARITY" = true ] && extras+=(parity)
+# parity --against: PyTorch's side (transformers' forward) and JAX
+[ -n "${CG_PARITY_AGAINST:-}" ] && [ "$CG_PARITY" != true ] && extras+=(parity)
 suffix=""
 if [ "${#extras[@]}" -gt 0 ]; then suffix="[$(IFS=,; echo "${extras[*]}")]"; fi
 
@@ -35,7 +38,11 @@ command -v "$python" >/dev/null 2>&1 || python=python
 "$python" -m venv "$venv"
 bindir="$venv/bin"
 [ -d "$bindir" ] || bindir="$venv/Scripts"  # Windows
-"$bindir/python" -m pip install --quiet --disable-pip-version-check "$spec"
+# parity's Flax side runs transformers 4's Flax classes (transformers 5 removed them); the extra itself
+# no longer caps transformers, so the action pins the 4.x line where it asks for parity
+pins=()
+[ "$CG_PARITY" = true ] && pins+=("transformers>=4.40,<5")
+"$bindir/python" -m pip install --quiet --disable-pip-version-check "$spec" ${pins[@]+"${pins[@]}"}
 
 {
   echo "bin=$bindir/ckpt-guard"

@@ -28,9 +28,10 @@ KEPT = ("tied", "restored", "restored_table")  # decisions that lose nothing
 class Refusal(Exception):
     """The architecture cannot be named: one CG304 finding, nothing written."""
 
-    def __init__(self, path: str, message: str, tensor: str | None = None) -> None:
+    def __init__(self, path: str, message: str, tensor: str | None = None, *, next_step: str | None = None) -> None:
         super().__init__(message)
         self.finding = make_finding("CG304", path, message, tensor=tensor)
+        self.next_step = next_step  # what to do instead, where the code's generic advice would be wrong
 
 
 @dataclass

@@ -20,7 +20,7 @@ def plan_mapping(source: SourceModel, config: dict[str, Any] | None, *, to: str,
     try:
         mapping = map_tensors(source, config, to=to, where=where)
     except Refusal as exc:
-        return Mapping("refused"), [exc.finding], {"mapping": "refused"}
+        return Mapping("refused"), [exc.finding], {"mapping": "refused", "next_step": exc.next_step}
     findings = list(mapping.findings)
     if mapping.how != "identity":
         assert config is not None and mapping.architecture is not None

@@ -36,6 +36,11 @@ class Route:
     rest: Key
 
 
+NO_FLAX_CLASS = ("--to flax and --to torch pair transformers 4's PyTorch and Flax classes only; for JAX, this "
+                 "architecture's targets are MaxText (--to maxtext, where MaxText maps it) and the JAX stacks "
+                 "that load its safetensors themselves (tunix, keras-hub, EasyDeL)")
+
+
 def family_of(config: dict[str, Any] | None, *, where: str) -> tuple[str, Family]:
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if not isinstance(model_type, str) or not model_type:
@@ -43,8 +48,9 @@ def family_of(config: dict[str, Any] | None, *, where: str) -> tuple[str, Family
     found = FAMILIES.get(ALIASES.get(model_type, model_type))
     if found is None:
         known = ", ".join(sorted(FAMILIES))
-        raise Refusal(where, f"model_type {model_type[:80]!r} is not an architecture transformers has in both "
-                             f"PyTorch and Flax; convert knows: {known}")
+        raise Refusal(where, f"model_type {model_type[:80]!r} has no Flax class in transformers 4.x, the last line "
+                             f"with Flax models; convert pairs: {known}",
+                      next_step=NO_FLAX_CLASS)
     return model_type, found
 
 

@@ -1,0 +1,9 @@
+"""``parity SRC --against STACK``: does that JAX stack load this Hugging Face checkpoint right?
+
+``targets`` is the table (one row per stack: library, version, environment, loads, the name/tree
+mapping as data, citing the library's conversion code); ``tree`` compares every parameter the
+library holds with the file, bit for bit after the mapping's transpose/reshape; ``run`` drives
+the library through the worker protocol (``guard.worker``) and judges its forward against
+PyTorch's as ``parity`` judges (``guard.parity.verdict``).  May import guard.parity, guard.worker,
+the inventory and catalogue; never the CLI.
+"""

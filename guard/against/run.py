@@ -1,0 +1,190 @@
+"""``parity SRC --against STACK``: the stack's own loader and forward against the file and PyTorch.
+
+For each of the target's loads (its defaults, its recommended exact options, and any load the row
+adds for the file's dtype) the worker (``guard.worker``) runs the library in its environment and
+returns every parameter it holds and its logits for the seeded inputs, in fp32 (under matmul
+precision "highest") and in the file's dtype.  Each load is judged twice:
+- its tree against the file, bit for bit after the mapping (``guard.against.tree``);
+- its forward against transformers' PyTorch forward of the same file, as ``parity`` judges a Flax
+  side (``guard.parity.verdict``): fp32 by the fp32 bound, the stored dtype relative to PyTorch's
+  own error in that dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from guard.against.targets import TARGETS, Load, Target
+from guard.catalogue import make_finding
+from guard.errors import UsageError
+from guard.findings import Finding, Severity
+from guard.inventory import display_path
+
+SEQ_LEN, BATCH = 16, 2
+
+
+def environment_python(target: Target, python: Path | None) -> tuple[Path, tuple[Path, ...]]:
+    """The Python the worker runs with, and folders to put on its path.  Missing: one line naming the make
+    target, before anything runs."""
+    from guard.worker.client import PACKAGE_ROOT
+
+    if python is not None:
+        if not Path(python).exists():
+            raise UsageError(f"--against-python {python}: no such file")
+        return Path(python), ()
+    place = PACKAGE_ROOT / target.environment
+    if target.runs_beside:  # a library folder on the path of this very Python, unless installed in it
+        import importlib.util
+
+        if not (place / ".installed").exists() and importlib.util.find_spec(target.module) is not None:
+            return Path(sys.executable), ()
+        if not (place / ".installed").exists():
+            raise UsageError(f"{target.name} is not installed in {place}: run `{target.make_target}` "
+                             "or name its Python with --against-python")
+        return Path(sys.executable), (place,)
+    venv_python = place / "bin" / "python"
+    if not (place / ".installed").exists() or not venv_python.exists():
+        raise UsageError(f"{target.name} runs in its own environment {place} ({target.needs}): run "
+                         f"`{target.make_target}` or name its Python with --against-python")
+    return venv_python, ()
+
+
+def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = None,
+                ) -> tuple[list[Finding], dict[str, Any]]:
+    from guard.parity.run import stored_dtype
+    from guard.parity.verdict import low_dtype
+
+    target = TARGETS[name]
+    src = Path(src)
+    where = display_path(src)
+    config = _config(src)
+    model_type = config.get("model_type")
+    figures: dict[str, Any] = {"torch_dir": where, "flax_dir": f"{target.library} {target.version}", "seed": seed,
+                               "against": target.name, "available": False, "passed": None, "comparisons": []}
+    if model_type not in target.architectures:
+        reason = (f"{target.name}: no mapping for model_type {model_type!r} here "
+                  f"(mapped: {', '.join(sorted(target.architectures))})")
+        figures["reason"] = reason
+        return [make_finding("CG303", where, reason)], figures
+    worker_python, extra_path = environment_python(target, python)
+    stored = stored_dtype(src)
+    low = low_dtype({"torch": stored})
+    passes = ["F32", *([low] if low else [])]
+    loads = [load for load in target.loads if not load.when_stored or stored in load.when_stored]
+    input_ids = token_ids(config, seed)
+    figures.update(available=True, model_type=model_type, stored_dtype={"file": stored}, flax_class=target.library,
+                   torch_class=(config.get("architectures") or ["-"])[0], inputs={"input_ids": [BATCH, SEQ_LEN]})
+    with tempfile.TemporaryDirectory(prefix="ckpt-guard-against-") as tmp:
+        from guard.worker.client import run_worker
+
+        answer = run_worker(worker_python, {"target": target.name, "checkpoint": str(src.resolve()),
+                                            "config": config, "loads": [{"label": ld.label, "options": ld.options}
+                                                                        for ld in loads],
+                                            "inputs": {"input_ids": input_ids.tolist()}, "passes": passes},
+                            Path(tmp), extra_path=extra_path, env=target.env)
+        figures.update(answer.get("backend", {}), library=answer.get("library"))
+        from guard.parity.runs import Failed, Unavailable
+        from guard.worker.client import WorkerFailed
+        from guard.worker.protocol import ProtocolError
+
+        try:
+            findings = _judge(target, loads, answer, config, src, input_ids, passes, stored, Path(tmp), figures,
+                              where)
+        except ProtocolError as exc:
+            raise WorkerFailed(f"{worker_python} -m guard.worker: {exc}") from None
+        except Failed as exc:  # PyTorch's side could not load the file: its finding
+            figures["passed"] = False
+            return [exc.finding], figures
+        except Unavailable as exc:
+            figures.update(available=False, reason=str(exc))
+            return [make_finding("CG303", where, f"parity unavailable: {exc}")], figures
+    figures["passed"] = not any(f.severity is Severity.error for f in findings)
+    return findings, figures
+
+
+def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: dict[str, Any], src: Path,
+           input_ids: Any, passes: list[str], stored: str, tmp: Path, figures: dict[str, Any],
+           where: str) -> list[Finding]:
+    from guard.against.tree import compare_tree
+    from guard.parity.verdict import compare_runs, comparison_findings
+    from guard.worker.protocol import read_array
+
+    file_tensors = _file_tensors(src)
+    torch_runs = _torch_runs(src, config, input_ids, passes)
+    exact = next((ld for ld in loads if ld.label == "exact"), None)
+    findings: list[Finding] = []
+    figures["loads"] = {}
+    for load, record in zip(loads, answer["loads"], strict=True):
+        who = f"{target.name} {target.version} ({load.label}: {load.says})"
+        avoid = exact.says if exact is not None and load is not exact else None
+        if record["error"]:
+            hint = f"; {avoid} avoids it" if avoid else ""
+            findings.append(make_finding("CG302", where, f"{who} cannot load this checkpoint: {record['error']}{hint}"))
+            figures["loads"][load.label] = {"error": record["error"]}
+            continue
+        held = {p["name"]: partial(read_array, p, tmp) for p in record["parameters"]}
+        tree_findings, tree_figures = compare_tree(target, load.label, avoid, config, file_tensors, held, where=where)
+        findings += tree_findings
+        figures["loads"][load.label] = {"options": load.options, "tree": tree_figures}
+        runs = dict(torch_runs)
+        for dtype, outputs in record["outputs"].items():
+            runs["flax:fp32" if dtype == "F32" else "flax:stored"] = {k: read_array(v, tmp) for k, v in outputs.items()}
+        comparisons = compare_runs(runs, {"torch": stored, "flax": stored}, layers=int(config["num_hidden_layers"]))
+        findings += [make_finding(f.code, where, f"{who} forward: {f.message}")
+                     for f in comparison_findings(comparisons, where=where)]
+        for comp in comparisons:  # one report holds every load's comparisons
+            comp["name"] = f"{load.label}: {comp['name']}"
+        figures["comparisons"] += comparisons
+    return findings
+
+
+def token_ids(config: dict[str, Any], seed: int) -> Any:
+    """Seeded ids that avoid the special tokens (they change masks and positions in some models)."""
+    import numpy as np
+
+    vocab = int(config["vocab_size"])
+    specials = {config.get(k) for k in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    allowed = np.setdiff1d(np.arange(vocab), [s for s in specials if isinstance(s, int)])
+    return np.random.default_rng(seed).choice(allowed, size=(BATCH, SEQ_LEN)).astype(np.int32)
+
+
+def _torch_runs(src: Path, config: dict[str, Any], input_ids: Any, passes: list[str]) -> dict[str, dict[str, Any]]:
+    """transformers' PyTorch forward of the same file: fp32 (upcast exactly) and the stored dtype."""
+    import transformers
+
+    from guard.parity.runs import run_torch
+
+    cls = getattr(transformers, (config.get("architectures") or [""])[0], None)
+    if cls is None:
+        raise UsageError(f"{src}: config.json names no architecture this transformers has")
+    runs = {}
+    for dtype in passes:
+        outputs = run_torch(cls, src, dtype, {"input_ids": input_ids})
+        runs["torch:fp32" if dtype == "F32" else "torch:stored"] = {"logits": outputs["logits"]}
+    return runs
+
+
+def _file_tensors(src: Path) -> dict[str, Any]:
+    """name -> a reader of the file's tensor in its stored dtype (read when compared, not before)."""
+    from guard.parity.weights import CheckpointWeights, NotStreamable
+
+    try:
+        weights = CheckpointWeights(src, "torch", separator=".")
+    except NotStreamable as exc:
+        raise UsageError(f"{src}: {exc}") from None
+    return {name: partial(weights.load, name) for name in weights.tensors}
+
+
+def _config(src: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{src / 'config.json'}: {exc}") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{src / 'config.json'}: not a JSON object")
+    return config

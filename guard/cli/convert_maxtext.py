@@ -1,0 +1,77 @@
+"""`ckpt-guard convert SRC --to maxtext --out OUT [--scan-layers]`, and `convert OUT --to torch` back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from guard.errors import UsageError
+
+
+def is_maxtext_source(src: Path) -> bool:
+    from guard.convert.maxtext.ocdbt import find_items, is_maxtext_tree
+
+    items = find_items(src) if src.is_dir() else None
+    return items is not None and is_maxtext_tree(items)  # another OCDBT Orbax tree is convert's own source
+
+
+def convert_maxtext(src: Path, to: str, out: Path, *, dtype: str, keep_fp32: tuple[str, ...], scan_layers: bool,
+                    allow_lossy: bool, run_parity: bool, max_shard_size: int, fmt: str, output: Path | None,
+                    summaries: Callable[[Path], list[Any]], next_step: Callable[[list[Any]], str]) -> int:
+    """``summaries`` and ``next_step`` are guard.cli.convert's own (passed in: that module imports this one)."""
+    from guard.cli.options import emit
+    from guard.report import Report
+
+    if run_parity:
+        raise UsageError("--parity with MaxText runs MaxText's own forward, which needs Python >= 3.12 and an "
+                         "environment of its own; not available yet; nothing written")
+    if to == "maxtext":
+        from guard.convert.maxtext.run import MaxTextRequest, convert_to_maxtext
+        from guard.write.cast import DTYPE_CHOICES, CastPolicy
+
+        request = MaxTextRequest(src, out, scan_layers, CastPolicy(DTYPE_CHOICES[dtype], tuple(keep_fp32)),
+                                 allow_lossy)
+        findings, figures = convert_to_maxtext(request)
+    else:
+        from guard.convert.maxtext.back import convert_from_maxtext
+        from guard.convert.maxtext.ocdbt import find_items
+
+        if dtype != "keep" or scan_layers:
+            raise UsageError("converting a MaxText checkpoint back writes its stored dtypes; drop --dtype and "
+                             "--scan-layers")
+        items = find_items(src)
+        assert items is not None
+        findings, figures = convert_from_maxtext(items, out, max_shard_size=max_shard_size)
+    if not figures.get("written"):
+        figures["next_step"] = next_step(findings)
+    report = Report(findings=findings, policy={"fail_on": "error"}, extra={"conversion": figures})
+    if figures.get("written"):
+        report.models.extend(summaries(out))  # the scanner's own reading of what was written
+    if fmt == "text" and output is None and figures.get("written"):
+        for line in summary_lines(figures):
+            click.echo(line)
+    emit(report, fmt, output)
+    return report.exit_code
+
+
+def summary_lines(figures: dict) -> list[str]:  # type: ignore[type-arg]
+    from guard.reporters.inert import inert_text
+
+    if figures.get("to") == "torch":
+        return [inert_text(f"ckpt-guard: converted {figures['source']} (MaxText, {figures['architecture']}) -> "
+                           f"{figures['output']} (safetensors, {figures['tensors_out']} tensors, "
+                           f"{figures['shards_out']} shard(s)); verified {figures['verified']} tensors", limit=600)]
+    lines = [inert_text(f"ckpt-guard: converted {figures['source']} ({figures['from']}, "
+                        f"{figures['tensors_in']} tensors) -> {figures['items']} (MaxText {figures['model_name']} "
+                        f"layout, {figures['leaves']} leaves, "
+                        f"scan_layers={str(figures['scan_layers']).lower()}) in {figures['seconds']:.1f}s", limit=600)]
+    for param, counts in figures.get("declared_roundings", {}).items():
+        lines.append(inert_text(f"  declared rounding: {param}: {counts['changed']} of {counts['elements']} "
+                                "elements change (MaxText's query scale); all else bit-exact", limit=600))
+    lines.append("  MaxText flags (MaxText takes sizes from model_name's table, not from the checkpoint):")
+    lines.append(inert_text("    " + " ".join(figures["maxtext_flags"]), limit=4000))
+    lines.extend(inert_text(f"  note: {note}", limit=600) for note in figures.get("maxtext_notes", []))
+    return lines

@@ -1,0 +1,71 @@
+"""The MaxText flags that describe the source model.
+
+MaxText's converter and trainer take every size from ``configs/models/<model_name>.yml``
+(and ``HF_MODEL_CONFIGS[model_name]``), not from the checkpoint; a checkpoint whose sizes
+differ from the named model loads only with these overrides, and
+``override_model_config=true`` is what lets the command line override a model's yml.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from guard.convert.maxtext.plan import dimensions, rope_type, tied
+from guard.convert.maxtext.table import Architecture
+
+
+def rope_theta(config: dict[str, Any]) -> float | None:
+    """transformers 4's ``rope_theta``, or transformers 5's ``rope_parameters["rope_theta"]``."""
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and params.get("rope_theta") is not None:
+        return float(params["rope_theta"])
+    return float(config["rope_theta"]) if config.get("rope_theta") is not None else None
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def maxtext_flags(row: Architecture, config: dict[str, Any], *, items: Path, scan: bool) -> list[str]:
+    dims = dimensions(config)
+    flags = {
+        "model_name": row.model_name, "override_model_config": "true", "load_parameters_path": str(items),
+        "scan_layers": str(scan).lower(), "base_emb_dim": dims["D"], "base_num_query_heads": dims["N"],
+        "base_num_kv_heads": dims["K"], "head_dim": dims["H"], "base_num_decoder_layers": dims["L"],
+        "vocab_size": dims["V"], "logits_via_embedding": str(tied(config)).lower(),
+    }
+    if dims["F"]:
+        flags["base_mlp_dim"] = dims["F"]
+    theta = rope_theta(config)
+    if theta is not None:
+        flags["rope_max_timescale"] = _number(theta)
+    eps = config.get("rms_norm_eps")
+    if eps is not None:
+        flags["normalization_layer_epsilon"] = repr(float(eps))
+    if row.moe:
+        flags["num_experts"] = dims["E"]
+        flags["num_experts_per_tok"] = int(config.get("num_experts_per_tok") or 0)
+        flags["base_moe_mlp_dim"] = dims["Fe"] or dims["F"]
+        if "norm_topk_prob" in config:
+            flags["norm_topk_prob"] = str(bool(config["norm_topk_prob"])).lower()
+    return [f"{k}={v}" for k, v in flags.items()]
+
+
+def flag_notes(row: Architecture, config: dict[str, Any]) -> list[str]:
+    """What the flags cannot say: settings of the source that MaxText's block hard-codes otherwise."""
+    notes = []
+    scaling = config.get("rope_scaling") or config.get("rope_parameters")
+    if row.name == "llama3" and isinstance(scaling, dict):
+        fixed = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 8192}
+        differs = {k: scaling.get(k) for k, v in fixed.items() if scaling.get(k) is not None and scaling.get(k) != v}
+        if differs:
+            notes.append(f"MaxText's LLaMARotaryEmbedding hard-codes llama3 RoPE scaling {fixed}; this model has "
+                         f"{differs}: MaxText's forward will not match it")
+    elif rope_type(config) not in (None, "default") and row.name != "llama3":
+        notes.append(f"RoPE scaling {rope_type(config)!r} has no MaxText flag here; set rope_type and its options "
+                     "by hand")
+    if config.get("sliding_window") and config.get("use_sliding_window", True) and row.name in ("mistral", "mixtral"):
+        notes.append(f"sliding_window={config['sliding_window']}: MaxText's {row.model_name} block attends globally")
+    return notes

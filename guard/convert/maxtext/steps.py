@@ -1,0 +1,135 @@
+"""The array steps of MaxText's layout, each with its inverse, and the one that rounds.
+
+Every step but ``scale_query`` moves elements (a transpose, a reshape, the RoPE
+interleave): exact both ways.  ``scale_query`` is MaxText's ``scale_query_layer``: the
+query kernel multiplied by 1/sqrt(head_dim) in float32 and cast back to its dtype; the
+way back multiplies by sqrt(head_dim).  Unless head_dim is a power of 4 that rounds, in
+fp32 too, so the elements it changes are counted and declared (CG301), never silent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Step = Callable[["np.ndarray", int], "np.ndarray"]
+ROUNDING = frozenset({"scale_query"})  # the steps whose way back may not restore every bit
+
+
+def transposed(a: np.ndarray) -> np.ndarray:
+    """``a.T`` of a matrix, C-contiguous, through the writer's tiled transposition (guard.write.transpose:
+    ``np.ascontiguousarray(a.T)`` of bf16 took 3.9 of a 1.48 GB Llama's 8 s here, bench/maxtext.py)."""
+    import numpy as np
+
+    from guard.write.transpose import bit_view, permuted_bands
+
+    out = np.empty(a.shape[::-1], a.dtype)
+    flat, filled = bit_view(out).reshape(-1), 0
+
+    def band(count: int) -> np.ndarray:
+        nonlocal filled
+        filled += count
+        return flat[filled - count:filled]
+
+    for _ in permuted_bands(a, (1, 0), band):
+        pass
+    return out
+
+
+def _transpose(a: np.ndarray, head_dim: int) -> np.ndarray:
+    return transposed(a)
+
+
+def _heads_in(a: np.ndarray, head_dim: int) -> np.ndarray:
+    """q/k/v: W [heads*head_dim, D] -> W.T reshaped [D, heads, head_dim] (MaxText's reshape_kernel)."""
+    return transposed(a).reshape(a.shape[1], -1, head_dim)
+
+
+def _heads_in_back(a: np.ndarray, head_dim: int) -> np.ndarray:
+    return transposed(a.reshape(a.shape[0], -1))
+
+
+def _heads_out(a: np.ndarray, head_dim: int) -> np.ndarray:
+    """o_proj: W [D, heads*head_dim] -> W.T reshaped [heads, head_dim, D]."""
+    return transposed(a).reshape(-1, head_dim, a.shape[0])
+
+
+def _heads_out_back(a: np.ndarray, head_dim: int) -> np.ndarray:
+    return transposed(a.reshape(-1, a.shape[-1]))
+
+
+def _bias_heads(a: np.ndarray, head_dim: int) -> np.ndarray:
+    return a.reshape(-1, head_dim)
+
+
+def _flatten(a: np.ndarray, head_dim: int) -> np.ndarray:
+    return a.reshape(-1)
+
+
+def _interleave(a: np.ndarray, head_dim: int) -> np.ndarray:
+    """HF's RoPE halves [x0..x(h/2-1), y0..] -> MaxText's pairs [x0, y0, x1, y1, ...] (adjust_rope)."""
+    import numpy as np
+
+    half = a.shape[-1] // 2
+    return np.stack([a[..., :half], a[..., half:]], axis=-1).reshape(a.shape)
+
+
+def _deinterleave(a: np.ndarray, head_dim: int) -> np.ndarray:
+    import numpy as np
+
+    return np.concatenate([a[..., ::2], a[..., 1::2]], axis=-1)
+
+
+def _scaled(a: np.ndarray, factor: float) -> np.ndarray:
+    import numpy as np
+
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        return (a.astype(np.float32) * np.float32(factor)).astype(a.dtype)
+
+
+def _scale_query(a: np.ndarray, head_dim: int) -> np.ndarray:
+    import numpy as np
+
+    return _scaled(a, 1 / np.sqrt(head_dim))  # float64 quotient, then float32: as MaxText computes it
+
+
+def _unscale_query(a: np.ndarray, head_dim: int) -> np.ndarray:
+    import numpy as np
+
+    return _scaled(a, np.sqrt(head_dim))
+
+
+STEPS: dict[str, tuple[Step, Step]] = {  # name -> (to MaxText, back to HF)
+    "transpose": (_transpose, _transpose),
+    "heads_in": (_heads_in, _heads_in_back),
+    "heads_out": (_heads_out, _heads_out_back),
+    "bias_heads": (_bias_heads, _flatten),
+    "interleave": (_interleave, _deinterleave),
+    "scale_query": (_scale_query, _unscale_query),
+}
+
+
+def to_maxtext(a: np.ndarray, steps: tuple[str, ...], head_dim: int) -> np.ndarray:
+    for name in steps:
+        a = STEPS[name][0](a, head_dim)
+    return a
+
+
+def to_hf(a: np.ndarray, steps: tuple[str, ...], head_dim: int) -> np.ndarray:
+    for name in reversed(steps):
+        a = STEPS[name][1](a, head_dim)
+    return a
+
+
+def rounded_elements(original: np.ndarray, converted: np.ndarray, steps: tuple[str, ...], head_dim: int) -> int:
+    """How many elements the way back cannot restore bit for bit (0 without a rounding step)."""
+    import numpy as np
+
+    if not ROUNDING.intersection(steps):
+        return 0
+    back = to_hf(converted, steps, head_dim)
+    bits = np.dtype(f"u{original.dtype.itemsize}")
+    return int(np.count_nonzero(np.ascontiguousarray(back).view(bits) != np.ascontiguousarray(original).view(bits)))

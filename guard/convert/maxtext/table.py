@@ -1,0 +1,156 @@
+"""The MaxText target as data: one row for the target, one row per architecture.
+
+Every row's parameters are written from MaxText 0.2.5's own conversion code
+(``maxtext/checkpoint_conversion/utils/param_mapping.py``, the ``*_PARAM_MAPPING`` and
+``*_PARAM_HOOK_FN`` functions named in ``cite``) and from the modules that decide what the
+forward expects (``layers/attentions.py`` ``init_query_w``: the query kernel carries
+1/sqrt(head_dim) unless the model has qk-norm or a ``query_pre_attn_scalar``;
+``layers/embeddings.py``: ``LLaMARotaryEmbedding``, interleaved pairs, only for
+``llama3.1`` model names, ``RotaryEmbedding``, HF's halves, otherwise).
+
+A parameter's MaxText path starts with ``layers/`` when there is one per decoder layer
+(``decoder/layers_{i}/...`` unscanned, ``decoder/layers/...`` stacked on ``param_scan_axis``
+when scanned); its HF name holds ``{i}`` for the layer and ``{e}`` for an expert (stacked on
+axis 0, MaxText's expert axis).  ``shape`` names the HF tensor's dimensions by the symbols
+``plan.dimensions`` reads from config.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PARAM_SCAN_AXIS = 1  # MaxText's base.yml default; scanned layers stack here (experts lead: axes 0 and 1)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    library: str
+    checked_with: str
+    writer: str
+    layout: str
+    forward: str
+    environment: str
+
+
+MAXTEXT = Target(
+    name="maxtext",
+    library="MaxText 0.2.5 (AI-Hypercomputer/maxtext)",
+    checked_with="orbax-checkpoint 0.12.8, tensorstore; MaxText's param_mapping hooks imported in the tests",
+    writer="Orbax PyTree checkpoint: OCDBT + zarr3 (zstd), as MaxText's save_weights_to_checkpoint writes",
+    layout='OUT/0/items, tree {"params": {"params": ...}}; load with load_parameters_path=OUT/0/items',
+    forward="MaxText's own decoder (not run here: MaxText needs Python >= 3.12)",
+    environment="MaxText needs Python >= 3.12 and transformers >= 5.17: a venv of its own",
+)
+
+
+@dataclass(frozen=True)
+class Param:
+    maxtext: str  # "/"-joined path under params/params; "layers/..." is per decoder layer
+    hf: str  # the HF tensor name; {i} the layer, {e} the expert
+    shape: tuple[str, ...]  # the HF tensor's dimensions, by symbol
+    steps: tuple[str, ...] = ()  # steps.STEPS names, applied in order going to MaxText
+    optional: bool = False  # present in some checkpoints of the architecture only (biases)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    model_types: tuple[str, ...]
+    model_name: str  # the MaxText model_name whose decoder_block and activations this row matches
+    params: tuple[Param, ...]
+    cite: str
+    moe: bool = False
+
+    def required(self, *, tied: bool) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if not (tied and p.maxtext == LOGITS.maxtext))
+
+
+EMBED = Param("token_embedder/embedding", "model.embed_tokens.weight", ("V", "D"))
+FINAL_NORM = Param("decoder/decoder_norm/scale", "model.norm.weight", ("D",))
+LOGITS = Param("decoder/logits_dense/kernel", "lm_head.weight", ("V", "D"), ("transpose",))
+NORMS = (
+    Param("layers/pre_self_attention_layer_norm/scale", "model.layers.{i}.input_layernorm.weight", ("D",)),
+    Param("layers/post_self_attention_layer_norm/scale", "model.layers.{i}.post_attention_layernorm.weight", ("D",)),
+)
+DENSE_MLP = (
+    Param("layers/mlp/wi_0/kernel", "model.layers.{i}.mlp.gate_proj.weight", ("F", "D"), ("transpose",)),
+    Param("layers/mlp/wi_1/kernel", "model.layers.{i}.mlp.up_proj.weight", ("F", "D"), ("transpose",)),
+    Param("layers/mlp/wo/kernel", "model.layers.{i}.mlp.down_proj.weight", ("D", "F"), ("transpose",)),
+)
+_ATTN = "model.layers.{i}.self_attn."
+
+
+def attention(query: tuple[str, ...], key: tuple[str, ...]) -> tuple[Param, ...]:
+    """q/k/v kernels [D, heads, head_dim] (W.T reshaped), out [heads, head_dim, D]; ``query``/``key`` add the
+    row's RoPE interleave and query scale after the reshape."""
+    return (
+        Param("layers/self_attention/query/kernel", _ATTN + "q_proj.weight", ("q", "D"), ("heads_in", *query)),
+        Param("layers/self_attention/key/kernel", _ATTN + "k_proj.weight", ("kv", "D"), ("heads_in", *key)),
+        Param("layers/self_attention/value/kernel", _ATTN + "v_proj.weight", ("kv", "D"), ("heads_in",)),
+        Param("layers/self_attention/out/kernel", _ATTN + "o_proj.weight", ("D", "q"), ("heads_out",)),
+    )
+
+
+QWEN_BIASES = (
+    Param("layers/self_attention/query/bias", _ATTN + "q_proj.bias", ("q",), ("bias_heads",), optional=True),
+    Param("layers/self_attention/key/bias", _ATTN + "k_proj.bias", ("kv",), ("bias_heads",), optional=True),
+    Param("layers/self_attention/value/bias", _ATTN + "v_proj.bias", ("kv",), ("bias_heads",), optional=True),
+)
+QK_NORM = (
+    Param("layers/self_attention/query_norm/scale", _ATTN + "q_norm.weight", ("H",)),
+    Param("layers/self_attention/key_norm/scale", _ATTN + "k_norm.weight", ("H",)),
+)
+_MIXTRAL = "model.layers.{i}.block_sparse_moe."
+MIXTRAL_MOE = (
+    Param("layers/MoeBlock_0/gate/kernel", _MIXTRAL + "gate.weight", ("E", "D"), ("transpose",)),
+    Param("layers/MoeBlock_0/wi_0", _MIXTRAL + "experts.{e}.w1.weight", ("F", "D"), ("transpose",)),
+    Param("layers/MoeBlock_0/wi_1", _MIXTRAL + "experts.{e}.w3.weight", ("F", "D"), ("transpose",)),
+    Param("layers/MoeBlock_0/wo", _MIXTRAL + "experts.{e}.w2.weight", ("D", "F"), ("transpose",)),
+)
+_QWEN_MOE = "model.layers.{i}.mlp."
+QWEN3_MOE = (
+    Param("layers/moe_block/gate/kernel", _QWEN_MOE + "gate.weight", ("E", "D"), ("transpose",)),
+    Param("layers/moe_block/wi_0", _QWEN_MOE + "experts.{e}.gate_proj.weight", ("Fe", "D"), ("transpose",)),
+    Param("layers/moe_block/wi_1", _QWEN_MOE + "experts.{e}.up_proj.weight", ("Fe", "D"), ("transpose",)),
+    Param("layers/moe_block/wo", _QWEN_MOE + "experts.{e}.down_proj.weight", ("D", "Fe"), ("transpose",)),
+)
+_GLOBAL = (EMBED, FINAL_NORM, LOGITS)
+_CITE = "maxtext/checkpoint_conversion/utils/param_mapping.py"
+
+ARCHITECTURES: dict[str, Architecture] = {  # row name -> row; plan.choose_row picks by model_type (and RoPE)
+    "llama3": Architecture(
+        "llama3", ("llama",), "llama3.1-8b",
+        (*_GLOBAL, *NORMS, *attention(("interleave", "scale_query"), ("interleave",)), *DENSE_MLP),
+        f"{_CITE}: LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING, LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN "
+        "(query: reshape_kernel, adjust_rope, scale_query_layer; key: reshape_kernel, adjust_rope)"),
+    "llama": Architecture(  # a Llama without llama3 RoPE scaling: MaxText's llama2 block, HF's RoPE halves
+        "llama", ("llama",), "llama2-7b",
+        (*_GLOBAL, *NORMS, *attention(("scale_query",), ()), *DENSE_MLP),
+        f"{_CITE}: LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING names; layers/embeddings.py RotaryEmbedding (halves, "
+        "no adjust_rope); layers/attentions.py init_query_w (query scaled by 1/sqrt(head_dim))"),
+    "mistral": Architecture(
+        "mistral", ("mistral",), "mistral-7b",
+        (*_GLOBAL, *NORMS, *attention(("scale_query",), ()), *DENSE_MLP),
+        f"{_CITE}: LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING names (models/mistral.py holds the same modules); "
+        "MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN attention hooks (reshape, scale_query_layer, no RoPE permutation)"),
+    "qwen3": Architecture(
+        "qwen3", ("qwen3",), "qwen3-0.6b",
+        (*_GLOBAL, *NORMS, *attention((), ()), *QK_NORM, *DENSE_MLP),
+        f"{_CITE}: QWEN_MAXTEXT_TO_HF_PARAM_MAPPING, QWEN_MAXTEXT_TO_HF_PARAM_HOOK_FN (reshape_kernel only)"),
+    "qwen2": Architecture(
+        "qwen2", ("qwen2",), "qwen2.5-7b",
+        (*_GLOBAL, *NORMS, *attention((), ()), *QWEN_BIASES, *DENSE_MLP),
+        f"{_CITE}: QWEN_MAXTEXT_TO_HF_PARAM_MAPPING, QWEN_MAXTEXT_TO_HF_PARAM_HOOK_FN (reshape_kernel, "
+        "reshape_bias)"),
+    "qwen3_moe": Architecture(
+        "qwen3_moe", ("qwen3_moe",), "qwen3-30b-a3b",
+        (*_GLOBAL, *NORMS, *attention((), ()), *QK_NORM, *QWEN3_MOE),
+        f"{_CITE}: QWEN_MAXTEXT_TO_HF_PARAM_MAPPING (num_experts > 1), QWEN_MAXTEXT_TO_HF_PARAM_HOOK_FN "
+        "(reshape_kernel, reshape_expert_kernel)", moe=True),
+    "mixtral": Architecture(
+        "mixtral", ("mixtral",), "mixtral-8x7b",
+        (*_GLOBAL, *NORMS, *attention(("scale_query",), ()), *MIXTRAL_MOE),
+        f"{_CITE}: MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING, MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN "
+        "(reshape_and_transpose_attention, scale_query_layer, reshape_kernel)", moe=True),
+}

@@ -1,0 +1,28 @@
+"""Training-state sets: the checkpoints distributed trainers write, read as what they are.
+
+A training checkpoint (PyTorch DCP, DeepSpeed ZeRO, Megatron ``torch_dist``, ...) is a directory of
+shards, partitions and metadata.  Each is read, headers only and without executing a pickle, into one
+``guard.training.state.TrainingState``: the trainer and format, the world size and sharding, the
+model's *logical* tensors (global shapes, the dtype it would publish), where each dtype lives (module
+weights, master weights, optimizer moments) and the non-tensor items by name.  The scan sees it as one
+``FileScan`` (``training_scan``) whose tensors are the logical weights and whose ``training`` field is
+the record; the inventory makes it one set of role ``training-state`` with the record's ``layout``
+(the dtype rules judge those tensors, never the moments: see ``WeightSet.judged``).
+
+How a new trainer plugs in (three steps, no other module changes):
+1. A module ``guard/training/<layout>/dirs.py`` with
+   ``claim(directory: str, names: frozenset[str]) -> TrainingDir | None`` (names only, no I/O beyond
+   what the claim must see) and ``scan(found: TrainingDir, *, name: str) -> FileScan`` that reads the
+   directory and returns ``training_scan(state, ...)``; every problem is a finding naming its file.
+2. One row in ``guard.training.dirs.TRAINING_LAYOUTS`` (layout -> module), and the names that make a
+   directory worth asking in ``guard.inventory.conventions.TRAINING_MARKERS`` (a suffix, a prefix or a
+   whole name): discovery imports this package only when one of them is seen.
+3. Tests that write the layout with the trainer itself (``tests/test_training_<layout>.py``).
+
+``state`` holds the records and the shared helpers (container prefixes, the FileScan), ``dirs`` the
+registry and discovery's entry point, ``published`` CG122 (a published copy narrower than the masters),
+``values`` ``diff --values`` over assembled tensors; ``dcp/`` reads PyTorch Distributed Checkpoint.
+``convert`` opens a training checkpoint through ``guard.convert.read.source_training.TRAINING_SOURCES``
+(a layout's ``find_checkpoint`` and ``open_checkpoint``).  May import the
+records, tensors, sources, findings, catalogue and readers; never the inventory, rules, report or CLI.
+"""

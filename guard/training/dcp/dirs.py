@@ -1,0 +1,139 @@
+"""A folder holding a PyTorch Distributed Checkpoint, read as one training-state set.
+
+``.metadata`` (or, where the save ran without collectives, each rank's ``__R.metadata``) is the only
+file read; the ``.distcp`` data files are listed with their sizes, never opened.  ``.distcp`` files with
+no metadata at all are a save that never finished (CG117).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from guard.catalogue import make_finding
+from guard.findings import Finding
+from guard.readers import READ_FAILURES
+from guard.records import record
+from guard.tensors import FileScan
+from guard.training.dcp.hf_shards import is_hf_shard, scan_hf_shards
+from guard.training.dcp.integrity import integrity_findings
+from guard.training.dcp.layout import DcpMetadata, parse_metadata
+from guard.training.dcp.roles import build_state
+from guard.training.dirs import TrainingDir
+from guard.training.state import training_scan
+
+METADATA = ".metadata"
+_RANK_METADATA = re.compile(r"__(\d+)\.metadata\Z")
+MAX_METADATA_BYTES = 256 * 1024 * 1024
+
+
+# Megatron-core's torch_dist beside the DCP files: metadata.json ({"sharded_backend": "torch_dist"}) and
+# common.pt, a torch.save of non-sharded state (an argparse.Namespace): listed, never unpickled.
+MEGATRON_FILES = ("metadata.json", "common.pt")
+
+
+def claim(directory: str, names: frozenset[str]) -> TrainingDir | None:
+    owned = tuple(sorted(n for n in names if n.endswith(".distcp") or n == METADATA or _RANK_METADATA.match(n)
+                         or is_hf_shard(n)))
+    if not owned:
+        return None
+    if any(n.endswith(".distcp") for n in owned):  # Megatron's own files belong to its checkpoint, not weights
+        owned += tuple(n for n in MEGATRON_FILES if n in names)
+    elif not any(is_hf_shard(n) for n in owned) and not all(_is_pickle(os.path.join(directory, n)) for n in owned):
+        return None  # a `.metadata` of some other tool, with no rank file beside it: not a DCP checkpoint
+    return TrainingDir(directory, "dcp", owned)
+
+
+def _is_pickle(path: str) -> bool:
+    """Its first byte is pickle's PROTO opcode (torch writes protocol 4): one byte read, only for a lone metadata."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(1) == b"\x80"
+    except OSError:
+        return False
+
+
+def folder_sizes(directory: str) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    with os.scandir(directory) as listing:
+        for entry in listing:
+            if entry.is_file(follow_symlinks=True):
+                sizes[entry.name] = entry.stat().st_size
+    return sizes
+
+
+def scan(found: TrainingDir, *, name: str) -> FileScan:
+    sizes = folder_sizes(found.directory)
+    folder = os.path.basename(os.path.normpath(found.directory))
+    total = sum(size for n, size in sizes.items() if n in found.claimed)
+    shards = [n for n in found.claimed if is_hf_shard(n) and n in sizes]
+    if shards and not any(n.endswith(".distcp") for n in sizes):
+        return scan_hf_shards(found.directory, shards, name=name)
+    read = read_metadata(found.directory, sizes, name=name)
+    if read.metadata is None:
+        return FileScan(path=name, format=None, size=total, findings=read.findings, bytes_read=read.bytes_read)
+    findings = tuple(integrity_findings(read.metadata, sizes, name=name, metadata_file=read.files[0]))
+    state = build_state(read.metadata, path=name, folder=folder, beside=frozenset(sizes))
+    return training_scan(state, path=name, fmt="dcp", size=total, findings=findings, bytes_read=read.bytes_read)
+
+
+@record
+class MetadataRead:
+    metadata: DcpMetadata | None  # None: the findings say why (CG001, CG003, CG117)
+    findings: tuple[Finding, ...]
+    bytes_read: int
+    files: tuple[str, ...]  # `.metadata`, or each rank's `__R.metadata`
+
+
+def read_metadata(directory: str, sizes: dict[str, int], *, name: str) -> MetadataRead:
+    """The checkpoint's metadata: `.metadata`, else every `__R.metadata` joined (a save without collectives)."""
+    files = [METADATA] if METADATA in sizes else sorted(
+        (n for n in sizes if _RANK_METADATA.match(n)), key=lambda n: int(_RANK_METADATA.match(n).group(1)))  # type: ignore[union-attr]
+    if not files:
+        data_files = sorted(n for n in sizes if n.endswith(".distcp"))
+        finding = make_finding("CG117", f"{name}/{data_files[0]}" if data_files else name,
+                               f"{len(data_files)} .distcp file(s) and no .metadata: torch writes it last, so this "
+                               "save never finished and nothing can load it")
+        return MetadataRead(None, (finding,), 0, ())
+    read = 0
+    merged: DcpMetadata | None = None
+    for metadata_file in files:
+        shown = f"{name}/{metadata_file}"
+        if sizes[metadata_file] > MAX_METADATA_BYTES:
+            return _unreadable(shown, f"{sizes[metadata_file]:,} bytes, past the read limit", read)
+        with open(os.path.join(directory, metadata_file), "rb") as fh:
+            data = fh.read(MAX_METADATA_BYTES + 1)
+        read += len(data)
+        try:
+            meta = parse_metadata(data)
+        except READ_FAILURES as exc:
+            return _unreadable(shown, f"not a DCP metadata pickle: {_first_line(exc)}", read)
+        if meta.unsafe:
+            listed = ", ".join(meta.unsafe[:5]) + (" ..." if len(meta.unsafe) > 5 else "")
+            finding = make_finding("CG003", shown, f"the .metadata pickle references {listed}, outside DCP's "
+                                   "metadata classes; nothing was imported or called. torch.distributed.checkpoint "
+                                   "loads it with plain pickle.load: do not load this checkpoint")
+            return MetadataRead(None, (finding,), read, tuple(files))
+        merged = meta if merged is None else DcpMetadata(merged.items + meta.items, merged.storage + meta.storage,
+                                                         merged.version, ())
+    assert merged is not None
+    if len(files) > 1:  # each rank's metadata holds its own chunks: one item per tensor, chunks joined
+        merged = _join_ranks(merged)
+    return MetadataRead(merged, (), read, tuple(files))
+
+
+def _join_ranks(meta: DcpMetadata) -> DcpMetadata:
+    joined: dict[str, object] = {}
+    for item in meta.items:
+        held = joined.get(item.fqn)
+        joined[item.fqn] = item if held is None else held._replace(chunks=held.chunks + item.chunks)  # type: ignore[attr-defined]
+    return DcpMetadata(tuple(joined.values()), meta.storage, meta.version, ())  # type: ignore[arg-type]
+
+
+def _unreadable(shown: str, why: str, read: int) -> MetadataRead:
+    return MetadataRead(None, (make_finding("CG001", shown, why),), read, ())
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+

@@ -1,0 +1,60 @@
+"""EasyDeL's own loader and forward, in the worker (EasyDeL's venv: it pins jax ~= 0.9, flax 0.12.3).
+
+``AutoEasyDeLModelForCausalLM.from_pretrained(dir, from_torch=True, ...)`` converts the HF checkpoint at
+load through transformers' PyTorch class (``easydel/infra/mixins/bridge.py``: ``_from_torch_pretrained``;
+its ``torch_load_mode`` "full" loads with ``torch_dtype=torch.float16``).  A pass computes in its dtype:
+the same load with ``dtype``, ``param_dtype`` and ``attn_dtype`` that dtype (EasyDeL's default
+attention dtype is bf16), called under the model's own mesh.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+LIBRARY = "easydel"
+
+
+class Loaded:
+    def __init__(self, checkpoint: Path, options: dict[str, Any], model: Any) -> None:
+        self.checkpoint, self.options, self.model = checkpoint, options, model
+
+
+def version() -> str:
+    from importlib.metadata import version as dist_version
+
+    return dist_version("easydel")
+
+
+def _load(checkpoint: Path, options: dict[str, Any]) -> Any:
+    import easydel
+
+    return easydel.AutoEasyDeLModelForCausalLM.from_pretrained(str(checkpoint), from_torch=True,
+                                                               auto_shard_model=False, verbose=False, **options)
+
+
+def load(checkpoint: Path, config: dict[str, Any], options: dict[str, Any]) -> Loaded:
+    return Loaded(checkpoint, options, _load(checkpoint, options))
+
+
+def parameters(handle: Loaded) -> dict[str, Any]:
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    flat = jax.tree_util.tree_flatten_with_path(nnx.state(handle.model, nnx.Param).to_pure_dict())[0]
+    return {".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): np.asarray(leaf)
+            for path, leaf in flat}
+
+
+def forward(handle: Loaded, dtype: str, input_ids: list[list[int]]) -> Any:
+    import jax.numpy as jnp
+    import numpy as np
+
+    compute = {"F32": jnp.float32, "BF16": jnp.bfloat16, "F16": jnp.float16}[dtype]
+    model = _load(handle.checkpoint, {**handle.options, "dtype": compute, "param_dtype": compute,
+                                      "config_kwargs": {"attn_dtype": compute, "attn_softmax_dtype": compute,
+                                                        "kvdtype": compute, "attn_mechanism": "vanilla"}})
+    with model.mesh:
+        out = model(input_ids=jnp.asarray(input_ids, dtype=jnp.int32))
+    return np.asarray(out.logits, dtype=np.float32)

@@ -1,0 +1,156 @@
+"""DeepSpeed ZeRO checkpoints written by DeepSpeed itself, on the CPU, in a process of their own.
+
+DeepSpeed keeps global state (its accelerator, the process group, a JIT-built shm op) and imports
+half of torch's distributed stack: each checkpoint is written by ``python tests/deepspeed_writers.py``
+in a subprocess, so the test process never imports it.  The same process also writes DeepSpeed's own
+consolidation (``zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint``) as the reference the tests
+compare ours with, and a ``run.json`` with what the model itself says (``num_parameters()``).
+
+World size 1 runs in the writer process; world size 2 spawns two gloo ranks (torch.multiprocessing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DEEPSPEED_VERSION = "0.19.8"
+HERE = Path(__file__).resolve()
+
+
+def deepspeed_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+# Llama sizes: "tiny" for the tests (6,736 parameters), "175m" for bench/zero_consolidate.py (~174M).
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, max_position_embeddings=32),
+    "175m": dict(vocab_size=32000, hidden_size=896, intermediate_size=2432, num_hidden_layers=12,
+                 num_attention_heads=14, num_key_value_heads=14, max_position_embeddings=256),
+}
+
+
+def write_zero(root: Path, *, stage: int, precision: str = "bf16", world_size: int = 1, steps: int = 1,
+               port: int = 29500, timeout: int = 600, preset: str = "tiny", reference: bool = True
+               ) -> dict[str, object]:
+    """``root/`` as ``engine.save_checkpoint(root)`` writes it (``latest``, ``global_stepN/``, the scripts),
+    ``root/config.json`` (the model's config, beside it as the Trainer keeps it), and beside ``root``:
+    ``<root>.reference.safetensors`` (zero_to_fp32's state dict) and ``<root>.run.json``."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "TOKENIZERS_PARALLELISM": "false"}
+    args = [sys.executable, str(HERE), str(root), str(stage), precision, str(world_size), str(steps), preset,
+            "reference" if reference else "-"]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"DeepSpeed writer failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(Path(f"{root}.run.json").read_text())
+
+
+def write_trainer_zero(root: Path, *, stage: int = 3, port: int = 29590, timeout: int = 600) -> dict[str, object]:
+    """``root/checkpoint-1/`` as the Trainer writes it with DeepSpeed (bf16, one step; ZeRO-3 without
+    ``stage3_gather_16bit_weights_on_model_save``: no model.safetensors, only ``global_step1/``), and
+    ``<root>/checkpoint-1.reference.safetensors`` (zero_to_fp32's state dict of it)."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "USE_TF": "0",
+           "USE_FLAX": "0", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, str(HERE), "trainer", str(root), str(stage)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"Trainer with DeepSpeed failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads((root / "checkpoint-1.run.json").read_text())
+
+
+def _trainer(root: str, stage: int) -> None:
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"input_ids": torch.tensor([1, 2, 3, 4]), "labels": torch.tensor([1, 2, 3, 4])}
+
+    model = _llama("tiny")
+    config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+              "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": stage},
+              "bf16": {"enabled": "auto"}, "zero_allow_untested_optimizer": True}
+    args = TrainingArguments(root, max_steps=1, save_steps=1, per_device_train_batch_size=2, report_to=[],
+                             use_cpu=True, bf16=True, deepspeed=config, disable_tqdm=True, logging_strategy="no")
+    Trainer(model=model, args=args, train_dataset=Tokens()).train()
+    checkpoint = Path(root) / "checkpoint-1"
+    Path(f"{checkpoint}.run.json").write_text(json.dumps({
+        "parameters": model.num_parameters(), "names": [n for n, _ in model.named_parameters()], "stage": stage}))
+    _reference(str(checkpoint))
+
+
+def _llama(preset: str):  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**PRESETS[preset], tie_word_embeddings=False))
+
+
+def _train_and_save(rank: int, root: str, stage: int, precision: str, world_size: int, steps: int,
+                    preset: str = "tiny") -> None:
+    import deepspeed
+    import torch
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
+    deepspeed.init_distributed("gloo")
+    model = _llama(preset)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True,
+              "zero_optimization": {"stage": stage}, precision: {"enabled": True}}
+    if precision == "fp16":
+        config["fp16"].update(initial_scale_power=8)  # a small scale: no overflow skips the first step
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        ids = torch.randint(0, 64, (1, 8), generator=generator)  # token ids every preset's vocabulary holds
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+    engine.save_checkpoint(root)
+    if rank == 0:
+        model.config.save_pretrained(root)
+        Path(f"{root}.run.json").write_text(json.dumps({
+            "parameters": model.num_parameters(), "names": [n for n, _ in model.named_parameters()],
+            "tag": f"global_step{steps}", "stage": stage, "precision": precision, "world_size": world_size}))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def _reference(root: str) -> None:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import save_file
+
+    state = get_fp32_state_dict_from_zero_checkpoint(root)
+    save_file({k: v.contiguous() for k, v in state.items()}, f"{root}.reference.safetensors")
+
+
+def main(argv: list[str]) -> int:
+    if argv[0] == "trainer":
+        _trainer(argv[1], int(argv[2]))
+        return 0
+    root, stage, precision, world_size, steps = argv[0], int(argv[1]), argv[2], int(argv[3]), int(argv[4])
+    preset, reference = argv[5], argv[6] == "reference"
+    if world_size == 1:
+        _train_and_save(0, root, stage, precision, world_size, steps, preset)
+    else:
+        import torch.multiprocessing as mp
+
+        mp.spawn(_train_and_save, args=(root, stage, precision, world_size, steps, preset), nprocs=world_size)
+    if reference:
+        _reference(root)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,430 @@
+"""convert --to maxtext: MaxText's own tree (checked against MaxText 0.2.5's conversion hooks), restored by
+orbax itself, a forward from MaxText's layout that matches transformers, and the way back bit-exact except
+the declared query-scale rounding."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+ocp = pytest.importorskip("orbax.checkpoint")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from flax.traverse_util import flatten_dict  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
+from test_convert import _offline  # noqa: E402,F401
+
+from guard.cli import main  # noqa: E402
+
+pytestmark = pytest.mark.slow
+MAXTEXT = Path(__file__).resolve().parent.parent / ".maxtext"  # gitignored; MaxText 0.2.5's wheel, unpacked
+MAXTEXT_PYTHON = Path(__file__).resolve().parent.parent / ".venv-maxtext" / "bin" / "python"  # make maxtext-venv
+BASE = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 1.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}  # factor 1: llama3's scaling is the identity
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+
+
+def build(kind: str, path: Path, dtype: torch.dtype = torch.bfloat16, *, rope: dict[str, Any] | None = None) -> Path:
+    """A tiny model of ``kind`` written by transformers' save_pretrained, its norms and biases randomized."""
+    import transformers as tf
+
+    configs = {
+        "llama3": lambda: tf.LlamaConfig(**BASE, rope_scaling=rope or LLAMA3_ROPE, max_position_embeddings=16384),
+        "llama": lambda: tf.LlamaConfig(**BASE),
+        "mistral": lambda: tf.MistralConfig(**BASE, sliding_window=None),
+        "qwen3": lambda: tf.Qwen3Config(**BASE),
+        "qwen2": lambda: tf.Qwen2Config(**{k: v for k, v in BASE.items() if k != "head_dim"}),
+        "mixtral": lambda: tf.MixtralConfig(**BASE, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+        "qwen3_moe": lambda: tf.Qwen3MoeConfig(**BASE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                               norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+    }
+    torch.manual_seed(7)
+    model = tf.AutoModelForCausalLM.from_config(configs[kind]()).to(dtype).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            if name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return path
+
+
+def convert(src: Path, out: Path, *extra: str) -> int:
+    return main(["convert", str(src), "--to", "maxtext", "--out", str(out), *extra])
+
+
+def restore(items: Path) -> dict[str, np.ndarray]:
+    tree = ocp.PyTreeCheckpointer().restore(items.resolve())
+    assert list(tree) == ["params"] and list(tree["params"]) == ["params"]  # {"params": {"params": tree}}
+    return {"/".join(k): np.asarray(v) for k, v in flatten_dict(tree["params"]["params"]).items()}
+
+
+def bits(a: np.ndarray) -> tuple[str, tuple[int, ...], bytes]:
+    return a.dtype.name, a.shape, np.ascontiguousarray(a).tobytes()
+
+
+# ------------------------------------------------------------------ MaxText's own hooks
+def maxtext_module(name: str) -> Any:
+    """A MaxText 0.2.5 module loaded from its wheel (its package needs Python >= 3.12; these files do not)."""
+    if not (MAXTEXT / "maxtext").is_dir():
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(MAXTEXT),
+                               "--python-version", "3.12", "--only-binary=:all:", "maxtext==0.2.5"],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode:
+            pytest.skip(f"MaxText 0.2.5's wheel could not be fetched: {proc.stderr.strip()[-300:]}")
+    path = MAXTEXT / "maxtext" / "checkpoint_conversion" / "utils" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"maxtext_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MAXTEXT_NAMES = {"llama3": "llama3.1-8b", "qwen3": "qwen3-0.6b", "qwen2": "qwen2.5-7b",
+                 "qwen3_moe": "qwen3-30b-a3b", "mixtral": "mixtral-8x7b"}
+
+
+def maxtext_tree(kind: str, src: Path, ours: dict[str, np.ndarray], *, scan: bool) -> dict[str, np.ndarray]:
+    """What MaxText's to_maxtext builds, from its own PARAM_MAPPING and HOOK_FNS (its stacking rules:
+    a list on param_scan_axis 1 when scanned, on the expert axis 0 otherwise, nested lists on axes 0 and 1)."""
+    mapping_module = maxtext_module("param_mapping")
+    config = json.loads((src / "config.json").read_text())
+    state = load_file(str(src / "model.safetensors"))
+    experts = config.get("num_local_experts") or config.get("num_experts") or 0
+    mt_config = SimpleNamespace(num_experts=experts, head_dim=config["head_dim"] if "head_dim" in config else
+                                config["hidden_size"] // config["num_attention_heads"], param_scan_axis=1)
+    config.setdefault("head_dim", mt_config.head_dim)
+    model = MAXTEXT_NAMES[kind]
+    names = mapping_module.PARAM_MAPPING[model](config, mt_config, scan)
+    hooks = mapping_module.HOOK_FNS[model](config, mt_config, scan, saving_to_hf=False)
+    out = {}
+    for key, hf in names.items():
+        path = key.replace("-", "/")[len("params/"):]
+        if path not in ours and (isinstance(hf, list) or hf not in state):
+            continue  # a mapping row this model has not (biases, an untied head)
+        target = ours[path].shape
+
+        def one(name: str, shape: tuple[int, ...], key: str = key) -> np.ndarray:
+            hook = hooks.get(key)
+            chain = hook if isinstance(hook, list) else [hook] if hook else []
+            value = state[name]
+            for fn in chain:
+                value = fn(value, shape)
+            return np.asarray(value)
+
+        if isinstance(hf, str):
+            out[path] = one(hf, target)
+        elif isinstance(hf[0], list):  # scanned experts: (experts, layers, ...)
+            out[path] = np.stack([np.stack([one(n, target[2:]) for n in row]) for row in hf])
+        else:
+            axis = 1 if scan and "{e}" not in str(hf) and not _expert_list(hf) else 0
+            piece = tuple(d for i, d in enumerate(target) if i != axis)
+            out[path] = np.stack([one(n, piece) for n in hf], axis=axis)
+    return out
+
+
+def _expert_list(names: list[str]) -> bool:
+    return ".experts." in names[0] and len({n.split(".experts.")[0] for n in names}) == 1
+
+
+@pytest.mark.parametrize("kind", sorted(MAXTEXT_NAMES))
+@pytest.mark.parametrize("scan", [False, True])
+def test_tree_equals_maxtexts_own_hooks(tmp_path: Path, kind: str, scan: bool) -> None:
+    src = build(kind, tmp_path / "src")
+    out = tmp_path / "mt"
+    assert convert(src, out, *(["--scan-layers"] if scan else [])) in (0, 1)
+    ours = restore(out / "0" / "items")  # orbax's own restore reads the checkpoint
+    theirs = maxtext_tree(kind, src, ours, scan=scan)
+    assert sorted(ours) == sorted(theirs)
+    for key in ours:
+        assert bits(ours[key]) == bits(theirs[key].astype(ours[key].dtype)), key
+        assert ours[key].dtype == theirs[key].dtype, key
+    layers = "decoder/layers" if scan else "decoder/layers_0"
+    q = ours[f"{layers}/self_attention/query/kernel"]
+    assert q.shape == ((32, 2, 4, 8) if scan else (32, 4, 8))  # [D, (layers,) heads, head_dim]
+    assert ours[f"{layers}/self_attention/out/kernel"].shape == ((4, 2, 8, 32) if scan else (4, 8, 32))
+
+
+def test_checkpoint_layout_is_maxtexts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = build("llama3", tmp_path / "src")
+    out = tmp_path / "mt"
+    assert convert(src, out) == 0
+    text = capsys.readouterr().out
+    assert "model_name=llama3.1-8b" in text and "base_emb_dim=32" in text and "head_dim=8" in text
+    assert f"load_parameters_path={out / '0' / 'items'}" in text and "scan_layers=false" in text
+    items = out / "0" / "items"
+    meta = json.loads((items / "_METADATA").read_text())
+    assert meta["use_ocdbt"] is True and meta["use_zarr3"] is True
+    assert all(k.startswith("('params', 'params', ") for k in meta["tree_metadata"])
+    step = json.loads((out / "0" / "_CHECKPOINT_METADATA").read_text())
+    assert step["item_handlers"]["items"].endswith("PyTreeCheckpointHandler")
+    manager = ocp.CheckpointManager(out.resolve(), item_names=("items",))  # MaxText's reader: a step, item "items"
+    assert manager.all_steps() == [0]
+    restored = manager.restore(0, args=ocp.args.Composite(items=ocp.args.PyTreeRestore()))
+    assert "token_embedder" in restored["items"]["params"]["params"]
+    assert not list(tmp_path.glob(".mt.partial-*"))
+
+
+def test_scanned_is_the_unscanned_layers_stacked(tmp_path: Path) -> None:
+    src = build("mixtral", tmp_path / "src")
+    assert convert(src, tmp_path / "flat") == 0  # the query scale's rounding is a warning: it passes
+    assert convert(src, tmp_path / "scan", "--scan-layers") == 0
+    flat, scanned = restore(tmp_path / "flat" / "0" / "items"), restore(tmp_path / "scan" / "0" / "items")
+    for key, value in scanned.items():
+        if not key.startswith("decoder/layers/"):
+            assert bits(value) == bits(flat[key])
+            continue
+        tail = key.removeprefix("decoder/layers/")
+        axis = 1  # param_scan_axis; experts lead (0) and layers follow (1) for MoE experts too
+        stacked = np.stack([flat[f"decoder/layers_{i}/{tail}"] for i in range(2)], axis=axis)
+        assert bits(value) == bits(stacked), key
+
+
+# ------------------------------------------------------------------ a forward from MaxText's layout
+def rms(x: Any, scale: Any, eps: float) -> Any:
+    import jax.numpy as jnp
+
+    return x * (1.0 / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)) * scale
+
+
+def rope(x: Any, theta: float, *, interleaved: bool) -> Any:
+    """[T, N, H]; MaxText's LLaMARotaryEmbedding pairs (2i, 2i+1), RotaryEmbedding (i, i + H/2)."""
+    import jax.numpy as jnp
+
+    t, _, h = x.shape
+    freq = 1.0 / theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h)
+    angle = jnp.arange(t, dtype=jnp.float32)[:, None] * freq[None, :]
+    cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]
+    a, b = (x[..., ::2], x[..., 1::2]) if interleaved else (x[..., : h // 2], x[..., h // 2:])
+    ra, rb = a * cos - b * sin, b * cos + a * sin
+    return jnp.stack([ra, rb], axis=-1).reshape(x.shape) if interleaved else jnp.concatenate([ra, rb], axis=-1)
+
+
+def maxtext_forward(tree: dict[str, np.ndarray], ids: np.ndarray, *, layers: int, eps: float, theta: float,
+                     interleaved: bool, qk_norm: bool) -> np.ndarray:
+    """Logits from MaxText's documented layout: q = x @ query [D, N, H] (1/sqrt(H) folded in unless qk-norm),
+    out [N, H, D], mlp wi_0/wi_1/wo, logits_dense [D, V]."""
+    import jax
+    import jax.numpy as jnp
+
+    p = {k: jnp.asarray(v, jnp.float32) for k, v in tree.items()}
+    with jax.default_matmul_precision("highest"):
+        x = p["token_embedder/embedding"][ids]
+        t = x.shape[0]
+        mask = jnp.tril(jnp.ones((t, t), bool))
+        for i in range(layers):
+            at = f"decoder/layers_{i}/"
+            h = rms(x, p[at + "pre_self_attention_layer_norm/scale"], eps)
+            q, k, v = (jnp.einsum("td,dnh->tnh", h, p[at + f"self_attention/{n}/kernel"])
+                       for n in ("query", "key", "value"))
+            if qk_norm:
+                q = rms(q, p[at + "self_attention/query_norm/scale"], eps) / jnp.sqrt(q.shape[-1])
+                k = rms(k, p[at + "self_attention/key_norm/scale"], eps)
+            q, k = rope(q, theta, interleaved=interleaved), rope(k, theta, interleaved=interleaved)
+            groups = q.shape[1] // k.shape[1]
+            k, v = jnp.repeat(k, groups, axis=1), jnp.repeat(v, groups, axis=1)
+            scores = jnp.where(mask[None], jnp.einsum("tnh,snh->nts", q, k), -jnp.inf)
+            o = jnp.einsum("nts,snh->tnh", jax.nn.softmax(scores, axis=-1), v)
+            x = x + jnp.einsum("tnh,nhd->td", o, p[at + "self_attention/out/kernel"])
+            h = rms(x, p[at + "post_self_attention_layer_norm/scale"], eps)
+            gate, up = h @ p[at + "mlp/wi_0/kernel"], h @ p[at + "mlp/wi_1/kernel"]
+            x = x + (jax.nn.silu(gate) * up) @ p[at + "mlp/wo/kernel"]
+        x = rms(x, p["decoder/decoder_norm/scale"], eps)
+        return np.asarray(x @ p["decoder/logits_dense/kernel"])
+
+
+@pytest.mark.parametrize("kind,interleaved,qk_norm", [("llama3", True, False), ("mistral", False, False),
+                                                      ("qwen3", False, True)])
+def test_forward_from_the_tree_matches_transformers(tmp_path: Path, kind: str, interleaved: bool,
+                                                     qk_norm: bool) -> None:
+    import transformers as tf
+
+    src = build(kind, tmp_path / "src", torch.float32)
+    assert convert(src, tmp_path / "mt") in (0, 1)
+    tree = restore(tmp_path / "mt" / "0" / "items")
+    ids = np.array([3, 17, 42, 5, 88, 1, 64, 9])
+    model = tf.AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(torch.tensor(ids)[None]).logits[0].numpy()
+    config = json.loads((src / "config.json").read_text())
+    got = maxtext_forward(tree, ids, layers=2, eps=config["rms_norm_eps"], theta=config["rope_theta"],
+                          interleaved=interleaved, qk_norm=qk_norm)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
+    if kind != "qwen3":  # the fold of 1/sqrt(H) is what makes the query kernel differ from W.T
+        hf_q = load_file(str(src / "model.safetensors"))["model.layers.0.self_attn.q_proj.weight"]
+        assert not np.array_equal(tree["decoder/layers_0/self_attention/query/kernel"].reshape(32, -1), hf_q.T)
+
+
+MAXTEXT_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}  # what MaxText's LLaMARotaryEmbedding hard-codes
+
+
+def test_maxtexts_own_forward_matches_transformers(tmp_path: Path) -> None:
+    """MaxText 0.2.5's decoder, in its Python 3.12 venv, loads every row's output (scanned and not) with the
+    flags convert printed, and its fp32 logits match transformers' PyTorch forward."""
+    import transformers as tf
+
+    if not MAXTEXT_PYTHON.is_file():
+        pytest.skip("MaxText's venv is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
+    ids = [[3, 17, 42, 5, 88, 1, 64, 9]]
+    cases = []
+    for kind in ("llama3", "llama", "mistral", "qwen3", "qwen2", "mixtral", "qwen3_moe"):
+        src = build(kind, tmp_path / kind / "src", torch.float32, rope=MAXTEXT_ROPE)
+        model = tf.AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32).eval()
+        with torch.no_grad():
+            np.save(tmp_path / kind / "logits.npy", model(torch.tensor(ids)).logits.numpy())
+        for scan in (False, True):
+            report = tmp_path / kind / f"report-{scan}.json"
+            assert convert(src, tmp_path / kind / f"mt-{scan}", "--format", "json", "-o", str(report),
+                           *(["--scan-layers"] if scan else [])) == 0
+            flags = json.loads(report.read_text())["extra"]["conversion"]["maxtext_flags"]
+            cases.append({"name": f"{kind}-{scan}", "flags": flags, "ids": ids,
+                          "logits": str(tmp_path / kind / "logits.npy")})
+    proc = subprocess.run([str(MAXTEXT_PYTHON), str(Path(__file__).parent / "maxtext_forward.py")],
+                          input=json.dumps(cases), capture_output=True, text=True, timeout=1200,
+                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(errors) == sorted(c["name"] for c in cases)
+    assert all(e < 1e-5 for e in errors.values()), errors
+
+
+# ------------------------------------------------------------------ the way back
+@pytest.mark.parametrize("kind,dtype", [("llama3", torch.bfloat16), ("llama3", torch.float32),
+                                        ("qwen3_moe", torch.bfloat16), ("mixtral", torch.bfloat16)])
+@pytest.mark.parametrize("scan", [False, True])
+def test_way_back_is_bit_exact_except_the_declared_rounding(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            kind: str, dtype: torch.dtype, scan: bool) -> None:
+    src = build(kind, tmp_path / "src", dtype)
+    code = convert(src, tmp_path / "mt", "--format", "json", *(["--scan-layers"] if scan else []))
+    report = json.loads(capsys.readouterr().out)
+    declared = report["extra"]["conversion"]["declared_roundings"]
+    rounding = [f for f in report["findings"] if f["code"] == "CG301"]
+    assert code == 0 and all(f["severity"] == "warning" for f in rounding)
+    back = tmp_path / "back"
+    assert main(["convert", str(tmp_path / "mt"), "--to", "torch", "--out", str(back)]) == 0
+    before, after = load_file(str(src / "model.safetensors")), load_file(str(back / "model.safetensors"))
+    assert sorted(before) == sorted(after)
+    changed = 0
+    for name in before:
+        if bits(before[name]) != bits(after[name]):
+            assert name.endswith("q_proj.weight") and kind != "qwen3_moe", name  # only the declared tensors
+            width = f"u{before[name].dtype.itemsize}"
+            changed += int(np.count_nonzero(before[name].view(width) != after[name].view(width)))
+    query = "layers/self_attention/query/kernel"
+    assert changed == (declared[query]["changed"] if query in declared else 0)
+    assert bool(changed) == bool(rounding)
+    if kind in ("llama3", "mixtral") and dtype == torch.bfloat16:
+        assert changed  # 1/sqrt(8) rounds in bf16: declared, never silent
+    config = json.loads((back / "config.json").read_text())
+    assert config["model_type"] == json.loads((src / "config.json").read_text())["model_type"]
+
+
+# ------------------------------------------------------------------ refusals write nothing
+def test_unsupported_architecture_is_cg304(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import transformers as tf
+
+    src = tmp_path / "src"
+    config = tf.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=32)
+    tf.GPT2LMHeadModel(config).save_pretrained(src)
+    assert convert(src, tmp_path / "mt", "--format", "json") == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [f["code"] for f in report["findings"]] == ["CG304"] and "gpt2" in report["findings"][0]["message"]
+    assert not (tmp_path / "mt").exists() and not list(tmp_path.glob(".mt.partial-*"))
+
+
+def test_a_router_maxtext_cannot_express_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """MaxText's MoE renormalizes the top-k weights (a softmax over the top-k logits, layers/moe.py); a Qwen3
+    MoE with norm_topk_prob false does not, and MaxText's forward would differ by 1.5e-2 (measured)."""
+    src = build("qwen3_moe", tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "norm_topk_prob": False}))
+    assert convert(src, tmp_path / "mt", "--format", "json") == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [f["code"] for f in findings] == ["CG304"] and "norm_topk_prob" in findings[0]["message"]
+    assert not (tmp_path / "mt").exists()
+
+
+def test_missing_tensor_and_wrong_shape_are_cg304(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors.numpy import save_file
+
+    src = build("qwen3", tmp_path / "src", torch.float32)
+    state = load_file(str(src / "model.safetensors"))
+    del state["model.layers.1.self_attn.k_norm.weight"]
+    save_file(state, str(src / "model.safetensors"), metadata={"format": "pt"})
+    assert convert(src, tmp_path / "mt", "--format", "json") == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [(f["code"], f["tensor"]) for f in findings] == [("CG304", "model.layers.1.self_attn.k_norm.weight")]
+    config = json.loads((src / "config.json").read_text())
+    config["intermediate_size"] = 64
+    (src / "config.json").write_text(json.dumps(config))
+    assert convert(src, tmp_path / "mt", "--format", "json") == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert {f["tensor"] for f in findings if "shape" in f["message"]} == {
+        f"model.layers.{i}.mlp.{n}_proj.weight" for i in range(2) for n in ("gate", "up", "down")}
+    assert not (tmp_path / "mt").exists() and not list(tmp_path.glob(".mt.partial-*"))
+
+
+def test_dtype_cast_and_the_items_path_back(tmp_path: Path) -> None:
+    src = build("qwen3", tmp_path / "src")
+    assert convert(src, tmp_path / "mt", "--dtype", "fp32") == 0
+    tree = restore(tmp_path / "mt" / "0" / "items")
+    assert {a.dtype.name for a in tree.values()} == {"float32"}
+    back = tmp_path / "back"
+    assert main(["convert", str(tmp_path / "mt" / "0" / "items"), "--to", "torch", "--out", str(back)]) == 0
+    before, after = load_file(str(src / "model.safetensors")), load_file(str(back / "model.safetensors"))
+    for name, value in before.items():  # bf16 -> fp32 is exact, and Qwen3's layout only moves elements
+        assert bits(value.astype(np.float32)) == bits(after[name]), name
+    config = json.loads((back / "config.json").read_text())
+    assert config.get("torch_dtype", config.get("dtype")) == "float32"
+
+
+def test_a_maxtext_checkpoint_it_did_not_write_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """MaxText's own checkpoints carry no HF config: the way back says so in one line and writes nothing."""
+    tree = {"params": {"params": {"token_embedder": {"embedding": np.ones((4, 2), np.float32)}}}}
+    manager = ocp.CheckpointManager((tmp_path / "mt").resolve(), item_names=("items",),
+                                    item_handlers={"items": ocp.PyTreeCheckpointHandler(use_zarr3=True)})
+    manager.save(0, args=ocp.args.Composite(items=ocp.args.PyTreeSave(tree)))
+    manager.wait_until_finished()
+    manager.close()
+    assert main(["convert", str(tmp_path / "mt"), "--to", "torch", "--out", str(tmp_path / "back")]) == 2
+    assert "ckpt-guard did not write" in capsys.readouterr().err
+    assert not (tmp_path / "back").exists()
+
+
+def test_a_config_without_sizes_is_cg304(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = build("llama", tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    del config["num_attention_heads"]
+    (src / "config.json").write_text(json.dumps(config))
+    assert convert(src, tmp_path / "mt", "--format", "json") == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [f["code"] for f in findings] == ["CG304"] and "num_attention_heads" in findings[0]["message"]
+    assert not (tmp_path / "mt").exists()
+
+
+def test_an_ocdbt_tree_that_is_not_maxtexts_still_converts_as_orbax(tmp_path: Path) -> None:
+    """Detection is by MaxText's tree (every leaf under params/params), not by OCDBT alone."""
+    from guard.cli.convert_maxtext import is_maxtext_source
+
+    checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_zarr3=True))
+    checkpointer.save((tmp_path / "flax").resolve(), {"model": {"embed_tokens": {"embedding": np.ones((4, 2))}}})
+    assert (tmp_path / "flax" / "manifest.ocdbt").is_file() and not is_maxtext_source(tmp_path / "flax")
+    src = build("qwen3", tmp_path / "src")
+    assert convert(src, tmp_path / "mt") == 0
+    assert is_maxtext_source(tmp_path / "mt") and is_maxtext_source(tmp_path / "mt" / "0" / "items")
