@@ -71,10 +71,10 @@ $(MAXTEXT_LIB)/.installed: $(STAMP)
 	$(PY) -m pip install -q --no-deps --target $(MAXTEXT_LIB) --python-version 3.12 --only-binary=:all: maxtext==0.2.5
 	touch $@
 
-$(MAXTEXT_VENV)/.installed:
+$(MAXTEXT_VENV)/.installed: constraints-maxtext.txt
 	@test -n "$(PYTHON312)" || { echo "make test needs Python 3.12 for MaxText's venv (set PYTHON312=...)" >&2; exit 1; }
 	$(PYTHON312) -m venv $(MAXTEXT_VENV)
-	$(MAXTEXT_VENV)/bin/python -m pip install -q 'maxtext[tpu]==0.2.5'
+	$(MAXTEXT_VENV)/bin/python -m pip install -q -c constraints-maxtext.txt 'maxtext[tpu]==0.2.5'
 	touch $@
 
 maxtext-lib: $(MAXTEXT_LIB)/.installed
