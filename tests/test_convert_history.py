@@ -66,7 +66,9 @@ def test_converts_without_transformers(tmp_path: Path) -> None:
     parity = run_cli("parity", str(src), str(tmp_path / "f"), block_transformers=True)
     assert parity.returncode == 2
     assert parity.stderr.strip().splitlines() == [
-        "ckpt-guard: error: transformers is not installed; install it with: pip install 'ckpt-guard[parity]'"]
+        "ckpt-guard: error: parity needs transformers 4.x, the last line with Flax models (none is installed): "
+        "install it with pip install 'ckpt-guard[parity]' 'transformers>=4.40,<5', or run ckpt-guard from an "
+        "environment that has it"]
 
 
 def test_library_warnings_only_with_verbose(tmp_path: Path) -> None:
