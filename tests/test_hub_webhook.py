@@ -406,7 +406,7 @@ def test_checkpoint_files_are_the_hooks_and_the_actions_selection() -> None:
     select = (root / "scripts" / "action" / "select.sh").read_text()
     assert re.search(r'pattern = re\.compile\(r"(.*)", re\.I\)', select)[1] == CHECKPOINT_FILES.pattern  # type: ignore[index]
     for name in ("model.safetensors", "sub/config.json", "model.safetensors.index.json", "unet/x.bin",
-                 "ckpt/_METADATA", "openvino_model.xml"):
+                 "ckpt/_METADATA", "openvino_model.xml", "step-1/__0_0.distcp"):
         assert CHECKPOINT_FILES.search(name), name
     for name in ("README.md", "tokenizer.json", "generation_config.json", ".gitattributes", "LICENSE"):
         assert not CHECKPOINT_FILES.search(name), name

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -211,13 +212,34 @@ def test_a_commit_of_one_variant_file_scans_that_component(tmp_path, hook_repo, 
     assert result.returncode == 1 and "CG108" in out and "CG006" in out and "CG102" not in out, out
 
 
+def test_a_commit_of_a_dcp_checkpoint_reaches_the_hook(tmp_path, hook_repo, pre_commit_home):
+    """torch.distributed.checkpoint's own save: its rank files reach the hook, which reads the set through its
+    .metadata; a save that never finished (rank files, no .metadata) is CG117."""
+    import torch.distributed.checkpoint as dcp
+
+    target = user_repo(tmp_path / "u", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group": the documented single-process save
+        dcp.save({"model": {"w": torch.zeros(4, 4), "b": torch.zeros(4, dtype=torch.bfloat16)}},
+                 checkpoint_id=str(target / "step-1"))
+    (target / "step-2").mkdir()
+    (target / "step-2" / "__0_0.distcp").write_bytes((target / "step-1" / "__0_0.distcp").read_bytes())
+    git(target, "add", "-A")
+    git(target, "commit", "-q", "-m", "dcp")
+    result = try_repo(target, hook_repo, pre_commit_home, "--all-files")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "training-state" in out and "dcp" in out and "CG102" in out  # step-1's module weights mix fp32 and bf16
+    assert "step-2/__0_0.distcp: CG117" in out, out
+
+
 @pytest.mark.parametrize("name, selected", [
     ("model.safetensors.index.fp16.json", True), ("unet/diffusion_pytorch_model.safetensors.fp16.index.json", True),
     ("model.fp16-00001-of-00002.safetensors", True), ("llama-q4_k_m.gguf", True), ("model.onnx", True),
     ("tf_model.h5", True), ("model_index.json", True), ("exported.pt2", True), ("model.pte", True),
     ("scripted.jit", True), ("mobile.ptl", True),
     ("saved/variables/variables.index", True), ("ckpt-3.data-00000-of-00001", True), ("m.tflite", True), ("weights.npz", True), ("ckpt/100/_METADATA", True),
-    ("openvino_model.xml", True), ("m.mlpackage/Data/com.apple.CoreML/weights/weight.bin", True), ("pom.xml", False),
+    ("step-100/__0_0.distcp", True), ("openvino_model.xml", True), ("m.mlpackage/Data/com.apple.CoreML/weights/weight.bin", True), ("pom.xml", False),
     ("README.md", False),
     ("tokenizer.json", False), ("special_tokens_map.json", False),
 ])

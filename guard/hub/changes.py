@@ -18,7 +18,7 @@ from guard.hub.client import HubClient, hub_errors
 # The same selection as .pre-commit-hooks.yaml's `files:` and the action's select.sh (a test keeps them equal).
 CHECKPOINT_FILES = re.compile(
     r"(\.(safetensors|bin|pt|pth|jit|ptl|pt2|pte|ckpt|msgpack|h5|hdf5|keras|gguf|onnx|npz|npy|tflite|ot|mlmodel"
-    r"|pdparams|caffemodel|nemo|engine|plan|llamafile|pb|index|data-[0-9]{5}-of-[0-9]{5})"
+    r"|pdparams|caffemodel|distcp|nemo|engine|plan|llamafile|pb|index|data-[0-9]{5}-of-[0-9]{5})"
     r"|\.index(\.[^./]+)?\.json|(^|/)(config|model_index)\.json|(^|/)(_METADATA|_CHECKPOINT_METADATA|manifest\.ocdbt)"
     r"|(^|/)openvino_[^/]*\.xml)$", re.I)
 

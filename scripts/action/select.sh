@@ -81,7 +81,7 @@ git diff --name-only -z --no-ext-diff --diff-filter=ACMRT --relative "$base...$h
 import os, re, sys
 changed_file, list_file, empty = sys.argv[1:]
 # the same selection as the pre-commit hook's `files:` pattern
-pattern = re.compile(r"(\.(safetensors|bin|pt|pth|jit|ptl|pt2|pte|ckpt|msgpack|h5|hdf5|keras|gguf|onnx|npz|npy|tflite|ot|mlmodel|pdparams|caffemodel|nemo|engine|plan|llamafile|pb|index|data-[0-9]{5}-of-[0-9]{5})|\.index(\.[^./]+)?\.json|(^|/)(config|model_index)\.json|(^|/)(_METADATA|_CHECKPOINT_METADATA|manifest\.ocdbt)|(^|/)openvino_[^/]*\.xml)$", re.I)
+pattern = re.compile(r"(\.(safetensors|bin|pt|pth|jit|ptl|pt2|pte|ckpt|msgpack|h5|hdf5|keras|gguf|onnx|npz|npy|tflite|ot|mlmodel|pdparams|caffemodel|distcp|nemo|engine|plan|llamafile|pb|index|data-[0-9]{5}-of-[0-9]{5})|\.index(\.[^./]+)?\.json|(^|/)(config|model_index)\.json|(^|/)(_METADATA|_CHECKPOINT_METADATA|manifest\.ocdbt)|(^|/)openvino_[^/]*\.xml)$", re.I)
 roots = [os.path.normpath(p.strip()) for p in os.environ.get("CG_PATHS", ".").splitlines() if p.strip()] or ["."]
 with open(changed_file, "rb") as fh:
     names = [os.fsdecode(n) for n in fh.read().split(b"\0") if n]
