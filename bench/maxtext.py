@@ -7,8 +7,8 @@ Whole processes on the same disk, alternating, wall time and peak RSS from os.wa
   to maxtext scan:  ckpt-guard convert DIR --to maxtext --scan-layers --out X   (stacked per parameter)
   maxtext to torch: ckpt-guard convert X --to torch --out Y                     (the way back)
 
-MaxText 0.2.5's own `to_maxtext` is not timed: with orbax-checkpoint 0.12.8 it fails at its save
-(NoEntryError, docs/benchmarks.md), and it maps the layer count of its HF_MODEL_CONFIGS table, not this model's.
+MaxText 0.2.5's own `to_maxtext` is timed by bench/maxtext_own.py: it fails at its save with orbax-checkpoint
+0.12.8 (NoEntryError) and runs with the 0.12.4 its requirements allow (docs/benchmarks.md).
 
 The model is written by bench/convert.py (`make_model`: LlamaConfig, random weights, 12 layers).
 

@@ -49,6 +49,8 @@ def main() -> int:
             pickles.extend(data[:data.index(b".", 1) + 1] for data in samples[:1])  # the magic pickle
     if not only or "torchscript" in only:
         written += torch_published_seeds(HERE / "corpus")
+    if not only or {"dcp_metadata", "zero_states"} & only:
+        written += training_seeds(HERE / "corpus")
     if only and "torch_pickle" not in only:
         print(f"wrote {written} seed files under {HERE / 'corpus'}")
         return 0
@@ -62,6 +64,60 @@ def main() -> int:
     written += ir_package_seeds(HERE / "corpus")
     print(f"wrote {written} seed files under {HERE / 'corpus'}")
     return 0
+
+
+def training_seeds(corpus: Path) -> int:
+    """DCP ``.metadata`` files torch writes (tests/fuzz_formats_training.py) and, where DeepSpeed is installed,
+    the rank files of a ZeRO-2 and a ZeRO-3 save of the tiny Llama (tests/deepspeed_writers.py).  (The
+    committed seeds also hold Accelerate's FSDP2 ``.metadata`` pair, from tests/accelerate_writers.py.)"""
+    import tempfile
+
+    import deepspeed_writers
+    from fuzz_formats_training import dcp_metadata_samples
+
+    (corpus / "dcp_metadata").mkdir(parents=True, exist_ok=True)
+    samples = dcp_metadata_samples()
+    for i, data in enumerate(samples):
+        (corpus / "dcp_metadata" / f"seed-{i}.bin").write_bytes(data)
+    written = len(samples)
+    if not deepspeed_writers.deepspeed_available():
+        return written
+    (corpus / "zero_states").mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        for stage, world in ((2, 1), (3, 2)):
+            root = Path(scratch) / f"z{stage}"
+            deepspeed_writers.write_zero(root, stage=stage, world_size=world, reference=False)
+            for rank_file in sorted((root / "global_step1").glob("*.pt")):
+                if "pp_rank_1_" in rank_file.name:
+                    continue  # rank 0's files are seeds enough
+                kind = "model_states" if rank_file.name.endswith("_model_states.pt") else "optim_states"
+                (corpus / "zero_states" / f"seed-z{stage}-{kind}.pt").write_bytes(rank_file.read_bytes())
+                written += 1
+        written += universal_seeds(corpus, Path(scratch) / "z2" / "global_step1")
+    return written
+
+
+# ds_to_universal's files that are seeds: one parameter's master and moment, the step, the optimizer's state
+UNIVERSAL_SEEDS = {"model.norm.weight/fp32.pt": "fp32", "model.norm.weight/exp_avg.pt": "exp_avg",
+                   "model.norm.weight/step.pt": "step", "optimizer_state.pt": "optimizer_state"}
+
+
+def universal_seeds(corpus: Path, tag: Path) -> int:
+    """``ds_to_universal`` run on a ZeRO-2 tag folder (DeepSpeed's own script, as tests/test_training_zero.py
+    runs it): files of its ``zero/`` folder join the ``zero_states`` target (read_zero_input reads them too)."""
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(tag),
+                        "--output_folder", out, "--num_extract_workers", "1", "--num_merge_workers", "1",
+                        "--inject_missing_state"], env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
+                       check=True, capture_output=True, timeout=600)
+        for relative, seed in UNIVERSAL_SEEDS.items():
+            data = (Path(out) / "zero" / relative).read_bytes()
+            (corpus / "zero_states" / f"seed-universal-{seed}.pt").write_bytes(data)
+    return len(UNIVERSAL_SEEDS)
 
 
 def torch_published_seeds(corpus: Path) -> int:

@@ -159,8 +159,8 @@ RULES: tuple[Rule, ...] = (
          "global_step500/ whose two ranks' partitions hold 6,736 elements while param_shapes needs 6,800.",
          "Copy the tag folder again from the run; do not mix files of two saves or two world sizes."),
     Rule("CG119", "training-latest-tag-missing", E, "headers",
-         "DeepSpeed's `latest` file names a tag with no folder beside it: `zero_to_fp32.py` and "
-         "`load_checkpoint` fail, and the newest save is missing.",
+         "DeepSpeed's `latest` file (or Megatron's `latest_checkpointed_iteration.txt`) names a tag with no "
+         "folder beside it: `zero_to_fp32.py` and `load_checkpoint` fail, and the newest save is missing.",
          "checkpoints/latest says global_step900, and checkpoints/ holds only global_step800/.",
          "Copy the missing tag folder, or write the tag that is there into `latest`."),
     Rule("CG120", "training-state-published", W, "headers",

@@ -44,6 +44,8 @@ def build_samples(root: Path) -> list[Path]:
         MistralForCausalLM,
     )
 
+    from guard.samples import save_torch_bin
+
     torch.manual_seed(0)
     root.mkdir(parents=True, exist_ok=True)
     made = []
@@ -60,7 +62,7 @@ def build_samples(root: Path) -> list[Path]:
         vocab_size=128, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64))
     model.model.decoder.half()
-    model.save_pretrained(bart, safe_serialization=False)
+    save_torch_bin(model, bart)  # transformers 5 writes safetensors only
     made.append(bart)
 
     # A bf16 Mistral whose config.json still says float32.

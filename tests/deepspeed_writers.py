@@ -52,42 +52,49 @@ def write_zero(root: Path, *, stage: int, precision: str = "bf16", world_size: i
     return json.loads(Path(f"{root}.run.json").read_text())
 
 
-def write_trainer_zero(root: Path, *, stage: int = 3, port: int = 29590, timeout: int = 600) -> dict[str, object]:
-    """``root/checkpoint-1/`` as the Trainer writes it with DeepSpeed (bf16, one step; ZeRO-3 without
-    ``stage3_gather_16bit_weights_on_model_save``: no model.safetensors, only ``global_step1/``), and
-    ``<root>/checkpoint-1.reference.safetensors`` (zero_to_fp32's state dict of it)."""
+def write_trainer_zero(root: Path, *, stage: int = 3, steps: int = 1, save_steps: int = 1, port: int = 29590,
+                       timeout: int = 600) -> dict[str, object]:
+    """``root/checkpoint-N/`` every ``save_steps`` up to ``steps`` as the Trainer writes them with DeepSpeed
+    (bf16; ZeRO-3 without ``stage3_gather_16bit_weights_on_model_save``: no model.safetensors, only
+    ``global_stepN/``; ZeRO-1/2: the bf16 ``model.safetensors`` beside it), and for each
+    ``<root>/checkpoint-N.reference.safetensors`` (zero_to_fp32's state dict of it).  Returns the run.json of
+    the last checkpoint; the arguments are ones transformers 4.57 and 5.x both take."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "USE_TF": "0",
            "USE_FLAX": "0", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, str(HERE), "trainer", str(root), str(stage)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, str(HERE), "trainer", str(root), str(stage), str(steps), str(save_steps)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"Trainer with DeepSpeed failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads((root / "checkpoint-1.run.json").read_text())
+    return json.loads((root / f"checkpoint-{steps}.run.json").read_text())
 
 
-def _trainer(root: str, stage: int) -> None:
+def _trainer(root: str, stage: int, steps: int = 1, save_steps: int = 1) -> None:
     import torch
     from transformers import Trainer, TrainingArguments
 
     class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         def __len__(self) -> int:
-            return 4
+            return 2 * steps
 
-        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-            return {"input_ids": torch.tensor([1, 2, 3, 4]), "labels": torch.tensor([1, 2, 3, 4])}
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:  # a different batch each step: the masters move
+            ids = torch.tensor([1 + i % 7, 2, 3 + i % 5, 4])
+            return {"input_ids": ids, "labels": ids}
 
     model = _llama("tiny")
     config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
               "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": stage},
               "bf16": {"enabled": "auto"}, "zero_allow_untested_optimizer": True}
-    args = TrainingArguments(root, max_steps=1, save_steps=1, per_device_train_batch_size=2, report_to=[],
-                             use_cpu=True, bf16=True, deepspeed=config, disable_tqdm=True, logging_strategy="no")
+    args = TrainingArguments(root, max_steps=steps, save_steps=save_steps, per_device_train_batch_size=2,
+                             report_to=[], use_cpu=True, bf16=True, deepspeed=config, disable_tqdm=True,
+                             logging_strategy="no", learning_rate=1e-2)
     Trainer(model=model, args=args, train_dataset=Tokens()).train()
-    checkpoint = Path(root) / "checkpoint-1"
-    Path(f"{checkpoint}.run.json").write_text(json.dumps({
-        "parameters": model.num_parameters(), "names": [n for n, _ in model.named_parameters()], "stage": stage}))
-    _reference(str(checkpoint))
+    for step in range(save_steps, steps + 1, save_steps):
+        checkpoint = Path(root) / f"checkpoint-{step}"
+        Path(f"{checkpoint}.run.json").write_text(json.dumps({
+            "parameters": model.num_parameters(), "names": [n for n, _ in model.named_parameters()],
+            "stage": stage}))
+        _reference(str(checkpoint))
 
 
 def _llama(preset: str):  # type: ignore[no-untyped-def]
@@ -128,16 +135,31 @@ def _train_and_save(rank: int, root: str, stage: int, precision: str, world_size
 
 
 def _reference(root: str) -> None:
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from deepspeed.utils import zero_to_fp32
     from safetensors.torch import save_file
 
-    state = get_fp32_state_dict_from_zero_checkpoint(root)
+    state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(root)
     save_file({k: v.contiguous() for k, v in state.items()}, f"{root}.reference.safetensors")
+    # zero_to_fp32's own parse of the rank files, for the agreement test (tests/test_training_zero.py)
+    tag = os.path.join(root, Path(root, "latest").read_text().strip())
+    models = zero_to_fp32.parse_model_states(zero_to_fp32.get_model_state_files(tag))
+    stage, world, flat_groups, paddings = zero_to_fp32.parse_optim_states(zero_to_fp32.get_optim_files(tag), tag)
+    Path(f"{root}.partitions.json").write_text(json.dumps({
+        "model_files": [os.path.basename(f) for f in zero_to_fp32.get_model_state_files(tag)],
+        "optim_files": [os.path.basename(f) for f in zero_to_fp32.get_optim_files(tag)],
+        "param_shapes": [[[[n, list(s)] for n, s in group.items()] for group in m.param_shapes] for m in models],
+        "frozen": [sorted(m.frozen_param_shapes or {}) for m in models],
+        "shared": [sorted(map(list, m.shared_params)) for m in models],
+        "buffers": [sorted(m.buffers) for m in models],
+        "stage": stage, "world_size": world,
+        "flat": [[int(g.numel()) for g in (groups if isinstance(groups, (list, tuple)) else [groups])]
+                 for groups in flat_groups],
+        "paddings": [list(map(int, p)) for p in paddings] if paddings else None}))
 
 
 def main(argv: list[str]) -> int:
     if argv[0] == "trainer":
-        _trainer(argv[1], int(argv[2]))
+        _trainer(argv[1], *map(int, argv[2:5]))
         return 0
     root, stage, precision, world_size, steps = argv[0], int(argv[1]), argv[2], int(argv[3]), int(argv[4])
     preset, reference = argv[5], argv[6] == "reference"

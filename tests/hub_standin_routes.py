@@ -277,7 +277,9 @@ class Routes:
         url = f"{self.hub.url}/{repo_id}"
         if repo_id in self.hub.repos:
             return _json(409, {"error": "You already created this model repo", "url": url})
-        self.hub.add_repo(repo_id, private=bool(body.get("private")))
+        # huggingface_hub < 2 sends {"private": true}; 2.x sends {"visibility": "private"} (the Hub takes both)
+        private = bool(body.get("private")) or body.get("visibility") in ("private", "protected")
+        self.hub.add_repo(repo_id, private=private)
         return _json(200, {"url": url, "name": repo_id})
 
     def commit(self, repo: Repo, rev: str) -> Response:

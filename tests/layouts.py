@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from guard.samples import bart_like_copies, diffusers_pipeline
+from guard.samples import bart_like_copies, diffusers_pipeline, flax_copy, save_torch_bin
 
-__all__ = ["bart_like_copies", "diffusers_pipeline", "lightning_checkpoint", "peft_lora", "sentence_transformer",
+__all__ = ["bart_like_copies", "diffusers_pipeline", "flax_copy", "save_torch_bin", "lightning_checkpoint", "peft_lora", "sentence_transformer",
            "trainer_run", "transformers_copies", "transformers_fp16_variant"]
 
 
@@ -29,13 +29,12 @@ def _tiny_bert():  # type: ignore[no-untyped-def]
 
 
 def transformers_copies(root: Path) -> int:
-    """One BERT saved as safetensors and as .bin into one folder, and a Flax copy from_pt beside them."""
-    from transformers import FlaxBertForMaskedLM
-
+    """One BERT saved as safetensors and as .bin into one folder, and a Flax copy from_pt beside them
+    (the .bin and the Flax copy as transformers 4 wrote them: guard.samples' writers)."""
     model = _tiny_bert()
-    model.save_pretrained(root, safe_serialization=True)
-    model.save_pretrained(root, safe_serialization=False)
-    FlaxBertForMaskedLM.from_pretrained(root, from_pt=True).save_pretrained(root)
+    model.save_pretrained(root)
+    save_torch_bin(model, root)
+    flax_copy(root)
     return _params(model)
 
 

@@ -100,10 +100,31 @@ def write_bnb_8bit(out: Path) -> Path:
 
 
 def write_hqq(out: Path, *, nbits: int = 4, group_size: int = 64) -> Path:
-    """HQQ through transformers' HqqConfig (lm_head skipped, stored fp32 by transformers 4.57)."""
+    """HQQ through transformers' HqqConfig (lm_head skipped, stored fp32 by transformers 4.57).  transformers
+    5.25 refuses HqqConfig ("QuantizationMethod.HQQ is not available yet"): under 5 the layout is written
+    by transformers 4.57 in the transformers-4 environment (.venv-tf4), as the published HQQ models were."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return _in_transformers_4("write_hqq", out, nbits=nbits, group_size=group_size)
     from transformers import HqqConfig
 
     _from_base(HqqConfig(nbits=nbits, group_size=group_size)).save_pretrained(out)
+    return out
+
+
+def _in_transformers_4(writer: str, out: Path, **options: Any) -> Path:
+    """This module's ``writer`` run by the transformers-4 environment's Python (tests/legacy_env.py)."""
+    import os
+    import subprocess
+
+    from legacy_env import ROOT, legacy_python
+
+    code = ("import json, sys; from pathlib import Path; sys.path.insert(0, 'tests'); import quant_writers; "
+            "getattr(quant_writers, sys.argv[1])(Path(sys.argv[2]), **json.loads(sys.argv[3]))")
+    done = subprocess.run([str(legacy_python()), "-c", code, writer, str(out), json.dumps(options)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "USE_TF": "0"})
+    assert done.returncode == 0, f"{writer} in .venv-tf4: {done.stderr[-3000:]}"
     return out
 
 
@@ -128,11 +149,15 @@ TORCHAO_KINDS = {  # kind -> (torchao config class, saved as safetensors)
 def write_torchao(out: Path, *, kind: str = "int8") -> Path:
     """torchao through TorchAoConfig, saved as transformers saves it: ``int8`` weight-only pickles tensor
     subclasses into pytorch_model.bin (safetensors refuses them); ``float8`` weight-only saves
-    safetensors with the subclass records in the header. Int4 needs mslk, dynamic float8 CUDA sm89."""
+    safetensors with the subclass records in the header. Int4 needs mslk, dynamic float8 CUDA sm89.
+    The pickled kinds are transformers 4's layout (5 writes safetensors only): under 5, .venv-tf4 writes them."""
     import torchao.quantization
+    import transformers
     from transformers import TorchAoConfig
 
     name, safe = TORCHAO_KINDS[kind]
+    if not safe and int(transformers.__version__.split(".")[0]) >= 5:
+        return _in_transformers_4("write_torchao", out, kind=kind)
     _from_base(TorchAoConfig(getattr(torchao.quantization, name)())).save_pretrained(out, safe_serialization=safe)
     return out
 

@@ -15,6 +15,8 @@ import pytest
 import yaml
 from project_copy import copy_project
 
+from guard.samples import save_torch_bin
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CKPT_GUARD = BIN / "ckpt-guard"
@@ -323,9 +325,8 @@ def test_action_fix_under_act_uploads_the_files_and_summarises_the_patch(tmp_pat
     save_file({"w": torch.ones(4, 4), "b": torch.zeros(4)}, str(user / "models" / "llm" / "model.safetensors"))
     config = '{\n  "model_type": "llama",\n  "torch_dtype": "bfloat16",\n  "vocab_size": 4\n}\n'
     (user / "models" / "llm" / "config.json").write_text(config)
-    BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=32, max_position_embeddings=32)).save_pretrained(
-        user / "models" / "bert", safe_serialization=False)
+    save_torch_bin(BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=32, max_position_embeddings=32)), user / "models" / "bert")
     out = tmp_path / "out"
     out.mkdir()
     artifacts = tmp_path / "artifacts"
@@ -865,3 +866,66 @@ def test_action_on_a_pull_request_under_act(tmp_path, report_existing):
     else:
         assert {"models/recast/model.safetensors", "models/old bad/model.safetensors"} <= annotated
         assert int(errors) >= 2 and ":x: ckpt-guard failed" in summary
+
+
+def _against_env(tmp_path: Path, listing: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "CG_BIN": str(CKPT_GUARD), "CG_PYTHON": sys.executable, "CG_LIST": str(listing),
+            "RUNNER_TEMP": str(tmp_path / "runner"), "GITHUB_ACTION_PATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+            "OMP_NUM_THREADS": "1", **extra}
+
+
+def test_against_maxtext_without_python_312_says_so_before_installing(tmp_path):
+    """MaxText needs Python >= 3.12: on a runner without one the step stops in one line, exit 2, no venv."""
+    only = tmp_path / "bin"
+    only.mkdir()
+    for name in ("bash", "dirname"):
+        (only / name).symlink_to(shutil.which(name))
+    (only / "python3").symlink_to(sys.executable)  # this Python: 3.11
+    listing = tmp_path / "list"
+    listing.write_bytes(b"")
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "action" / "against.sh")],
+                            env=_against_env(tmp_path, listing, CG_PARITY_AGAINST="maxtext", PATH=str(only)),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "::error title=ckpt-guard::parity-against maxtext needs Python >= 3.12" in result.stdout
+    assert not (tmp_path / "runner" / "ckpt-guard" / "maxtext").exists()
+
+
+@pytest.mark.slow
+def test_against_maxtext_step_runs_maxtexts_loader_on_each_model(tmp_path):
+    """The action's `parity-against: maxtext` step, with MaxText's venv already there (as a restored cache or a
+    self-hosted runner's earlier run): it converts each transformers model and runs MaxText 0.2.5's own loader
+    and forward on it; a model whose fp16 norm MaxText's bf16 load rounds fails the step with CG302."""
+    maxtext_python = ROOT / ".venv-maxtext" / "bin" / "python"
+    if not maxtext_python.is_file():
+        pytest.skip("MaxText's venv is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("tensorstore")
+    from safetensors.torch import load_file, save_file
+    from test_convert_maxtext import build
+
+    (tmp_path / "runner" / "ckpt-guard").mkdir(parents=True)
+    (tmp_path / "runner" / "ckpt-guard" / "maxtext").symlink_to(ROOT / ".venv-maxtext")
+    good = build("qwen3", tmp_path / "repo" / "good", torch.float32)
+    listing = tmp_path / "list"
+    listing.write_bytes(b"\0".join([str(good / "model.safetensors").encode(), str(good).encode(), b""]))
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "action" / "against.sh")],
+                            env=_against_env(tmp_path, listing, CG_PARITY_AGAINST="maxtext"),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "maxtext" in result.stdout
+
+    bad = build("qwen3", tmp_path / "repo" / "bad", torch.bfloat16)
+    tensors = load_file(bad / "model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    tensors["model.norm.weight"] = (1 + 0.3 * torch.randn(32, generator=generator)).to(torch.float16)
+    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+    listing.write_bytes(str(bad).encode() + b"\0")
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "action" / "against.sh")],
+                            env=_against_env(tmp_path, listing, CG_PARITY_AGAINST="maxtext"),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    # the final norm (not scanned) is named by its MaxText leaf; the finding names the option that avoids it
+    assert re.search(r"CG302 \[error\] maxtext 0\.2\.5 \(bfloat16 weights\): 'decoder/decoder_norm/scale' rounded "
+                     r"float16 -> bfloat16: [1-9]\d* of 32 elements changed", result.stdout), result.stdout
+    assert "weight_dtype=float32 (base.yml's default) avoids it" in result.stdout

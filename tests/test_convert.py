@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,10 @@ from flax.serialization import msgpack_restore  # noqa: E402
 from flax.traverse_util import flatten_dict  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
+from legacy_env import here_has_flax_transformers, legacy_python  # noqa: E402
+
 from guard.cli import main  # noqa: E402
+from guard.samples import save_torch_bin  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +39,10 @@ def tiny_mistral(tmp: Path, *, dtype: torch.dtype = torch.bfloat16, **save: obje
         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
     model = transformers.MistralForCausalLM(config).to(dtype)
     out = tmp / "mistral"
-    model.save_pretrained(out, **save)
+    if save.pop("safe_serialization", True):
+        model.save_pretrained(out, **save)
+    else:  # pytorch_model.bin as transformers 4 wrote it (5 writes safetensors only)
+        save_torch_bin(model, out, **save)  # type: ignore[arg-type]
     return out
 
 
@@ -82,19 +90,47 @@ def flax_params(directory: Path) -> dict[tuple[str, ...], np.ndarray]:
     return params
 
 
+# transformers 4's Flax loader on a converted folder: the keys it loads and its class's template keys
+FLAX_LOAD = """
+import json, sys
+import transformers
+from flax.traverse_util import flatten_dict
+config = transformers.AutoConfig.from_pretrained(sys.argv[1])
+cls = getattr(transformers, sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else "Flax" + config.architectures[0])
+init = len(sys.argv) > 3 and sys.argv[3] == "init"
+params = cls.from_pretrained(sys.argv[1]).params if init else cls.from_pretrained(sys.argv[1], _do_init=False)[1]
+template = (cls.from_config if cls.__name__.startswith("FlaxAuto") else cls)(config, _do_init=False).params_shape_tree
+print(json.dumps([sorted(flatten_dict(params)), sorted(flatten_dict(template))]))
+"""
+
+
+def flax_load_keys(directory: Path, cls_name: str | None = None, *,
+                   init: bool = False) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
+    """(loaded, template) as transformers 4's Flax class (``cls_name``, else the config's architecture's
+    twin) sees ``directory`` (``init``: what it initializes for missing keys counts as loaded): in this
+    process while its transformers has the Flax classes, else in the transformers-4 environment (.venv-tf4)."""
+    if here_has_flax_transformers():
+        config = transformers.AutoConfig.from_pretrained(directory)
+        cls = getattr(transformers, cls_name or "Flax" + config.architectures[0])
+        params = cls.from_pretrained(directory).params if init else cls.from_pretrained(directory, _do_init=False)[1]
+        template = (cls.from_config if cls.__name__.startswith("FlaxAuto") else cls)(config, _do_init=False)
+        return set(flatten_dict(params)), set(flatten_dict(template.params_shape_tree))
+    args = [str(directory), cls_name or "", "init" if init else ""]
+    done = subprocess.run([str(legacy_python()), "-c", FLAX_LOAD, *args], capture_output=True, text=True,
+                          env={**os.environ, "USE_TF": "0"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded, template = json.loads(done.stdout.strip().splitlines()[-1])
+    return {tuple(k) for k in loaded}, {tuple(k) for k in template}
+
+
 def flax_template_keys(directory: Path) -> set[tuple[str, ...]]:
-    config = transformers.AutoConfig.from_pretrained(directory)
-    cls = getattr(transformers, "Flax" + config.architectures[0])
-    return set(flatten_dict(cls(config, _do_init=False).params_shape_tree))
+    return flax_load_keys(directory)[1]
 
 
 def assert_flax_loads(directory: Path) -> dict[tuple[str, ...], np.ndarray]:
     """transformers' own loader accepts it, and the file holds exactly the model's parameter tree."""
-    config = transformers.AutoConfig.from_pretrained(directory)
-    cls = getattr(transformers, "Flax" + config.architectures[0])
-    _model, params = cls.from_pretrained(directory, _do_init=False)
-    loaded = set(flatten_dict(params))
-    assert loaded == flax_template_keys(directory)
+    loaded, template = flax_load_keys(directory)
+    assert loaded == template
     file_params = flax_params(directory)
     assert set(file_params) == loaded
     return file_params
@@ -104,7 +140,8 @@ def assert_torch_loads(directory: Path) -> torch.nn.Module:
     config = transformers.AutoConfig.from_pretrained(directory)
     cls = getattr(transformers, config.architectures[0])
     model, info = cls.from_pretrained(directory, output_loading_info=True, dtype="auto")
-    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == [], info
+    # lists under transformers 4, sets under 5
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
     return model
 
 

@@ -71,6 +71,7 @@ def test_converts_without_transformers(tmp_path: Path) -> None:
         "environment that has it"]
 
 
+@pytest.mark.transformers4  # transformers 4's Flax classes in process, and their deprecation warning
 def test_library_warnings_only_with_verbose(tmp_path: Path) -> None:
     src = save_tiny(tmp_path, "bert", "BertModel")
     quiet = run_cli("convert", str(src), "--to", "flax", "--out", str(tmp_path / "q"), "--parity")
@@ -124,7 +125,7 @@ def test_batchnorm_counters_restored_on_the_way_back(tmp_path: Path, capsys: pyt
                 if k.endswith("num_batches_tracked")}
     assert counters and all(v.dtype == torch.int64 and v.shape == () for v in counters.values())
     _model, info = transformers.ResNetModel.from_pretrained(tmp_path / "b", output_loading_info=True)
-    assert info["missing_keys"] == [] and info["unexpected_keys"] == []
+    assert not info["missing_keys"] and not info["unexpected_keys"]  # lists (transformers 4) or sets (5)
 
 
 def test_zero_d_parameters_stay_zero_d(tmp_path: Path) -> None:

@@ -45,12 +45,16 @@ def build(kind: str, path: Path, dtype: torch.dtype = torch.bfloat16, *, rope: d
     configs = {
         "llama3": lambda: tf.LlamaConfig(**BASE, rope_scaling=rope or LLAMA3_ROPE, max_position_embeddings=16384),
         "llama": lambda: tf.LlamaConfig(**BASE),
+        "llama_tied": lambda: tf.LlamaConfig(**BASE, tie_word_embeddings=True),  # as Llama 3.2 1B and 3B
         "mistral": lambda: tf.MistralConfig(**BASE, sliding_window=None),
         "qwen3": lambda: tf.Qwen3Config(**BASE),
         "qwen2": lambda: tf.Qwen2Config(**{k: v for k, v in BASE.items() if k != "head_dim"}),
         "mixtral": lambda: tf.MixtralConfig(**BASE, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
         "qwen3_moe": lambda: tf.Qwen3MoeConfig(**BASE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                                                norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+        # 4 layers: two of MaxText's local/global pairs; a window shorter than the test inputs
+        "gemma2": lambda: tf.Gemma2Config(**{**BASE, "num_hidden_layers": 4}, query_pre_attn_scalar=8, sliding_window=4,
+                                          final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
     }
     torch.manual_seed(7)
     model = tf.AutoModelForCausalLM.from_config(configs[kind]()).to(dtype).eval()
@@ -96,7 +100,7 @@ def maxtext_module(name: str) -> Any:
 
 
 MAXTEXT_NAMES = {"llama3": "llama3.1-8b", "qwen3": "qwen3-0.6b", "qwen2": "qwen2.5-7b",
-                 "qwen3_moe": "qwen3-30b-a3b", "mixtral": "mixtral-8x7b"}
+                 "qwen3_moe": "qwen3-30b-a3b", "mixtral": "mixtral-8x7b", "gemma2": "gemma2-2b"}
 
 
 def maxtext_tree(kind: str, src: Path, ours: dict[str, np.ndarray], *, scan: bool) -> dict[str, np.ndarray]:
@@ -125,7 +129,9 @@ def maxtext_tree(kind: str, src: Path, ours: dict[str, np.ndarray], *, scan: boo
             value = state[name]
             for fn in chain:
                 value = fn(value, shape)
-            return np.asarray(value)
+            # to_maxtext casts each result to the stored dtype (its `.astype(target_dtype)`): Gemma's
+            # scale_rmsnorm_layer computes bf16 + 1.0 in float32
+            return np.asarray(value).astype(state[name].dtype)
 
         if isinstance(hf, str):
             out[path] = one(hf, target)
@@ -155,9 +161,10 @@ def test_tree_equals_maxtexts_own_hooks(tmp_path: Path, kind: str, scan: bool) -
         assert bits(ours[key]) == bits(theirs[key].astype(ours[key].dtype)), key
         assert ours[key].dtype == theirs[key].dtype, key
     layers = "decoder/layers" if scan else "decoder/layers_0"
-    q = ours[f"{layers}/self_attention/query/kernel"]
+    attention = "self_attention_local" if kind == "gemma2" else "self_attention"  # gemma2: 4 HF layers, 2 pairs
+    q = ours[f"{layers}/{attention}/query/kernel"]
     assert q.shape == ((32, 2, 4, 8) if scan else (32, 4, 8))  # [D, (layers,) heads, head_dim]
-    assert ours[f"{layers}/self_attention/out/kernel"].shape == ((4, 2, 8, 32) if scan else (4, 8, 32))
+    assert ours[f"{layers}/{attention}/out/kernel"].shape == ((4, 2, 8, 32) if scan else (4, 8, 32))
 
 
 def test_checkpoint_layout_is_maxtexts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -178,6 +185,27 @@ def test_checkpoint_layout_is_maxtexts(tmp_path: Path, capsys: pytest.CaptureFix
     restored = manager.restore(0, args=ocp.args.Composite(items=ocp.args.PyTreeRestore()))
     assert "token_embedder" in restored["items"]["params"]["params"]
     assert not list(tmp_path.glob(".mt.partial-*"))
+
+
+@pytest.mark.parametrize("kind,normalize", [("llama_tied", "false"), ("gemma2", "true"), ("llama", None)])
+def test_tied_embeddings_get_maxtexts_logit_flags_and_the_bf16_table_note(tmp_path: Path, kind: str,
+                                                                          normalize: str | None) -> None:
+    """base.yml divides tied logits by sqrt(emb_dim) (normalize_embedding_logits: true), right only for Gemma's
+    table stored times sqrt(hidden_size); a tied Llama's logits were 1/sqrt(hidden_size) of transformers'.
+    A tied model is also told that MaxText rounds the table to bfloat16 for the logits."""
+    src = build(kind, tmp_path / "src", torch.float32)
+    report = tmp_path / "report.json"
+    assert convert(src, tmp_path / "mt", "--format", "json", "-o", str(report)) in (0, 1)
+    conversion = json.loads(report.read_text())["extra"]["conversion"]
+    flags = [f for f in conversion["maxtext_flags"] if f.startswith(("normalize_embedding_logits=",
+                                                                      "logits_via_embedding="))]
+    if normalize is None:
+        assert flags == ["logits_via_embedding=false"]
+        assert not any("bfloat16" in n for n in conversion["maxtext_notes"])
+    else:
+        assert flags == ["logits_via_embedding=true", f"normalize_embedding_logits={normalize}"]
+        assert any("rounds the embedding table to bfloat16" in n and "attend_on_embedding" in n
+                   for n in conversion["maxtext_notes"])
 
 
 def test_scanned_is_the_unscanned_layers_stacked(tmp_path: Path) -> None:
@@ -274,20 +302,49 @@ MAXTEXT_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "h
                 "original_max_position_embeddings": 8192}  # what MaxText's LLaMARotaryEmbedding hard-codes
 
 
+def tied_logits_as_maxtext(model: Any, ids: list[list[int]], *, gemma: bool) -> np.ndarray:
+    """transformers' fp32 forward up to the final norm, then the tied logits as MaxText 0.2.5 computes them:
+    the stored table (Gemma's times sqrt(hidden_size), steps.embed_scale) rounded to bfloat16
+    (layers/embeddings.py attend_on_embedding), divided by sqrt(hidden_size) for Gemma
+    (normalize_embedding_logits), then Gemma 2's final softcap."""
+    import ml_dtypes
+
+    from guard.convert.maxtext.steps import STEPS
+
+    with torch.no_grad():
+        hidden = model.model(torch.tensor(ids)).last_hidden_state.numpy()
+    table = model.get_input_embeddings().weight.detach().numpy()
+    if gemma:
+        table = STEPS["embed_scale"][0](table, 0)
+    logits = hidden @ table.astype(ml_dtypes.bfloat16).astype(np.float32).T
+    if gemma:
+        logits = logits / np.float32(np.sqrt(table.shape[-1]))
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return np.tanh(logits / cap) * cap if cap else logits
+
+
 def test_maxtexts_own_forward_matches_transformers(tmp_path: Path) -> None:
     """MaxText 0.2.5's decoder, in its Python 3.12 venv, loads every row's output (scanned and not) with the
-    flags convert printed, and its fp32 logits match transformers' PyTorch forward."""
+    flags convert printed, and its fp32 logits match transformers' PyTorch forward.  Tied embeddings (Gemma 2,
+    a tied Llama) match it once the table is rounded to bfloat16 for the logits, as MaxText does in every
+    dtype; against transformers' own logits that convention costs ~1e-3 of their scale (convert's note)."""
     import transformers as tf
 
     if not MAXTEXT_PYTHON.is_file():
         pytest.skip("MaxText's venv is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
     ids = [[3, 17, 42, 5, 88, 1, 64, 9]]
     cases = []
-    for kind in ("llama3", "llama", "mistral", "qwen3", "qwen2", "mixtral", "qwen3_moe"):
+    for kind in ("llama3", "llama", "mistral", "qwen3", "qwen2", "mixtral", "qwen3_moe", "gemma2", "llama_tied"):
         src = build(kind, tmp_path / kind / "src", torch.float32, rope=MAXTEXT_ROPE)
-        model = tf.AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32).eval()
+        model = tf.AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32,
+                                                        attn_implementation="eager").eval()
         with torch.no_grad():
-            np.save(tmp_path / kind / "logits.npy", model(torch.tensor(ids)).logits.numpy())
+            plain = model(torch.tensor(ids)).logits.numpy()
+        tied = model.config.tie_word_embeddings
+        np.save(tmp_path / kind / "logits.npy", tied_logits_as_maxtext(model, ids, gemma=kind == "gemma2")
+                if tied else plain)
+        if tied:  # the same MaxText forward against transformers' own logits: the declared figure
+            np.save(tmp_path / kind / "plain.npy", plain)
         for scan in (False, True):
             report = tmp_path / kind / f"report-{scan}.json"
             assert convert(src, tmp_path / kind / f"mt-{scan}", "--format", "json", "-o", str(report),
@@ -295,22 +352,34 @@ def test_maxtexts_own_forward_matches_transformers(tmp_path: Path) -> None:
             flags = json.loads(report.read_text())["extra"]["conversion"]["maxtext_flags"]
             cases.append({"name": f"{kind}-{scan}", "flags": flags, "ids": ids,
                           "logits": str(tmp_path / kind / "logits.npy")})
+            if tied:
+                assert f"normalize_embedding_logits={str(kind == 'gemma2').lower()}" in flags
+                assert any("rounds the embedding table to bfloat16" in n
+                           for n in json.loads(report.read_text())["extra"]["conversion"]["maxtext_notes"])
+            if tied and not scan:
+                cases.append({"name": f"{kind}-plain", "flags": flags, "ids": ids,
+                              "logits": str(tmp_path / kind / "plain.npy")})
     proc = subprocess.run([str(MAXTEXT_PYTHON), str(Path(__file__).parent / "maxtext_forward.py")],
                           input=json.dumps(cases), capture_output=True, text=True, timeout=1200,
                           env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     errors = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(errors) == sorted(c["name"] for c in cases)
+    plain = {name: errors.pop(name) for name in ("gemma2-plain", "llama_tied-plain")}
     assert all(e < 1e-5 for e in errors.values()), errors
+    # MaxText's bf16 table against transformers' fp32 one: ~1e-3 (1.6e-3..2.3e-3 measured for Gemma 2)
+    assert all(3e-4 < e < 5e-3 for e in plain.values()), plain
 
 
 # ------------------------------------------------------------------ the way back
 @pytest.mark.parametrize("kind,dtype", [("llama3", torch.bfloat16), ("llama3", torch.float32),
-                                        ("qwen3_moe", torch.bfloat16), ("mixtral", torch.bfloat16)])
+                                        ("qwen3_moe", torch.bfloat16), ("mixtral", torch.bfloat16),
+                                        ("gemma2", torch.bfloat16)])
 @pytest.mark.parametrize("scan", [False, True])
 def test_way_back_is_bit_exact_except_the_declared_rounding(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             kind: str, dtype: torch.dtype, scan: bool) -> None:
     src = build(kind, tmp_path / "src", dtype)
+    capsys.readouterr()  # what transformers printed while building (Gemma 2's attention advice)
     code = convert(src, tmp_path / "mt", "--format", "json", *(["--scan-layers"] if scan else []))
     report = json.loads(capsys.readouterr().out)
     declared = report["extra"]["conversion"]["declared_roundings"]
@@ -321,16 +390,20 @@ def test_way_back_is_bit_exact_except_the_declared_rounding(tmp_path: Path, caps
     before, after = load_file(str(src / "model.safetensors")), load_file(str(back / "model.safetensors"))
     assert sorted(before) == sorted(after)
     changed = 0
+    # only the declared tensors: the query scale; for Gemma also its norms (1 + w) and scaled embedding
+    declared_names = ("q_proj.weight",) + (("norm.weight", "embed_tokens.weight") if kind == "gemma2" else ())
     for name in before:
         if bits(before[name]) != bits(after[name]):
-            assert name.endswith("q_proj.weight") and kind != "qwen3_moe", name  # only the declared tensors
+            assert name.endswith(declared_names) and kind != "qwen3_moe", name
             width = f"u{before[name].dtype.itemsize}"
             changed += int(np.count_nonzero(before[name].view(width) != after[name].view(width)))
-    query = "layers/self_attention/query/kernel"
-    assert changed == (declared[query]["changed"] if query in declared else 0)
+    assert changed == sum(d["changed"] for d in declared.values())
     assert bool(changed) == bool(rounding)
-    if kind in ("llama3", "mixtral") and dtype == torch.bfloat16:
+    if kind in ("llama3", "mixtral", "gemma2") and dtype == torch.bfloat16:
         assert changed  # 1/sqrt(8) rounds in bf16: declared, never silent
+    if kind == "gemma2":  # every rounding step of Gemma's layout declared on its own parameter
+        assert {"token_embedder/embedding", "decoder/decoder_norm/scale",
+                "layers/pre_ffw_norm_local/scale"} <= {k for k, v in declared.items() if v["changed"]}
     config = json.loads((back / "config.json").read_text())
     assert config["model_type"] == json.loads((src / "config.json").read_text())["model_type"]
 

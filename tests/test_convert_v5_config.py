@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
+from legacy_env import here_has_flax_transformers, legacy_python  # noqa: E402
 from test_convert import convert  # noqa: E402
 
 from guard.cli import main  # noqa: E402
@@ -27,7 +29,8 @@ LLAMA = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidd
 
 
 def llama(root: Path, *, theta: float) -> Path:
-    """A tiny Llama saved by transformers 4.57 (the same weights whatever the theta: seeded)."""
+    """A tiny Llama saved by this environment's transformers: 5.x (the development venv) writes
+    `rope_parameters`; 4.57 (.venv-tf4) writes `rope_theta`, which `as_transformers_5` rewrites."""
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA, rope_theta=theta))
     with torch.no_grad():  # randomized norms, so a wrong mapping of them would show
@@ -46,6 +49,12 @@ def as_transformers_5(directory: Path, **rope_parameters: object) -> dict:
     `configuration_utils.py` PreTrainedConfig.to_dict writes the dtype under `dtype`."""
     path = directory / "config.json"
     old = json.loads(path.read_text())
+    if "rope_parameters" in old:  # written by transformers 5 itself: only the RoPE a test asks for changes
+        assert "rope_theta" not in old and "torch_dtype" not in old and old["dtype"], old
+        if rope_parameters:
+            old["rope_parameters"] = rope_parameters
+            path.write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
+        return old
     new = {k: v for k, v in old.items() if k not in ("rope_theta", "rope_scaling", "torch_dtype")}
     new["dtype"] = old.get("dtype", old.get("torch_dtype"))
     new["rope_parameters"] = rope_parameters or {"rope_theta": float(old["rope_theta"]), "rope_type": "default"}
@@ -55,10 +64,35 @@ def as_transformers_5(directory: Path, **rope_parameters: object) -> dict:
     return new
 
 
+# run by transformers 4.57 (.venv-tf4, or this interpreter when it is 4.x): its Flax Llama's logits, or its
+# reading of a config; JSON on stdout
+IN_TRANSFORMERS_4 = """
+import json, sys
+import numpy as np
+import transformers
+if sys.argv[1] == "logits":
+    model = transformers.FlaxLlamaForCausalLM.from_pretrained(sys.argv[2])
+    print(json.dumps(np.asarray(model(np.array(json.loads(sys.argv[3]), dtype=np.int32)).logits).tolist()))
+else:
+    config = transformers.AutoConfig.from_pretrained(sys.argv[2])
+    print(json.dumps({k: getattr(config, k, None) for k in sys.argv[3].split(",")}))
+"""
+
+
+def in_transformers_4(*args: str) -> object:
+    done = subprocess.run([str(legacy_python()), "-c", IN_TRANSFORMERS_4, *args], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def read_by_transformers_4(directory: Path, *keys: str) -> dict:
+    return in_transformers_4("read", str(directory), ",".join(keys))  # type: ignore[return-value]
+
+
 def logits(directory: Path, ids: np.ndarray, *, flax: bool = False) -> np.ndarray:
-    if flax:
-        model = transformers.FlaxLlamaForCausalLM.from_pretrained(directory)
-        return np.asarray(model(ids).logits)
+    if flax:  # transformers 4's Flax class, wherever it is installed
+        return np.asarray(in_transformers_4("logits", str(directory), json.dumps(ids.tolist())), dtype=np.float32)
     model = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
     with torch.no_grad():
         return model(torch.from_numpy(ids)).logits.numpy()
@@ -75,8 +109,8 @@ def test_a_transformers_5_config_is_written_in_4x_keys(tmp_path: Path) -> None:
     assert "rope_parameters" not in written
     assert written["rope_theta"] == 10_000.0 and written["rope_scaling"] is None
     assert written["torch_dtype"] == written["dtype"] == "float32"  # 4.40-4.55 read only torch_dtype
-    read = transformers.AutoConfig.from_pretrained(tmp_path / "f")
-    assert read.rope_theta == 10_000.0 and read.rope_scaling is None
+    assert read_by_transformers_4(tmp_path / "f", "rope_theta", "rope_scaling") == \
+        {"rope_theta": 10_000.0, "rope_scaling": None}
     np.testing.assert_allclose(logits(tmp_path / "f", IDS, flax=True), logits(src, IDS), atol=1e-5)
 
 
@@ -93,6 +127,7 @@ def test_rope_theta_the_flax_class_cannot_compute_is_refused(tmp_path: Path) -> 
     assert not (tmp_path / "f").exists()
 
 
+@pytest.mark.transformers4  # transformers 4.57's own from_pt, in process
 def test_why_flax_llama_cannot_hold_theta_500000(tmp_path: Path) -> None:
     """transformers 4.57's FlaxLlamaForCausalLM, given rope_theta 500000 in the 4.x key it would read,
     computes the theta-10000 model: the refusal above is the truth about the target, not caution."""
@@ -122,6 +157,7 @@ def test_what_4x_cannot_express_is_refused(tmp_path: Path, rope: dict, said: str
     assert not (tmp_path / "f").exists()
 
 
+@pytest.mark.transformers4  # transformers 4.57's own from_pt on a v5 config, in process
 def test_a_v5_config_converted_without_translation_fails_parity(tmp_path: Path) -> None:
     """transformers' own from_pt keeps the v5 config's meaning in an attribute 4.57 never reads: both of
     parity's 4.57 sides run theta 10000 and agree; the config check says CG302 on rope_theta."""
@@ -180,7 +216,8 @@ def test_t5_v1_1_written_by_transformers_5_keeps_its_untied_head(tmp_path: Path)
     """5.25's T5Config forces tie_word_embeddings true and keeps a v1.1 model's "untied, unscaled" in
     scale_decoder_outputs (`models/t5/configuration_t5.py` __post_init__); 4.x reads it from
     tie_word_embeddings, so the Flax config says false again, and a 4.57 PyTorch side reading the v5
-    config (tied: the decoder output scaled, lm_head ignored) is CG302 before any output is compared."""
+    config (tied: the decoder output scaled, lm_head ignored) is CG302 before any output is compared; under
+    transformers 5 parity's PyTorch side is the version that wrote the config, and the two sides agree."""
     torch.manual_seed(0)
     src = tmp_path / "src"
     transformers.T5ForConditionalGeneration(transformers.T5Config(
@@ -193,8 +230,12 @@ def test_t5_v1_1_written_by_transformers_5_keeps_its_untied_head(tmp_path: Path)
     assert convert(src, "--to", "flax", "--out", tmp_path / "f") == 0
     written = json.loads((tmp_path / "f" / "config.json").read_text())
     assert written["tie_word_embeddings"] is False and "scale_decoder_outputs" not in written
-    assert transformers.AutoConfig.from_pretrained(tmp_path / "f").tie_word_embeddings is False
+    assert read_by_transformers_4(tmp_path / "f", "tie_word_embeddings") == {"tie_word_embeddings": False}
     report = tmp_path / "r.json"
+    if not here_has_flax_transformers():  # parity's PyTorch side is transformers 5, which reads its own config
+        assert main(["parity", str(src), str(tmp_path / "f"), "-f", "json", "-o", str(report)]) == 0
+        assert "CG302" not in {f["code"] for f in json.loads(report.read_text())["findings"]}
+        return
     assert main(["parity", str(src), str(tmp_path / "f"), "-f", "json", "-o", str(report)]) == 1
     [finding] = json.loads(report.read_text())["findings"]
     assert finding["code"] == "CG302" and "tie_word_embeddings = False" in finding["message"]

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 import layouts  # noqa: E402
 from guard.cli import main  # noqa: E402
 from guard.fixes import Fix  # noqa: E402
+from guard.samples import save_torch_bin  # noqa: E402
 from scanning import codes, copy_tree, json_scan, tree_state  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -228,7 +229,7 @@ def test_a_variant_cast_from_a_pickle_keeps_tied_names_once(tmp_path: Path, caps
     from transformers import BertForMaskedLM
 
     model = _tiny_bert()
-    model.save_pretrained(tmp_path, safe_serialization=False)
+    save_torch_bin(model, tmp_path)
     code, report = fix_json(capsys, "--add", "variant:fp16", "--select", "CG109", "--write", str(tmp_path))
     done = outcome(report, "add-copy")
     assert done["ok"] and {"kept": "bert.embeddings.word_embeddings.weight",
@@ -241,7 +242,7 @@ def test_a_variant_cast_from_a_pickle_keeps_tied_names_once(tmp_path: Path, caps
 def test_recast_of_a_pickled_variant_is_no_fix(tmp_path: Path, capsys) -> None:
     model = _tiny_bert()
     model.save_pretrained(tmp_path)
-    model.save_pretrained(tmp_path, variant="fp16", safe_serialization=False)
+    save_torch_bin(model, tmp_path, variant="fp16")
     _, report = json_scan(capsys, str(tmp_path))
     found = [Fix.from_json(f["fix"]) for f in report["findings"] if f["code"] == "CG108"]
     assert len(found) == 1 and found[0] is not None and not found[0].available

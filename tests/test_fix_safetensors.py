@@ -24,6 +24,7 @@ from guard.fix.plan import plan_fixes  # noqa: E402
 from guard.fix.tied import USUAL_TIED_NAMES, settle_shared, transformers_tied_keys  # noqa: E402
 from guard.fixes import Fix  # noqa: E402
 from guard.rules.pickle_only import copy_names, shard_count  # noqa: E402
+from guard.samples import save_torch_bin  # noqa: E402
 from guard.scan import scan_paths  # noqa: E402
 from guard.tensors import TensorInfo  # noqa: E402
 from guard.write.writer import Naming, plan_shards  # noqa: E402
@@ -77,7 +78,7 @@ def test_pickle_only_bert_with_tied_embeddings_gets_a_safetensors_copy_that_from
     from transformers import BertForMaskedLM
 
     model = tmp_path / "bert"
-    tiny_bert().save_pretrained(model, safe_serialization=False)
+    save_torch_bin(tiny_bert(), model)
     report = scan_paths([model], Policy())
     assert [f.code for f in report.findings] == ["CG008"] and report.exit_code == 0
     fix = report.findings[0].fix
@@ -120,7 +121,7 @@ def test_sharded_bin_becomes_shards_and_an_index_under_transformers_names(tmp_pa
     from transformers import BertForMaskedLM
 
     model = tmp_path / "bert"
-    tiny_bert().save_pretrained(model, safe_serialization=False, max_shard_size="8KB")
+    save_torch_bin(tiny_bert(), model, max_shard_size="8KB")
     shards = sorted(p.name for p in model.glob("pytorch_model-*.bin"))
     assert len(shards) > 1
     (finding,) = cg008(model)
@@ -150,7 +151,7 @@ def test_an_fp16_variant_gets_the_variant_names_and_loads_with_variant(tmp_path:
 
     model = tmp_path / "bert"
     tiny_bert().save_pretrained(model)  # the default copy is safetensors already
-    tiny_bert().half().save_pretrained(model, variant="fp16", safe_serialization=False)
+    save_torch_bin(tiny_bert().half(), model, variant="fp16")
     (finding,) = cg008(model)
     assert finding.set == "pytorch_model.fp16.bin"
     assert finding.fix is not None and finding.fix.writes[0].endswith("/model.fp16.safetensors")
@@ -261,7 +262,7 @@ def test_a_hostile_pickle_gets_no_fix_and_nothing_is_written(tmp_path: Path) -> 
 
 def test_a_sharded_set_with_a_broken_shard_gets_the_note_without_a_fix(tmp_path: Path) -> None:
     model = tmp_path / "bert"
-    tiny_bert().save_pretrained(model, safe_serialization=False, max_shard_size="8KB")
+    save_torch_bin(tiny_bert(), model, max_shard_size="8KB")
     last = sorted(model.glob("pytorch_model-*.bin"))[-1]
     last.write_bytes(last.read_bytes()[:100])
     (finding,) = cg008(model)

@@ -17,13 +17,31 @@ NAMES = {"safetensors": "model.safetensors", "torch_zip": "pytorch_model.bin",
          "npz": "weights.npz", "hdf5": "model.weights.h5", "keras": "model.keras", "orbax_metadata": "_METADATA", "tf_bundle": "variables.index", "tflite": "model.tflite",
          "openvino": "openvino_model.xml", "coreml": "weight.bin",
          "coreml_spec": "model.mlmodel"}
-FILES = sorted(p for kind in ("corpus", "regressions") for p in (FUZZ / kind).glob("*/*")
-               if p.is_file() and not p.name.startswith("."))
+# training checkpoints are folders: each target's input is one of their files, read as a scan reads it
+# (tests/fuzz_formats_training.py, shared with fuzz/fuzz_dcp_metadata.py and fuzz/fuzz_zero_states.py)
+TRAINING_TARGETS = ("dcp_metadata", "zero_states")
+ALL_FILES = sorted(p for kind in ("corpus", "regressions") for p in (FUZZ / kind).glob("*/*")
+                   if p.is_file() and not p.name.startswith("."))
+FILES = [p for p in ALL_FILES if p.parent.name not in TRAINING_TARGETS]
+TRAINING_FILES = [p for p in ALL_FILES if p.parent.name in TRAINING_TARGETS]
 
 
 def test_corpora_are_small_and_cover_every_target() -> None:
-    assert sum(p.stat().st_size for p in FILES) < 2 * 1024 * 1024
-    assert {p.parent.name for p in FILES if p.parent.parent.name == "corpus"} == set(NAMES)
+    assert sum(p.stat().st_size for p in ALL_FILES) < 2 * 1024 * 1024
+    assert {p.parent.name for p in ALL_FILES if p.parent.parent.name == "corpus"} == {*NAMES, *TRAINING_TARGETS}
+
+
+@pytest.mark.parametrize("path", TRAINING_FILES, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name}")
+def test_training_replay_never_raises_hangs_or_balloons(path: Path) -> None:
+    from bounds import no_hang, traced
+    from fuzz_formats_training import read_dcp_metadata_input, read_zero_input
+    from fuzz_inputs import SCAN_PEAK_BYTES
+
+    data = path.read_bytes()
+    read = read_dcp_metadata_input if path.parent.name == "dcp_metadata" else read_zero_input
+    with traced() as peak, no_hang():
+        read(data)  # a READ_FAILURES refusal is caught inside; anything else fails here
+    assert peak.bytes < SCAN_PEAK_BYTES + 2 * len(data)
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name}")

@@ -21,6 +21,8 @@ from guard.parity.run import run_parity  # noqa: E402
 from guard.parity.metrics import TOLERANCES, compare_output, judge  # noqa: E402
 from guard.parity.relative import RULES, RelativeRule, judge_low_precision, low_precision_outputs  # noqa: E402
 
+# transformers' own Flax classes write the Flax side and run in this process: transformers 4 (`.venv-tf4`)
+pytestmark = pytest.mark.transformers4
 T = transformers
 TINY = {"vocab_size": 99, "max_position_embeddings": 64}
 BUILDERS: dict[str, Callable[[], tuple[Any, Any]]] = {

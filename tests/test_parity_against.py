@@ -219,7 +219,7 @@ def test_action_script_refuses_an_unknown_stack(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(root / "scripts" / "action" / "against.sh")], env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2
-    assert "::error title=ckpt-guard::parity-against must be tunix, keras-hub, easydel or empty" in proc.stdout
+    assert "::error title=ckpt-guard::parity-against must be tunix, keras-hub, easydel, maxtext or empty" in proc.stdout
 
 
 @pytest.mark.slow

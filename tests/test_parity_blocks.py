@@ -26,7 +26,8 @@ from test_parity_planted import planted  # noqa: E402
 
 from guard.parity.run import run_parity  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# streamed, block-located verdicts: both sides in this process, which needs transformers 4's Flax classes
+pytestmark = [pytest.mark.slow, pytest.mark.transformers4]
 ROOT = Path(__file__).resolve().parents[1]
 LAST = 3  # four layers
 TINY = {"vocab_size": 99, "max_position_embeddings": 64}

@@ -30,7 +30,8 @@ from guard.parity.run import run_parity  # noqa: E402
 from guard.readers import scan_file  # noqa: E402
 from guard.sources import LocalFile  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# streamed, block-located verdicts: both sides in this process, which needs transformers 4's Flax classes
+pytestmark = [pytest.mark.slow, pytest.mark.transformers4]
 CHUNK_BYTES = 10_000  # bf16: 5,000 elements a chunk; fp32: 2,500
 MARKER = b"__msgpack_chunked_array__"
 CONFIG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

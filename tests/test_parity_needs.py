@@ -23,6 +23,13 @@ from guard.parity import needs  # noqa: E402
 REAL_VERSION = importlib.metadata.version
 
 
+@pytest.fixture(autouse=True)
+def no_flax_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No transformers-4 environment to be found: not named, and no .venv-tf4 beside the package."""
+    monkeypatch.delenv(needs.FLAX_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(needs, "LEGACY_VENV", tmp_path / "no-venv-tf4")
+
+
 def pretend_transformers(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
     """The installed transformers' metadata says ``version`` (as after `pip install 'transformers>=5'`)."""
     def version_of(name: str) -> str:
@@ -42,8 +49,10 @@ def test_convert_parity_with_transformers_5_writes_nothing(tmp_path: Path, monke
     assert convert(src, "--to", "flax", "--out", tmp_path / "f", "--parity") == 2
     captured = capsys.readouterr()
     [line] = error_lines(captured.err)
-    assert "--parity needs transformers 4.x" in line and "transformers 5 removed them; found 5.25.0" in line
+    assert "--parity needs transformers 4.x for its Flax side" in line
+    assert "transformers 5 removed them; found 5.25.0" in line
     assert "pip install 'ckpt-guard[parity]' 'transformers>=4.40,<5'" in line and line.endswith("nothing written")
+    assert "--flax-python PATH (or CKPT_GUARD_FLAX_PYTHON)" in line
     assert "converted" not in captured.out
     assert not (tmp_path / "f").exists()
     assert not [p for p in tmp_path.iterdir() if p.name != "src"]  # no temp directory left either
@@ -63,7 +72,7 @@ def test_parity_command_with_transformers_5_is_one_line(tmp_path: Path, monkeypa
     report = tmp_path / "r.json"
     assert main(["parity", str(src), str(src), "-f", "json", "-o", str(report)]) == 2
     [line] = error_lines(capsys.readouterr().err)
-    assert "parity needs transformers 4.x" in line and "found 5.0.0" in line
+    assert "parity needs transformers 4.x for its Flax side" in line and "found 5.0.0" in line
     assert not report.exists()
 
 

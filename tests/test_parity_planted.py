@@ -23,6 +23,7 @@ from flax import serialization  # noqa: E402
 from flax.traverse_util import flatten_dict, unflatten_dict  # noqa: E402
 from test_convert import convert  # noqa: E402
 from test_convert_families import save_tiny  # noqa: E402
+from legacy_env import here_has_flax_transformers, legacy_python  # noqa: E402
 
 from guard.parity.run import run_parity  # noqa: E402
 
@@ -119,7 +120,9 @@ def planted(flax_dir: Path, dest: Path, plant: Callable[[Params, str], None], ar
 def test_a_planted_error_is_cg302_naming_the_output(converted: Any, tmp_path: Path, kind: str, dtype: str) -> None:
     plant, arch = PLANTS[kind]
     src, flax_dir = converted(arch, dtype)
-    findings, figures = run_parity(src, planted(flax_dir, tmp_path / "bad", plant, arch))
+    # the Flax side here under transformers 4.x, else in the transformers-4 environment (the worker)
+    flax_python = None if here_has_flax_transformers() else legacy_python()
+    findings, figures = run_parity(src, planted(flax_dir, tmp_path / "bad", plant, arch), flax_python=flax_python)
     assert findings and {f.code for f in findings} == {"CG302"}, [f.message for f in findings]
     assert figures["passed"] is False and figures["stored_dtype"]["flax"] == ("BF16" if dtype == "bf16" else "F32")
     first = findings[0].message

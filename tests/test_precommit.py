@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from guard.cli import main
+from guard.samples import save_torch_bin
 
 ROOT = Path(__file__).resolve().parents[1]
 PRE_COMMIT = [sys.executable, "-m", "pre_commit"]
@@ -313,7 +314,7 @@ def test_fixer_hook_writes_a_missing_safetensors_copy_and_fails_for_the_new_file
     target = _staged_repo(tmp_path / "u")
     model = BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                  intermediate_size=32, max_position_embeddings=32))
-    model.save_pretrained(target / "bert", safe_serialization=False)
+    save_torch_bin(model, target / "bert")
     assert not (target / "bert" / "model.safetensors").exists()
     git(target, "add", "-A")
 

@@ -103,6 +103,7 @@ def test_modelopt_nvfp4_converts_to_compressed_tensors_nvfp4(tmp_path: Path) -> 
     _close(NVFP4PackedCompressor.decompress(local, scheme)["weight"], want[f"{prefix}.weight"], 0.2)
 
 
+@pytest.mark.transformers4  # 5.25's loader runs torch.ops.fbgemm.quantize_fp8_per_row (fbgemm-gpu, a GPU)
 def test_fbgemm_fp8_loads_into_transformers_fbgemm_linear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers' FbgemmFp8Linear takes every tensor with no key missing, unexpected or mismatched. Its
     quantizer demands a GPU only to run: the check is skipped, nothing runs forward."""
@@ -208,11 +209,14 @@ def test_gptq_dequantizes_with_auto_gptq_torch_path(options: dict[str, Any], tmp
 
 @pytest.mark.parametrize(("writer", "options"), [
     (qw.write_bnb_4bit, {"double_quant": True}), (qw.write_bnb_4bit, {"quant_type": "fp4", "storage": "bfloat16"}),
-    (qw.write_bnb_8bit, {}), (qw.write_hqq, {}),
+    (qw.write_bnb_8bit, {}),
+    pytest.param(qw.write_hqq, {}, marks=pytest.mark.transformers4),  # 5.25 cannot load HQQ ("not available yet")
     pytest.param(qw.write_torchao, {"kind": "float8"}, marks=pytest.mark.xfail(
         reason="transformers 4.57.6 + torchao 0.18 do not load the float8 safetensors they saved: "
                "'_weight_qdata is neither a parameter, buffer, nor extra state'", strict=False)),
-    (qw.write_compressed_tensors, {"scheme": "W4A16"}), (qw.write_compressed_tensors, {"scheme": "NVFP4"}),
+    (qw.write_compressed_tensors, {"scheme": "W4A16"}),
+    # transformers 5.25's decompression leaves NVFP4's input_global_scale unexpected: 4.57 is the reference
+    pytest.param(qw.write_compressed_tensors, {"scheme": "NVFP4"}, marks=pytest.mark.transformers4),
     (qw.write_compressed_tensors, {"scheme": "FP8_BLOCK"}),
 ], ids=["bnb-nf4-dq", "bnb-fp4-bf16", "bnb-8bit", "hqq", "torchao-float8", "ct-w4a16", "ct-nvfp4", "ct-fp8-block"])
 def test_real_writers_output_loads_back_in_transformers(writer: Any, options: dict[str, Any], tmp_path: Path) -> None:

@@ -471,3 +471,35 @@ def test_wrapper_prefixes_are_stripped_to_the_models_own_keys(prefix: str, tmp_p
     assert main(["convert", str(tmp_path / "ck"), "--to", "torch", "--out", str(tmp_path / "out")]) == 0, \
         capsys.readouterr().out
     assert set(load_file(tmp_path / "out" / "model.safetensors")) == set(model.state_dict())
+
+
+def test_diff_pairs_a_checkpoint_saved_at_another_step_and_guesses_nothing_else(tmp_path: Path, capsys) -> None:
+    """Beside a published model, ``step-1/`` against ``step-2/`` is one model at two steps; against
+    ``step-2/`` and ``step-3/`` it is not known which, and nothing is paired."""
+    import json
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    from guard.cli import main
+
+    def side(name: str, steps: tuple[int, ...]) -> Path:
+        root = tmp_path / name
+        root.mkdir()
+        save_file({"w": torch.ones(2, 2)}, root / "model.safetensors")
+        for step in steps:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                dcp.save({"model": {"w": torch.full((2, 2), float(step))}}, checkpoint_id=str(root / f"step-{step}"))
+        return root
+
+    def keys(old: Path, new: Path) -> dict[str, str]:
+        capsys.readouterr()
+        assert main(["diff", "--values", "--format", "json", "--no-summary", str(old), str(new)]) == 0
+        return {m["key"]: m["status"] for m in json.loads(capsys.readouterr().out)["models"]}
+
+    old = side("old", (1,))
+    assert keys(old, side("new", (2,))) == {".": "unchanged", "step-1 -> step-2": "changed"}
+    assert keys(old, side("two", (2, 3))) == {".": "unchanged", "step-1": "removed", "step-2": "added",
+                                              "step-3": "added"}

@@ -36,7 +36,8 @@ def environment_python(target: Target, python: Path | None) -> tuple[Path, tuple
     if python is not None:
         if not Path(python).exists():
             raise UsageError(f"--against-python {python}: no such file")
-        return Path(python), ()
+        # the worker runs in a folder of its own; absolute(), not resolve(): a venv's python is a link
+        return Path(python).absolute(), ()
     place = PACKAGE_ROOT / target.environment
     if target.runs_beside:  # a library folder on the path of this very Python, unless installed in it
         import importlib.util
@@ -54,9 +55,10 @@ def environment_python(target: Target, python: Path | None) -> tuple[Path, tuple
     return venv_python, ()
 
 
-def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = None,
+def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = None, converted: Path | None = None,
                 ) -> tuple[list[Finding], dict[str, Any]]:
-    from guard.parity.run import stored_dtype
+    """``converted``: for a target that converts first, the conversion already written (``convert --parity``)."""
+    from guard.parity.model_dir import stored_dtype
     from guard.parity.verdict import low_dtype
 
     target = TARGETS[name]
@@ -82,7 +84,17 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
     with tempfile.TemporaryDirectory(prefix="ckpt-guard-against-") as tmp:
         from guard.worker.client import run_worker
 
-        answer = run_worker(worker_python, {"target": target.name, "checkpoint": str(src.resolve()),
+        checkpoint, findings = src.resolve(), []
+        if target.converts_to:  # the library reads its own format: the file converted by our converter first
+            from guard.against.maxtext_tree import convert_first
+
+            if converted is None:
+                converted, findings, figures["conversion"] = convert_first(src, Path(tmp) / "converted")
+                if converted is None:
+                    figures["passed"] = False
+                    return findings, figures
+            checkpoint = converted.resolve()
+        answer = run_worker(worker_python, {"target": target.name, "checkpoint": str(checkpoint),
                                             "config": config, "loads": [{"label": ld.label, "options": ld.options}
                                                                         for ld in loads],
                                             "inputs": {"input_ids": input_ids.tolist()}, "passes": passes},
@@ -93,8 +105,8 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
         from guard.worker.protocol import ProtocolError
 
         try:
-            findings = _judge(target, loads, answer, config, src, input_ids, passes, stored, Path(tmp), figures,
-                              where)
+            findings += _judge(target, loads, answer, config, src, input_ids, passes, stored, Path(tmp), figures,
+                               where, checkpoint)
         except ProtocolError as exc:
             raise WorkerFailed(f"{worker_python} -m guard.worker: {exc}") from None
         except Failed as exc:  # PyTorch's side could not load the file: its finding
@@ -109,14 +121,15 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
 
 def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: dict[str, Any], src: Path,
            input_ids: Any, passes: list[str], stored: str, tmp: Path, figures: dict[str, Any],
-           where: str) -> list[Finding]:
+           where: str, checkpoint: Path) -> list[Finding]:
+    from guard.against.maxtext_tree import compare_maxtext_tree
     from guard.against.tree import compare_tree
     from guard.parity.verdict import compare_runs, comparison_findings
     from guard.worker.protocol import read_array
 
     file_tensors = _file_tensors(src)
     torch_runs = _torch_runs(src, config, input_ids, passes)
-    exact = next((ld for ld in loads if ld.label == "exact"), None)
+    exact = next((ld for ld in loads if ld.label == target.exact_load), None)
     findings: list[Finding] = []
     figures["loads"] = {}
     for load, record in zip(loads, answer["loads"], strict=True):
@@ -128,7 +141,12 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
             figures["loads"][load.label] = {"error": record["error"]}
             continue
         held = {p["name"]: partial(read_array, p, tmp) for p in record["parameters"]}
-        tree_findings, tree_figures = compare_tree(target, load.label, avoid, config, file_tensors, held, where=where)
+        if target.converts_to:
+            tree_findings, tree_figures = compare_maxtext_tree(target, load.label, avoid, checkpoint, file_tensors,
+                                                               held, where=where)
+        else:
+            tree_findings, tree_figures = compare_tree(target, load.label, avoid, config, file_tensors, held,
+                                                       where=where)
         findings += tree_findings
         figures["loads"][load.label] = {"options": load.options, "tree": tree_figures}
         runs = dict(torch_runs)

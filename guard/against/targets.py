@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from guard.convert.maxtext.table import ARCHITECTURES as MAXTEXT_ROWS
+
 T = ("transpose", (1, 0))
 T_ALL = ("transpose", None)
 
@@ -43,6 +45,10 @@ class Target:
     runs_beside: bool = False  # environment is a library folder put on this Python's path, not a venv
     module: str = ""  # runs_beside: the import name; already importable here, the folder is not needed
     env: dict[str, str] = field(default_factory=dict)  # the worker's environment variables
+    # the library reads no HF file: the checkpoint is converted first (``convert --to <converts_to>``, in a
+    # temporary directory) and the mapping is that converter's table, not ``architectures``' rows
+    converts_to: str = ""
+    exact_load: str = "exact"  # the load whose options a finding under another load names
 
 
 # HF name (regex, layer index as the first group) -> library name, steps.
@@ -150,6 +156,20 @@ TARGETS: dict[str, Target] = {
         architectures={"llama": _EASYDEL_DECODER, "qwen3": _EASYDEL_DECODER + _EASYDEL_QK_NORM},
         needs=("easydel 0.3.0 pins jax ~= 0.9 (through ejkernel), flax == 0.12.3 and transformers ~= 5.5, and "
                "needs Pillow it does not declare: a venv of its own")),
+    "maxtext": Target(
+        name="maxtext", library="maxtext", version="0.2.5",
+        cites=("guard/convert/maxtext/table.py, written from maxtext/checkpoint_conversion/utils/param_mapping.py "
+               "(*_MAXTEXT_TO_HF_PARAM_MAPPING, *_PARAM_HOOK_FN); loaded by maxtext/utils/model_creation_utils.py: "
+               "from_pretrained (load_parameters_path)"),
+        environment=".venv-maxtext", make_target="make maxtext-venv",
+        # options are MaxText flags; base.yml's defaults: weight_dtype float32 (a bf16 file widens exactly),
+        # dtype bfloat16, scan_layers true (the conversion for --against is scanned, as MaxText's default)
+        loads=(Load("defaults", {}, "weight_dtype=float32 (base.yml's default)"),
+               Load("bfloat16 weights", {"weight_dtype": "bfloat16"}, "weight_dtype=bfloat16",
+                    when_stored=("BF16",))),
+        architectures={t: () for row in MAXTEXT_ROWS.values() for t in row.model_types},
+        needs="MaxText 0.2.5 needs Python >= 3.12 and transformers >= 5.17: a venv of its own",
+        converts_to="maxtext", exact_load="defaults"),
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from guard.against.targets import Target, head_dim
@@ -53,6 +54,20 @@ def compare_tree(target: Target, load_label: str, avoid: str | None, config: dic
     """``file_tensors``/``held``: name -> a reader of the file's / the library's array (one pair in memory at a
     time); ``avoid``: the option that avoids a finding under this load."""
     placed, unplaced = expected_tree(target, config, file_tensors)
+    expected = {lib_name: (file_name, partial(_mapped, file_tensors[file_name], steps, config))
+                for lib_name, (file_name, steps) in placed.items()}
+    return compare_held(target, load_label, avoid, expected, unplaced, held, where=where)
+
+
+def _mapped(read: Callable[[], Any], steps: tuple[Any, ...], config: dict[str, Any]) -> Any:
+    return apply_steps(read(), steps, config)
+
+
+def compare_held(target: Target, load_label: str, avoid: str | None,
+                 expected: dict[str, tuple[str, Callable[[], Any]]], unplaced: list[str],
+                 held: dict[str, Callable[[], Any]], *, where: str) -> tuple[list[Finding], dict[str, Any]]:
+    """``expected``: library name -> (the file tensor it comes from, a reader of the file's array(s) after the
+    mapping); every placed name against what the library holds, and what it holds beyond them."""
     who = f"{target.name} {target.version} ({load_label})"
     hint = f"; {avoid} avoids it" if avoid else ""
     findings: list[Finding] = []
@@ -61,13 +76,13 @@ def compare_tree(target: Target, load_label: str, avoid: str | None, config: dic
     for name in unplaced:
         findings.append(make_finding("CG304", where, f"{who}: the file's {name!r} has no place in its tree "
                                                      f"(mapping: {target.cites})", tensor=name))
-    for lib_name, (file_name, steps) in sorted(placed.items()):
+    for lib_name, (file_name, read_expected) in sorted(expected.items()):
         if lib_name not in held:
             figures["missing"].append(lib_name)
             findings.append(make_finding("CG304", where, f"{who} holds no {lib_name!r} for {file_name!r}",
                                          tensor=file_name))
             continue
-        verdict = judge_one(apply_steps(file_tensors[file_name](), steps, config), held[lib_name]())
+        verdict = judge_one(read_expected(), held[lib_name]())
         if verdict is None:
             figures["exact"] += 1
         elif verdict.startswith("widened"):
@@ -76,7 +91,7 @@ def compare_tree(target: Target, load_label: str, avoid: str | None, config: dic
             figures["changed"].append({"tensor": file_name, "library_name": lib_name, "what": verdict})
             code = "CG304" if verdict.startswith("shape") else "CG302"
             findings.append(make_finding(code, where, f"{who}: {lib_name!r} {verdict}{hint}", tensor=file_name))
-    for lib_name in sorted(set(held) - set(placed)):
+    for lib_name in sorted(set(held) - set(expected)):
         figures["extra"].append(lib_name)
         findings.append(make_finding("CG304", where, f"{who} holds {lib_name!r}, which no tensor of the file fills "
                                                      "(left as initialised)"))

@@ -57,6 +57,10 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
               help="Write a quantized model (bitsandbytes, GPTQ, AWQ, HQQ, quanto, FP8, MLX, ...) in full precision, "
                    "at --dtype (keep: the config's dtype).")
 @click.option("--parity", "run_parity", is_flag=True, help="Then compare PyTorch and Flax outputs (CG302/CG303).")
+@click.option("--flax-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --parity: the Python of a transformers-4 environment to run the Flax side in (default: "
+                   "$CKPT_GUARD_FLAX_PYTHON, else this process when its transformers is 4.x, else .venv-tf4 beside "
+                   "the package).")
 @click.option("--scan-layers", is_flag=True,
               help="With --to maxtext: one decoder/layers subtree stacked on MaxText's param_scan_axis "
                    "(scan_layers=true).")
@@ -73,7 +77,7 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
 def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], layout: str | None,
             variant: str | None, max_shard_size: str, allow_lossy: bool, verify: str, dequantize: bool,
             run_parity: bool, strict: bool, verbose: bool, fmt: str, output: Path | None,
-            scan_layers: bool = False, config: Path | None = None) -> int:
+            scan_layers: bool = False, config: Path | None = None, flax_python: Path | None = None) -> int:
     """Convert a model directory between PyTorch and Flax, bit-exactly unless --dtype says otherwise."""
     require_extras(CONVERT_MODULES, "convert")
     from guard.quiet import quiet_libraries
@@ -87,13 +91,14 @@ def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...
                                    max_shard_size=parse_size(max_shard_size), fmt=fmt, output=output,
                                    summaries=_summaries, next_step=next_step)
         return _convert(src, to, out, dtype, keep_fp32, max_shard_size, allow_lossy, run_parity, strict, fmt, output,
-                        layout=layout, verify=verify, variant=variant, dequantize=dequantize, config=config)
+                        layout=layout, verify=verify, variant=variant, dequantize=dequantize, config=config,
+                        flax_python=flax_python)
 
 
 def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], max_shard_size: str,
              allow_lossy: bool, run_parity: bool, strict: bool, fmt: str, output: Path | None, *,
              layout: str | None, verify: str, variant: str | None = None, dequantize: bool = False,
-             config: Path | None = None) -> int:
+             config: Path | None = None, flax_python: Path | None = None) -> int:
     from guard.cli.options import emit
     from guard.convert.read.io_orbax import is_orbax_checkpoint
     from guard.convert.run import output_layout
@@ -102,8 +107,8 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
     if run_parity and (layout == "orbax" or is_orbax_checkpoint(src)):
         raise UsageError("--parity loads flax_model.msgpack with transformers; it cannot read an Orbax checkpoint "
                          "(convert with --layout msgpack for parity)")
-    if run_parity:
-        parity_requirements(src, to, variant=variant, dequantize=dequantize)
+    if run_parity:  # where the Flax side runs (this process or a transformers-4 environment), before writing
+        flax_python = parity_requirements(src, to, variant=variant, dequantize=dequantize, flax_python=flax_python)
     from guard.write.cast import DTYPE_CHOICES, CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
     from guard.report import Report
@@ -118,7 +123,7 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
     if figures.get("written"):
         report.models.extend(_summaries(out))
         if run_parity:
-            _add_parity(report, request, figures)
+            _add_parity(report, request, figures, flax_python)
     if fmt == "text" and output is None and figures.get("written"):  # a refusal ends the report instead
         click.echo(conversion_line(figures))
         for line in decision_lines(figures):
@@ -127,16 +132,18 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
     return report.exit_code
 
 
-def parity_requirements(src: Path, to: str, *, variant: str | None, dequantize: bool) -> None:
-    """Everything --parity needs, known before the first byte is written: one line, and no output."""
+def parity_requirements(src: Path, to: str, *, variant: str | None, dequantize: bool,
+                        flax_python: Path | None = None) -> Path | None:
+    """Everything --parity needs, known before the first byte is written: one line, and no output.
+    Returns the transformers-4 Python the Flax side runs in (None: this process)."""
     from guard.convert.read.source import choose_layout
-    from guard.parity.needs import require_flax_transformers
+    from guard.parity.needs import flax_side_python
 
     if not dequantize and src.is_dir():  # a quantized source has no twin: its output is paired with itself
         if choose_layout(src, to=to, variant=variant)[0] == to:  # an Orbax SRC was refused above
             raise UsageError("--parity compares a PyTorch and a Flax model; source and target are the same "
                              "framework; nothing written")
-    require_flax_transformers("--parity", after="; nothing written")
+    return flax_side_python(flax_python, "--parity", after="; nothing written")
 
 
 def _summaries(out: Path) -> list:  # type: ignore[type-arg]
@@ -146,7 +153,7 @@ def _summaries(out: Path) -> list:  # type: ignore[type-arg]
     return [ModelSummary.from_inventory(load_local_model(m)) for m in discover_models([out])]
 
 
-def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-def]
+def _add_parity(report, request, figures, flax_python=None) -> None:  # type: ignore[no-untyped-def]
     """Compare like with like: after a cast, or from a variant (which transformers would not pick up from SRC
     unasked), the other side is the output converted back bit-exactly."""
     import tempfile
@@ -167,7 +174,7 @@ def _add_parity(report, request, figures) -> None:  # type: ignore[no-untyped-de
             if not pair.is_dir():
                 return
         torch_dir, flax_dir = (pair, request.out) if request.to == "flax" else (request.out, pair)
-        findings, parity_figures = run_parity(torch_dir, flax_dir)
+        findings, parity_figures = run_parity(torch_dir, flax_dir, flax_python=flax_python)
     report.findings.extend(findings)
     if pair != request.src:  # name what was compared, not a scratch directory that is gone
         side = "torch_dir" if request.to == "flax" else "flax_dir"

@@ -26,8 +26,7 @@ def convert_maxtext(src: Path, to: str, out: Path, *, dtype: str, keep_fp32: tup
     from guard.report import Report
 
     if run_parity:
-        raise UsageError("--parity with MaxText runs MaxText's own forward, which needs Python >= 3.12 and an "
-                         "environment of its own; not available yet; nothing written")
+        parity_requirements(to, dtype)
     if to == "maxtext":
         from guard.convert.maxtext.run import MaxTextRequest, convert_to_maxtext
         from guard.write.cast import DTYPE_CHOICES, CastPolicy
@@ -48,6 +47,11 @@ def convert_maxtext(src: Path, to: str, out: Path, *, dtype: str, keep_fp32: tup
     if not figures.get("written"):
         figures["next_step"] = next_step(findings)
     report = Report(findings=findings, policy={"fail_on": "error"}, extra={"conversion": figures})
+    if run_parity and figures.get("written"):
+        from guard.against.run import run_against
+
+        parity_findings, report.extra["parity"] = run_against(src, "maxtext", converted=Path(figures["items"]))
+        report.findings.extend(parity_findings)
     if figures.get("written"):
         report.models.extend(summaries(out))  # the scanner's own reading of what was written
     if fmt == "text" and output is None and figures.get("written"):
@@ -55,6 +59,26 @@ def convert_maxtext(src: Path, to: str, out: Path, *, dtype: str, keep_fp32: tup
             click.echo(line)
     emit(report, fmt, output)
     return report.exit_code
+
+
+def parity_requirements(to: str, dtype: str) -> None:
+    """What ``--parity`` needs, known before anything is written: one line, and no output.  It runs MaxText's own
+    forward on the written checkpoint, in MaxText's environment (Python >= 3.12), against transformers' PyTorch
+    forward of the source (``guard.against.run``, the worker of ``parity --against maxtext``)."""
+    from guard.against.run import environment_python
+    from guard.against.targets import TARGETS
+
+    if to != "maxtext":
+        raise UsageError("--parity runs MaxText's forward on a checkpoint written --to maxtext; for the way back, "
+                         "run `ckpt-guard parity OUT --against maxtext` on the result; nothing written")
+    if dtype != "keep":
+        raise UsageError("--parity compares MaxText's checkpoint with the source file bit for bit; convert without "
+                         "--dtype (MaxText's weight_dtype casts at load), or check the cast output with `ckpt-guard "
+                         "parity` after converting it back; nothing written")
+    try:
+        environment_python(TARGETS["maxtext"], None)
+    except UsageError as exc:
+        raise UsageError(f"--parity: {exc}; nothing written") from None
 
 
 def summary_lines(figures: dict) -> list[str]:  # type: ignore[type-arg]
@@ -70,7 +94,7 @@ def summary_lines(figures: dict) -> list[str]:  # type: ignore[type-arg]
                         f"scan_layers={str(figures['scan_layers']).lower()}) in {figures['seconds']:.1f}s", limit=600)]
     for param, counts in figures.get("declared_roundings", {}).items():
         lines.append(inert_text(f"  declared rounding: {param}: {counts['changed']} of {counts['elements']} "
-                                "elements change (MaxText's query scale); all else bit-exact", limit=600))
+                                "elements change (a rounding step of MaxText's layout); all else bit-exact", limit=600))
     lines.append("  MaxText flags (MaxText takes sizes from model_name's table, not from the checkpoint):")
     lines.append(inert_text("    " + " ".join(figures["maxtext_flags"]), limit=4000))
     lines.extend(inert_text(f"  note: {note}", limit=600) for note in figures.get("maxtext_notes", []))

@@ -14,12 +14,17 @@ from guard.reporters import REPORTERS
 @click.command(short_help="Compare PyTorch and Flax outputs of one model.")
 @click.argument("torch_dir", type=click.Path(path_type=Path))
 @click.argument("flax_dir", type=click.Path(path_type=Path), required=False)
-@click.option("--against", "against", type=click.Choice(("tunix", "keras-hub", "easydel")), default=None,
-              help="Instead of FLAX_DIR: load TORCH_DIR (an HF checkpoint) with that JAX stack's own loader, "
+@click.option("--against", "against", type=click.Choice(("tunix", "keras-hub", "easydel", "maxtext")), default=None,
+              help="Instead of FLAX_DIR: load TORCH_DIR (an HF checkpoint; for maxtext, converted first in a temporary "
+                   "directory) with that JAX stack's own loader, "
                    "compare every parameter it holds with the file and its forward with PyTorch's (docs/jax.md).")
 @click.option("--against-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The Python of the environment where the --against library is installed "
                    "(default: the one `make` builds for it).")
+@click.option("--flax-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The Python of a transformers-4 environment to run the Flax side in (transformers 5 has no Flax "
+                   "models). Default: $CKPT_GUARD_FLAX_PYTHON, else this process when its transformers is 4.x, else "
+                   ".venv-tf4 beside the package.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the generated inputs.")
 @click.option("--format", "-f", "fmt", type=click.Choice(tuple(REPORTERS)), default="text", show_default=True,
               help="Output format.")
@@ -30,7 +35,7 @@ from guard.reporters import REPORTERS
                    "(a figure, never a failure). Default: on a TPU or GPU only.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the libraries' own warnings and log lines.")
 def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_python: Path | None, seed: int,
-           fmt: str, output: Path | None, drift: bool | None, verbose: bool) -> int:
+           fmt: str, output: Path | None, drift: bool | None, verbose: bool, flax_python: Path | None = None) -> int:
     """Compare PyTorch and Flax outputs of the same model (transformers' paired classes), or (--against)
     check that a JAX stack loads an HF checkpoint right."""
     if (flax_dir is None) == (against is None):
@@ -42,19 +47,22 @@ def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_
     for directory in (torch_dir, flax_dir):
         if not directory.is_dir():
             raise UsageError(f"{directory}: not a directory")
+    from guard.parity.needs import flax_side_python
     from guard.quiet import quiet_libraries
 
+    python = flax_side_python(flax_python, "parity")  # where the Flax side runs, or the one line saying why not
     with quiet_libraries(verbose=verbose):
-        return _parity(torch_dir, flax_dir, seed, fmt, output, drift)
+        return _parity(torch_dir, flax_dir, seed, fmt, output, drift, python)
 
 
-def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None, drift: bool | None) -> int:
+def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None, drift: bool | None,
+            flax_python: Path | None = None) -> int:
     from guard.parity.run import run_parity  # torch, jax, flax, transformers: the `parity` extra
     from guard.inventory import discover_models, load_local_model
     from guard.report import ModelSummary, Report
     from guard.reporters import render
 
-    findings, figures = run_parity(torch_dir, flax_dir, seed=seed, drift=drift)
+    findings, figures = run_parity(torch_dir, flax_dir, seed=seed, drift=drift, flax_python=flax_python)
     report = Report(findings=findings, policy={"fail_on": "error"}, extra={"parity": figures})
     for model in discover_models([torch_dir, flax_dir]):  # headers only: the dtype tables of both sides
         if Path(model.directory) in (Path(torch_dir), Path(flax_dir)):

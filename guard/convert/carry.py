@@ -14,7 +14,8 @@ from guard.findings import Finding
 from guard.inventory import is_index_file, is_weight_file
 
 # Files of a training run beside its config.json (DeepSpeed's save folder, the Trainer's checkpoint-N/).
-TRAINING_FILES = frozenset({"latest", "zero_to_fp32.py", "zero_to_torch.py", "trainer_state.json"})
+TRAINING_FILES = frozenset({"latest", "zero_to_fp32.py", "zero_to_torch.py", "trainer_state.json",
+                            "latest_checkpointed_iteration.txt"})  # Megatron's save folder
 TRAINING_SUFFIXES = (".distcp", ".metadata")  # PyTorch DCP's rank files and per-rank metadata (__R.metadata)
 
 CONFIG_FILES = ("config.json", "generation_config.json")

@@ -18,7 +18,7 @@ from guard.convert.map.mapping import plan_mapping
 from guard.write.publish import discard, make_temp_dir, publish
 from guard.convert.read.source import SourceModel, open_source
 from guard.convert.read.source_orbax import open_orbax
-from guard.convert.read.source_training import find_training_source
+from guard.convert.read.source_training import adapt_names, find_training_source
 from guard.write.verify import verify_output
 from guard.write.writer import LAYOUTS, Naming, OutputTensor, plan_shards, write_output
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
@@ -99,11 +99,7 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
     elif training is not None:
         if req.variant is not None:
             raise UsageError(f"{req.src}: a training checkpoint has no variants; drop --variant")
-        source = training.open()
-        if training.layout == "dcp":  # torchtitan's Llama: its names and q/k RoPE order, as HF's
-            from guard.training.dcp.torchtitan import from_torchtitan
-
-            source = from_torchtitan(source, config)
+        source = adapt_names(training.layout, training.open(), config)  # torchtitan's, Megatron's names as HF's
     else:
         source = open_source(req.src, to=req.to, variant=req.variant)
     findings += source.findings

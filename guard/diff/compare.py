@@ -47,21 +47,45 @@ Pairing = tuple[ModelInventory, ModelSummary]
 
 def pair_models(old: Side, new: Side, old_report: Report, new_report: Report
                 ) -> list[tuple[str, Pairing | None, Pairing | None]]:
-    """Models by their path under each side's root; the one model of each side is one model wherever it is."""
+    """Models by their path under each side's root; the one model of each side is one model wherever it is,
+    and so is a training checkpoint saved at another step (``global_step2/`` against ``global_step4/``)."""
     olds = {relative(inv.path, old.root): (inv, s) for inv, s in zip(old.inventories, old_report.models)}
     news = {relative(inv.path, new.root): (inv, s) for inv, s in zip(new.inventories, new_report.models)}
     only_old, only_new = [k for k in olds if k not in news], [k for k in news if k not in olds]
     pairs: list[tuple[str, Pairing | None, Pairing | None]] = []
     lone = len(olds) == len(news) == 1 and len(only_old) == 1  # one model each side, under other paths
+    moved = {} if lone else _other_steps(only_old, only_new, olds, news)
     for key in sorted(olds.keys() | news.keys()):
         if lone and key == only_old[0]:
             label = key if key == only_new[0] else f"{key} -> {only_new[0]}"
             pairs.append((label, olds[key], news[only_new[0]]))
         elif lone and key == only_new[0]:
             continue
+        elif key in moved:
+            pairs.append((f"{key} -> {moved[key]}", olds[key], news[moved[key]]))
+        elif key not in olds and key in moved.values():
+            continue
         else:
             pairs.append((key, olds.get(key), news.get(key)))
     return pairs
+
+
+def _other_steps(only_old: list[str], only_new: list[str], olds: dict[str, Pairing], news: dict[str, Pairing]
+                 ) -> dict[str, str]:
+    """Old key -> new key for the training checkpoints of one folder saved at other steps: the Trainer's
+    ``checkpoint-N/`` holds ``global_stepN/``, a DeepSpeed save folder its tags.  Paired only where the folder
+    has exactly one unpaired training-state model of one layout on each side; otherwise nothing is guessed."""
+    def groups(keys: list[str], side: dict[str, Pairing]) -> dict[tuple[str, str], list[str]]:
+        found: dict[tuple[str, str], list[str]] = {}
+        for key in keys:
+            primary = side[key][0].primary
+            if primary is not None and primary.role == "training-state" and primary.files[0].training is not None:
+                found.setdefault((key.rpartition("/")[0], primary.layout), []).append(key)
+        return found
+
+    old_groups, new_groups = groups(only_old, olds), groups(only_new, news)
+    return {o[0]: new_groups[group][0] for group, o in old_groups.items()
+            if len(o) == 1 and len(new_groups.get(group, ())) == 1}
 
 
 def pair_sets(old: ModelInventory | None, new: ModelInventory | None

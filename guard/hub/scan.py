@@ -27,6 +27,8 @@ from guard.inventory import (
 from guard.inventory.discovery import head_is_weights, may_be_weights
 from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
 from guard.hub.packages import fold_packages, package_scanner
+from guard.hub.dcp_remote import listed_dcp_dirs, scan_dcp
+from guard.hub.pointers import check_tracker, tracker_files
 from guard.inventory import tf_dirs
 from guard.inventory.package_dirs import ir_members
 from guard.inventory.pipelines import Pipeline, listed_pipelines
@@ -140,7 +142,8 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
         scan_one = package_scanner(packages, _scan_weight, RemoteFileStat)
         checkpoints = orbax_checkpoints(siblings)  # each an inventory of its own, below
         zero = _zero_checkpoints(listed)  # DeepSpeed tag folders: one training-state set each, like Orbax
-        owned = {f"{root}/{n}" if root else n for root, files in zero.items() for n in files}
+        dcp = {root: files for root, files in listed_dcp_dirs(listed).items() if root not in zero}  # DCP's too
+        owned = {f"{root}/{n}" if root else n for part in (zero, dcp) for root, files in part.items() for n in files}
         groups = _group_by_directory([s for s in siblings if s.rfilename not in owned], inside=tuple(checkpoints))
         indexes = {s.rfilename: pool.submit(_fetch_json, client, repo_id, result.sha, s.rfilename, _size(s))
                    for s in siblings if posixpath.basename(s.rfilename) == PIPELINE_INDEX}
@@ -148,8 +151,10 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
                  for root, files in checkpoints.items()]
         orbax += [(root, pool.submit(_scan_zero, client, repo_id, result.sha, root, files, listed))
                   for root, files in zero.items()]
-        orbax += [(folder, pool.submit(_check_latest, client, repo_id, result.sha, folder, listed))
-                  for folder in _latest_pointers(listed) if folder not in zero]
+        orbax += [(root, pool.submit(_scan_dcp, client, repo_id, result.sha, root, files))
+                  for root, files in dcp.items()]
+        orbax += [(posixpath.dirname(name), pool.submit(_check_tracker, client, repo_id, result.sha, name, listed))
+                  for name in tracker_files(listed) if posixpath.dirname(name) not in zero]  # CG119
         pending = [
             (directory, [pool.submit(scan_one, client, repo_id, result.sha, name, size)
                          for name, size in weights],
@@ -281,24 +286,30 @@ def _zero_checkpoints(listed: dict[str, int | None]) -> dict[str, dict[str, int]
     return listed_tag_dirs(listed)
 
 
-def _latest_pointers(listed: dict[str, int | None]) -> list[str]:
-    """Folders holding DeepSpeed's ``latest`` (beside its ``zero_to_fp32.py``): read to check their tag (CG119)."""
-    return [posixpath.dirname(n) for n in listed if posixpath.basename(n) == "latest"
-            and posixpath.join(posixpath.dirname(n), "zero_to_fp32.py") in listed]
+def _check_tracker(client: HubClient, repo_id: str, sha: str, name: str,
+                   listed: dict[str, int | None]) -> tuple[FileScan | None, RemoteFileStat]:
+    """DeepSpeed's ``latest`` or Megatron's tracker, fetched whole and checked (guard.hub.pointers)."""
+    def fetch(path: str) -> bytes:
+        with hub_errors(repo_id, revision=sha, endpoint=client.endpoint):
+            return client.get_whole(client.file_url(repo_id, path, sha))
+
+    folder = posixpath.dirname(name)
+    scan, read = check_tracker(name, listed, fetch, shown=_display(repo_id, folder) if folder else repo_id)
+    return scan, RemoteFileStat(name, listed.get(name) or 0, 1 if read else 0, read)
 
 
-def _check_latest(client: HubClient, repo_id: str, sha: str, folder: str,
-                  listed: dict[str, int | None]) -> tuple[FileScan | None, RemoteFileStat]:
-    from guard.training.deepspeed.dirs import latest_scan, tag_problem
-
-    name = posixpath.join(folder, "latest")
-    with hub_errors(repo_id, revision=sha, endpoint=client.endpoint):
-        raw = client.get_whole(client.file_url(repo_id, name, sha)) if (listed.get(name) or 0) <= 4096 else b"\xff" * 4097
-    prefix = f"{folder}/" if folder else ""
-    folders = frozenset(n[len(prefix):].split("/", 1)[0] for n in listed if n.startswith(prefix) and "/" in n[len(prefix):])
-    problem = tag_problem(raw, folders)
-    scan = latest_scan(_display(repo_id, folder) if folder else repo_id, problem) if problem else None
-    return scan, RemoteFileStat(name, len(raw), 1, len(raw))
+def _scan_dcp(client: HubClient, repo_id: str, sha: str, root: str, files: dict[str, int]
+              ) -> tuple[FileScan, RemoteFileStat]:
+    display = _display(repo_id, root) if root else repo_id
+    opened: list[HubFile] = []
+    try:
+        scan, opened = scan_dcp(client, repo_id, sha, root, files, shown=display)
+    except RemoteBudgetExceeded as exc:
+        scan = FileScan(path=display, format=None, size=sum(files.values()), findings=(make_finding(
+            "CG401", display, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
+    stat = RemoteFileStat(root or ".", sum(files.values()), sum(f.requests for f in opened),
+                          sum(f.bytes_read for f in opened))
+    return scan._replace(bytes_read=stat.bytes), stat
 
 
 def _scan_zero(client: HubClient, repo_id: str, sha: str, root: str, files: dict[str, int],

@@ -109,7 +109,8 @@ TRAINING_MARKERS: dict[str, tuple[str, ...]] = {
                # DeepSpeed ZeRO: <tag>/mp_rank_00_model_states.pt, {bf16_}zero_pp_rank_R_mp_rank_00_optim_states.pt
                "_model_states.pt", "_optim_states.pt"),
     "prefix": ("shard-",),  # HuggingFaceStorageWriter: shard-0000K-model-0000I-of-0000N.safetensors
-    "name": ("latest",),  # DeepSpeed's save folder: `latest` names the newest tag folder (CG119 when none)
+    "name": ("latest",  # DeepSpeed's save folder: `latest` names the newest tag folder (CG119 when none)
+             "latest_checkpointed_iteration.txt"),  # Megatron's save folder: names the newest iter_NNNNNNN/ (CG119)
 }
 
 

@@ -46,6 +46,11 @@ def default_precision_drift(run_fp32: Callable[[], dict[str, Any]], highest: dic
 
     with jax.default_matmul_precision("default"):
         default = run_fp32()
+    return drift_figures(default, highest, reference)
+
+
+def drift_figures(default: dict[str, Any], highest: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a default-precision fp32 run already made (here, or by the worker elsewhere)."""
     name = DRIFT_OUTPUT if DRIFT_OUTPUT in default else sorted(default)[-1]
     return {
         "precision": "default",

@@ -38,8 +38,8 @@ def meant_values(raw: dict[str, Any], hf_config: Any) -> dict[str, Any]:
 
 
 def read_values(raw: dict[str, Any], hf_config: Any, *, flax: bool) -> dict[str, Any]:
-    """What one side's transformers 4.x takes: its config object, and for a Flax class with a fixed
-    RoPE base, that base and no scaling."""
+    """What one side's transformers takes: its config object (4.x's keys, or 5.x's ``rope_parameters``),
+    and for a Flax class with a fixed RoPE base, that base and no scaling."""
     values: dict[str, Any] = {key: getattr(hf_config, key, None) for key in SIZE_KEYS}
     fixed = FLAX_FIXED_ROPE_BASE.get(raw.get("model_type")) if flax else None  # type: ignore[arg-type]
     if fixed is not None:
@@ -47,6 +47,10 @@ def read_values(raw: dict[str, Any], hf_config: Any, *, flax: bool) -> dict[str,
     elif hasattr(hf_config, "rope_theta"):
         values["rope_theta"] = float(hf_config.rope_theta)
         values["rope_scaling"] = _scaling(getattr(hf_config, "rope_scaling", None))
+    elif isinstance(rope := getattr(hf_config, "rope_parameters", None), dict) and "rope_theta" in rope:
+        # transformers 5's config class (the PyTorch side on 5.x): no rope_theta attribute, one RoPE here
+        values["rope_theta"] = float(rope["rope_theta"])
+        values["rope_scaling"] = _scaling(rope)
     values["dtype"] = config_dtype(raw)
     if raw.get("model_type") in T5_TYPES:
         values["tie_word_embeddings"] = bool(getattr(hf_config, "tie_word_embeddings", True))

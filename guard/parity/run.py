@@ -12,7 +12,6 @@ Tolerances and their sources: ``guard.parity.metrics``, ``guard.parity.relative`
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,13 @@ from typing import Any
 from guard.catalogue import make_finding
 from guard.errors import MissingExtraError
 from guard.findings import Finding, Severity
-from guard.inventory import discover_models, display_path, load_local_model
+from guard.inventory import display_path
 from guard.parity.inputs import make_inputs
+from guard.parity.model_dir import layer_count, read_config, stored_dtype
 from guard.parity.needs import PARITY_MODULES, require_flax_transformers
 from guard.parity.runs import Failed as _Failed
 from guard.parity.runs import Unavailable as _Unavailable
+from guard.parity.runs import quiet_transformers
 from guard.parity.verdict import comparison_findings, compare_runs, low_dtype
 
 # transformers' auto mappings that name Flax classes; the PyTorch twin has the same name minus "Flax".
@@ -40,17 +41,23 @@ FLAX_MAPPINGS = (
 
 
 def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0, drift: bool | None = None,
-               ) -> tuple[list[Finding], dict[str, Any]]:
+               flax_python: Path | None = None) -> tuple[list[Finding], dict[str, Any]]:
     """``drift``: also run the JAX fp32 pass at JAX's default matmul precision and report how far it
-    lands (``guard.parity.accelerator``); None does so on an accelerator only."""
+    lands (``guard.parity.accelerator``); None does so on an accelerator only.  ``flax_python``: the
+    Flax side runs in that transformers-4 environment (``guard.parity.legacy_flax``; found by
+    ``guard.parity.needs.flax_side_python``), else both sides run here."""
+    if flax_python is not None:
+        from guard.parity.legacy_flax import run_parity_in_worker
+
+        return run_parity_in_worker(torch_dir, flax_dir, flax_python, seed=seed, drift=drift)
     _require_extras()
     torch_dir, flax_dir = Path(torch_dir), Path(flax_dir)
     where = display_path(flax_dir)
     figures: dict[str, Any] = {"torch_dir": display_path(torch_dir), "flax_dir": where, "seed": seed,
                                "available": False, "passed": None, "comparisons": []}
     try:
-        config = _read_config(torch_dir)
-        flax_raw = _read_config(flax_dir)
+        config = read_config(torch_dir)
+        flax_raw = read_config(flax_dir)
         flax_type = flax_raw.get("model_type")
         if flax_type != config.get("model_type"):
             raise _Failed(make_finding("CG302", where, f"model_type differs: {config.get('model_type')!r} "
@@ -59,7 +66,7 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0, drift: bool | 
         stored = {"torch": stored_dtype(torch_dir), "flax": stored_dtype(flax_dir)}
         figures.update(model_type=config["model_type"], torch_class=pt_name, flax_class=flax_name,
                        stored_dtype=stored, available=True)
-        with _numerics(), _quiet_transformers():
+        with _numerics(), quiet_transformers():
             import transformers
 
             pt_cls, flax_cls = getattr(transformers, pt_name), getattr(transformers, flax_name)
@@ -81,7 +88,7 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0, drift: bool | 
     except _Failed as exc:
         figures["passed"] = False
         return [exc.finding], figures
-    figures["comparisons"] = compare_runs(runs, stored, layers=_layer_count(config), modules=modules, blocks=blocks)
+    figures["comparisons"] = compare_runs(runs, stored, layers=layer_count(config), modules=modules, blocks=blocks)
     findings = comparison_findings(figures["comparisons"], where=where)
     figures["passed"] = not any(f.severity is Severity.error for f in findings)
     return findings, figures
@@ -224,39 +231,6 @@ def find_pair(config: dict[str, Any]) -> tuple[str, str]:
     return base_pt, base_flax
 
 
-def stored_dtype(directory: Path) -> str:
-    """The floating dtype holding most parameters, from the headers (F32 when none)."""
-    from guard import dtypes
-
-    models = [m for m in discover_models([directory]) if Path(m.directory) == Path(directory)]
-    if not models:
-        return "F32"
-    summary = load_local_model(models[0]).dtype_summary()
-    return next((code for code in summary if dtypes.is_float(code)), "F32")
-
-
-def _read_config(directory: Path) -> dict[str, Any]:
-    path = directory / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise _Unavailable(f"{display_path(directory)} has no config.json") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise _Failed(make_finding("CG001", display_path(path), f"config.json is unreadable: {exc}")) from None
-    if not isinstance(config, dict):
-        raise _Failed(make_finding("CG001", display_path(path), "config.json is not a JSON object"))
-    return config
-
-
-def _layer_count(config: dict[str, Any]) -> int:
-    for keys in (("num_hidden_layers",), ("n_layer",), ("encoder_layers", "decoder_layers"),
-                 ("num_layers", "num_decoder_layers")):
-        values = [config.get(k) for k in keys]
-        if any(isinstance(v, int) for v in values):
-            return sum(v for v in values if isinstance(v, int))
-    return 0
-
-
 @contextlib.contextmanager
 def _numerics() -> Iterator[None]:
     """fp32 matmuls at full precision (TPU defaults to bf16 passes, GPU to TF32: jax#18934)."""
@@ -272,18 +246,6 @@ def _numerics() -> Iterator[None]:
     finally:
         jax.config.update("jax_default_matmul_precision", previous)
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """No progress bars; transformers' log lines are the CLI's to show (-v) or hide (guard.quiet)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.enable_progress_bar()
 
 
 def _require_extras() -> None:

@@ -8,7 +8,9 @@ model left silently half-random.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +208,17 @@ def _flatten(outputs: Any) -> list[tuple[str, Any]]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:300]
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No progress bars; transformers' log lines are the CLI's to show (-v) or hide (guard.quiet)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()  # HF_HUB_DISABLE_PROGRESS_BARS may have them off
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()

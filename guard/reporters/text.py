@@ -132,7 +132,10 @@ def _model_lines(model: ModelSummary, color: bool, *, has_findings: bool) -> lis
     if not any(ws.dtypes for ws in sets):
         # the pointer to findings only where there are some (CG007 makes one unless it is ignored)
         why = "see the findings below" if has_findings else "its files hold none"
-        return [*lines, f"  no tensors read ({why})", ""]
+        notes = [f"  {inert_text(ws.name, limit=SET_WIDTH)}: {inert_text('; '.join(ws.notes), limit=300)}"
+                 for ws in sets if ws.notes]  # a training set of optimizer state only says what it holds
+        first = f"  no tensors read ({why})" if has_findings or not notes else "  no weights: no model tensor"
+        return [*lines, first, *notes, ""]
     codes: list[str] = []
     for ws in sorted(sets, key=lambda ws: not ws.primary):
         codes += [code for code in ws.parameter_shares() if code not in codes]

@@ -18,6 +18,7 @@ from guard.tensors import FileScan
 TRAINING_LAYOUTS: dict[str, str] = {
     "dcp": "guard.training.dcp.dirs",  # PyTorch Distributed Checkpoint: .metadata, __R_N.distcp, HF writer shards
     "deepspeed": "guard.training.deepspeed.dirs",  # ZeRO 1-3: <tag>/*_model_states.pt, *_optim_states.pt; latest
+    "megatron": "guard.training.dcp.megatron_dirs",  # Megatron's save folder: latest_checkpointed_iteration.txt (CG119)
 }
 
 

@@ -69,7 +69,9 @@ class TrainingState:
         found = {"training.what": f"{self.trainer} ({self.format}){ranks}, {self.sharding}",
                  "training.dtypes": "; ".join(f"{h.describe()} ({h.tensors} tensors)" for h in self.homes)[:119],
                  "training.publishes": f"publishes the {KINDS[self.publishes]}: {len(self.weights)} tensors, "
-                                       f"{self.parameters:,} parameters"}
+                                       f"{self.parameters:,} parameters" if self.weights else
+                                       "publishes no weights: no model tensor in it (optimizer or other state "
+                                       "only, as Accelerate's optimizer_0/)"}
         if self.items:  # named where they are few: a whole optimizer's param groups would drown the line
             named = ": " + ", ".join(self.items) if len(self.items) <= 3 else ""
             found["training.items"] = f"{len(self.items)} non-tensor item(s), not unpickled{named}"[:119]

@@ -15,7 +15,8 @@ from guard.worker.protocol import PROTOCOL, write_array
 
 # target -> the module holding its library's code (load, parameters, forward, version)
 SIDES = {"tunix": "guard.worker.tunix_side", "keras-hub": "guard.worker.keras_hub_side",
-         "easydel": "guard.worker.easydel_side"}
+         "easydel": "guard.worker.easydel_side", "maxtext": "guard.worker.maxtext_side",
+         "flax": "guard.worker.flax_side"}  # parity's transformers-4 Flax side: a request of its own (``answer``)
 # what a library raises when it cannot load or run a checkpoint: reported, not a crash of the worker
 LIBRARY_FAILURES = (ValueError, TypeError, KeyError, IndexError, AssertionError, RuntimeError, OSError,
                     NotImplementedError, AttributeError)
@@ -25,6 +26,8 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     import jax
 
     side = importlib.import_module(SIDES[request["target"]])
+    if hasattr(side, "answer"):  # a side with a request of its own rather than loads
+        return side.answer(request)
     out_dir = Path(request["out_dir"])
     checkpoint, config = Path(request["checkpoint"]), request["config"]
     input_ids = request["inputs"]["input_ids"]

@@ -13,6 +13,9 @@ Answer::
                 "parameters": [{"name", "dtype", "shape", "npy", "sha256"}],
                 "outputs": {"F32": {"logits": {"dtype", "shape", "npy", "sha256"}}, ...}}]}
 
+parity's Flax side (target ``flax``, ``guard.worker.flax_side``) has a request of its own; its answer
+is the same envelope with ``"loads": []`` and a ``"parity"`` object.
+
 An array travels as a ``.npy`` the worker wrote under ``out_dir`` (given by the parent, removed by
 it) and the SHA-256 of its bytes.  A dtype numpy cannot name in a ``.npy`` (bfloat16, the float8s)
 is written as the unsigned integer of its width and named in ``dtype``: the bits, not a copy.
@@ -68,6 +71,7 @@ def read_array(record: dict[str, Any], out_dir: Path) -> Any:
 
 
 def check_answer(answer: Any) -> dict[str, Any]:
-    if not isinstance(answer, dict) or answer.get("protocol") != PROTOCOL or not isinstance(answer.get("loads"), list):
+    if not isinstance(answer, dict) or answer.get("protocol") != PROTOCOL or not isinstance(answer.get("loads"), list) \
+            or not isinstance(answer.get("parity", {}), dict):
         raise ProtocolError("worker's answer is not protocol 1")
     return answer

@@ -14,7 +14,7 @@ import queue
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from guard.write.bitviews import numpy_dtype
+from guard.write.bitviews import numpy_dtype, storage_dtype
 from guard.write.cast import CastCheck
 from guard.write.sink import DEPTH, OutputStream
 from guard.write.transpose import BAND_BYTES, bit_view, permuted_bands, reduce_perm
@@ -71,13 +71,14 @@ class SourceBuffer:
     def __init__(self) -> None:
         self._buffer: Any = None
 
-    def read(self, tensor: SourceTensor) -> np.ndarray:
+    def read(self, tensor: SourceTensor, dtype: np.dtype[Any] | None = None) -> np.ndarray:
+        """The tensor in ``dtype`` (by default its stored bits: numpy's integers for bf16 and fp8)."""
         import numpy as np
 
         info = tensor.info
         assert info.data_start is not None and info.data_end is not None
         size = info.data_end - info.data_start
-        dtype = numpy_dtype(info.dtype)
+        dtype = storage_dtype(info.dtype) if dtype is None else dtype
         if not size:
             return np.empty(info.shape, dtype)
         with open(info.file, "rb", buffering=0) as fh:
@@ -137,8 +138,10 @@ def body_pieces(tensor: SourceTensor, perm: tuple[int, ...] | None, code: str, *
         assert info.data_start is not None and info.data_end is not None
         yield ("range", info.file, info.data_start, info.data_end - info.data_start)
         return
+    # values (ml_dtypes' floats) only where a cast computes with them; elsewhere bits move as integers
+    real = numpy_dtype(info.dtype) if check is not None and ranged(tensor) else None
     try:
-        array = source.read(tensor) if ranged(tensor) else tensor.load()
+        array = source.read(tensor, real) if ranged(tensor) else tensor.load()
     except OSError as exc:  # a shard deleted or unmounted mid-conversion
         raise GuardError(f"{info.file}: cannot read {tensor.name} ({exc.strerror or exc}); nothing written") from None
     bits = bit_view(array)

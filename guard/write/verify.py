@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from guard.catalogue import make_finding
-from guard.write.bitviews import numpy_dtype
+from guard.write.bitviews import numpy_dtype, storage_dtype
 from guard.write.cast import CastCheck
 from guard.write.produce import ranged
 from guard.write.transpose import bit_view
@@ -126,12 +126,15 @@ def _sampled_mismatch(tensor: OutputTensor, places: list[tuple[Path, int, int]])
         for axis, ax in enumerate(tensor.mapped.perm):
             src_index[ax] = out_index[axis]
     src_flat = np.ravel_multi_index(tuple(src_index), source.info.shape) if source.info.shape else [0]
+    cast = tensor.dtype != source.info.dtype
+    # compared as bits; values (ml_dtypes' floats) only where the source elements must be cast first
+    source_dtype = numpy_dtype(source.info.dtype) if cast else storage_dtype(source.info.dtype)
     try:
-        want = _source_elements(source, [int(i) for i in src_flat])
-        got = _read_elements(places, flat, numpy_dtype(tensor.dtype))
+        want = _source_elements(source, [int(i) for i in src_flat], source_dtype)
+        got = _read_elements(places, flat, storage_dtype(tensor.dtype))
     except _ShortRead as exc:
         return str(exc)
-    if tensor.dtype != source.info.dtype:
+    if cast:
         want = CastCheck(tensor.dtype).cast(want)
     differs = np.flatnonzero(bit_view(got) != bit_view(want))
     if not len(differs):
@@ -142,11 +145,10 @@ def _sampled_mismatch(tensor: OutputTensor, places: list[tuple[Path, int, int]])
             f"{bit_view(want)[at]:#x} there")
 
 
-def _source_elements(source, flat: list[int]) -> np.ndarray:  # type: ignore[no-untyped-def]
+def _source_elements(source, flat: list[int], dtype: np.dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
     import numpy as np
 
     info = source.info
-    dtype = numpy_dtype(info.dtype)
     if hasattr(source.loader, "elements"):  # a dequantized module: its sampled elements recomputed from the source
         return np.asarray(source.loader.elements(info, flat)).view(dtype)
     if not ranged(source):

@@ -20,7 +20,7 @@ from typing import Any
 
 from guard import dtypes
 from guard.write import orbax_layout
-from guard.write.bitviews import dtype_code, numpy_dtype
+from guard.write.bitviews import dtype_code, numpy_name, storage_dtype
 from guard.write.cast import CastCheck
 from guard.write.framing import leaf_segments, msgpack_tree, walk_tree
 from guard.write.framing import safetensors_header
@@ -109,8 +109,8 @@ def ordered_for_writing(shards: list[list[OutputTensor]], *, layout: str) -> lis
 
 
 def dtypes_code(dtype: Any) -> str:
-    """The safetensors code of a numpy dtype or array (checked against the plan for every tensor)."""
-    return dtype_code(getattr(dtype, "dtype", dtype).name)
+    """The safetensors code of a numpy dtype, array or dtype name (checked against the plan for every tensor)."""
+    return dtype_code(dtype if isinstance(dtype, str) else getattr(dtype, "dtype", dtype).name)
 
 
 def write_output(directory: Path, shards: list[list[OutputTensor]], *, layout: str,
@@ -168,9 +168,8 @@ def _write_files(directory: Path, shards: list[list[OutputTensor]], layout: str,
             by_key = {tuple(t.name.split("/")): t for t in shard}
 
             def leaf(key: tuple[str, ...], file: str = name, by_key: dict = by_key) -> None:  # type: ignore[type-arg]
-                t = by_key[key]
-                info = numpy_dtype(t.dtype)
-                emitter.tensor(t, file, leaf_segments(t.shape, info.name, info.itemsize))
+                t = by_key[key]  # the leaf's dtype name is flax's dtype.name; its bytes are only moved
+                emitter.tensor(t, file, leaf_segments(t.shape, numpy_name(t.dtype), storage_dtype(t.dtype).itemsize))
 
             walk_tree(msgpack_tree(list(by_key)), stream.write, leaf)
         stream.close()
@@ -217,7 +216,7 @@ class _Emitter:
     def tensor(self, tensor: OutputTensor, file: str, segments: list[tuple[bytes, int]]) -> None:
         assert next(self.order) is tensor, "tensors must be produced in the order they are written"
         src = tensor.mapped.source
-        if dtypes_code(numpy_dtype(tensor.dtype)) != tensor.dtype:
+        if dtypes_code(numpy_name(tensor.dtype)) != tensor.dtype:
             raise AssertionError(f"{tensor.name}: planned {tensor.dtype} has no numpy dtype of that code")
         check = CastCheck(tensor.dtype) if tensor.dtype != src.info.dtype else None
         pieces = PieceCutter(body_pieces(src, tensor.mapped.perm, tensor.dtype, pool=self.pool, source=self.source,

@@ -12,7 +12,10 @@ for pair in "values=$CG_VALUES" "parity=$CG_PARITY" "changed-only=$CG_CHANGED_ON
 done
 case "$CG_CONVERT" in ""|flax|torch) ;; *) fail "convert must be flax, torch or empty" ;; esac
 if [ "$CG_PARITY" = true ] && [ -z "$CG_CONVERT" ]; then fail "parity needs convert"; fi
-case "${CG_PARITY_AGAINST:-}" in ""|tunix|keras-hub|easydel) ;; *) fail "parity-against must be tunix, keras-hub, easydel or empty" ;; esac
+case "${CG_PARITY_AGAINST:-}" in
+  ""|tunix|keras-hub|easydel|maxtext) ;;
+  *) fail "parity-against must be tunix, keras-hub, easydel, maxtext or empty" ;;
+esac
 
 extras=()
 # fix writes weights through guard.write and value-checks its casts: both need numpy and ml_dtypes
@@ -21,6 +24,8 @@ if [ "$CG_VALUES" = true ] || [ "${CG_FIX:-false}" = true ]; then extras+=(value
 [ "$CG_PARITY" = true ] && extras+=(parity)
 # parity --against: PyTorch's side (transformers' forward) and JAX
 [ -n "${CG_PARITY_AGAINST:-}" ] && [ "$CG_PARITY" != true ] && extras+=(parity)
+# maxtext: the checkpoint is converted first, here, into Orbax's OCDBT (tensorstore writes it)
+[ "${CG_PARITY_AGAINST:-}" = maxtext ] && extras+=(orbax)
 suffix=""
 if [ "${#extras[@]}" -gt 0 ]; then suffix="[$(IFS=,; echo "${extras[*]}")]"; fi
 

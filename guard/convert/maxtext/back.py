@@ -63,7 +63,7 @@ def convert_from_maxtext(items: Path, out: Path, *, max_shard_size: int) -> tupl
         raise UsageError(f"{items}: a MaxText checkpoint that ckpt-guard did not write; its HF config.json and "
                          "mapping are unknown, so it cannot be converted back")
     row, config, scan = ARCHITECTURES[custom["row"]], custom["config"], bool(custom.get("scan_layers"))
-    listed = _listed(custom.get("hf_tensors"), items)
+    listed = listed_tensors(custom.get("hf_tensors"), items)
     leaves, findings = plan_leaves(row, config, listed, scan=scan, path=str(items))
     if findings:
         return findings, {"written": False, "output": str(out)}
@@ -99,7 +99,7 @@ def convert_from_maxtext(items: Path, out: Path, *, max_shard_size: int) -> tupl
                       "seconds": round(time.monotonic() - started, 3)}
 
 
-def _listed(record: Any, items: Path) -> dict[str, TensorInfo]:
+def listed_tensors(record: Any, items: Path) -> dict[str, TensorInfo]:
     """The HF tensors the record names (dtype code, shape); a record that is not that is one line, no output."""
     from guard import dtypes
 

@@ -23,6 +23,17 @@ def rope_theta(config: dict[str, Any]) -> float | None:
     return float(config["rope_theta"]) if config.get("rope_theta") is not None else None
 
 
+# MaxText 0.2.5's convention, measured on tiny fp32 Gemma 2 models (docs/jax.md): every intermediate
+# activation matched transformers' to <1e-6 and only the logits differed; rounding the table to
+# bfloat16 on transformers' side brings them to 2.7e-7.
+TIED_LOGITS_NOTE = (
+    "tied embeddings (logits_via_embedding=true): MaxText 0.2.5 rounds the embedding table to bfloat16 for the "
+    "logits in every dtype (layers/embeddings.py attend_on_embedding: jnp.asarray(embedding_table, jnp.bfloat16); "
+    "no flag avoids it), so its fp32 logits differ from transformers' by about 1e-3 of their scale "
+    "(measured on tiny fp32 models: 1.2e-3 for a tied Llama, 1.6e-3 to 2.3e-3 for Gemma 2); the stored table "
+    "is exact")
+
+
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
@@ -35,6 +46,11 @@ def maxtext_flags(row: Architecture, config: dict[str, Any], *, items: Path, sca
         "base_num_kv_heads": dims["K"], "head_dim": dims["H"], "base_num_decoder_layers": dims["L"],
         "vocab_size": dims["V"], "logits_via_embedding": str(tied(config)).lower(),
     }
+    if tied(config):
+        # tied logits are y @ table.T, then divided by sqrt(emb_dim) unless normalize_embedding_logits=false
+        # (base.yml: true; nnx_decoders.py apply_output_head).  Only Gemma's table is stored times sqrt(D)
+        # (embed_scale); any other tied model keeps its table as is and must not be divided.
+        flags["normalize_embedding_logits"] = str(any("embed_scale" in p.steps for p in row.params)).lower()
     if dims["F"]:
         flags["base_mlp_dim"] = dims["F"]
     theta = rope_theta(config)
@@ -43,6 +59,12 @@ def maxtext_flags(row: Architecture, config: dict[str, Any], *, items: Path, sca
     eps = config.get("rms_norm_eps")
     if eps is not None:
         flags["normalization_layer_epsilon"] = repr(float(eps))
+    if row.name == "gemma2":  # configs/models/gemma2-2b.yml: layers counted in local/global pairs
+        flags["base_num_decoder_layers"] = dims["L"] // 2
+        flags["final_logits_soft_cap"] = _number(config.get("final_logit_softcapping") or 0.0)
+        flags["attn_logits_soft_cap"] = _number(config.get("attn_logit_softcapping") or 0.0)
+        if config.get("sliding_window"):
+            flags["sliding_window_size"] = int(config["sliding_window"])
     if row.moe:
         flags["num_experts"] = dims["E"]
         flags["num_experts_per_tok"] = int(config.get("num_experts_per_tok") or 0)
@@ -66,6 +88,8 @@ def flag_notes(row: Architecture, config: dict[str, Any]) -> list[str]:
     elif rope_type(config) not in (None, "default") and row.name != "llama3":
         notes.append(f"RoPE scaling {rope_type(config)!r} has no MaxText flag here; set rope_type and its options "
                      "by hand")
+    if tied(config):
+        notes.append(TIED_LOGITS_NOTE)
     if config.get("sliding_window") and config.get("use_sliding_window", True) and row.name in ("mistral", "mixtral"):
         notes.append(f"sliding_window={config['sliding_window']}: MaxText's {row.model_name} block attends globally")
     return notes

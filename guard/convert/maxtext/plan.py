@@ -79,7 +79,8 @@ def dimensions(config: dict[str, Any]) -> dict[str, int]:
 
 
 def tied(config: dict[str, Any]) -> bool:
-    return bool(config.get("tie_word_embeddings", False))
+    """transformers' default: tied for Gemma's configs, untied otherwise (config.json may leave it out)."""
+    return bool(config.get("tie_word_embeddings", str(config.get("model_type", "")).startswith("gemma")))
 
 
 def plan_leaves(row: Architecture, config: dict[str, Any], tensors: dict[str, Any], *, scan: bool,
@@ -141,9 +142,30 @@ def _unsupported_layouts(row: Architecture, config: dict[str, Any], dims: dict[s
     if row.name == "qwen3_moe" and not config.get("norm_topk_prob", False):
         reasons.append("norm_topk_prob is false: MaxText's MoE always renormalizes the top-k router weights "
                        "(a softmax over the top-k logits, layers/moe.py), so its forward would differ")
+    if row.name == "gemma2":
+        reasons.extend(_gemma2_refusals(config, dims))
     if row.moe and not dims["E"]:
         reasons.append("no num_experts / num_local_experts in config.json")
     return [make_finding("CG304", path, f"model_type {config.get('model_type')!r}: {r}") for r in reasons]
+
+
+def _gemma2_refusals(config: dict[str, Any], dims: dict[str, int]) -> list[str]:
+    """What MaxText's gemma2 block (models/gemma2.py) hard-codes: layers paired local/global, tied logits, the
+    query scaled by 1/sqrt(head_dim) in the kernel, tanh-approximated GELU."""
+    reasons = []
+    if dims["L"] % 2:
+        reasons.append(f"{dims['L']} layers: MaxText's gemma2 pairs a local and a global layer, so it needs an even "
+                       "count")
+    if not tied(config):
+        reasons.append("untied lm_head: MaxText's gemma2 computes the logits from the embedding (logits_via_embedding)")
+    scalar = config.get("query_pre_attn_scalar")
+    if scalar is not None and float(scalar) != float(dims["H"]):
+        reasons.append(f"query_pre_attn_scalar {scalar} != head_dim {dims['H']}: MaxText's conversion scales the "
+                       "query kernel by 1/sqrt(head_dim) (scale_query_layer)")
+    activation = config.get("hidden_activation") or config.get("hidden_act")
+    if activation not in (None, "gelu_pytorch_tanh"):
+        reasons.append(f"hidden_activation {activation!r}: MaxText's gemma2 runs gelu with the tanh approximation")
+    return reasons
 
 
 def _leaf_specs(param: Param, dims: dict[str, int], *,
@@ -153,17 +175,19 @@ def _leaf_specs(param: Param, dims: dict[str, int], *,
     if parts[0] != "layers":
         return [(ROOT + parts, (((), param.hf),), ())]
     experts = list(range(dims["E"])) if "{e}" in param.hf else [None]
+    stride, offset = param.layer  # MaxText layer i holds HF layer stride * i + offset (Gemma 2: pairs)
 
     def grid(layers: range, stacked: bool) -> tuple[tuple[tuple[int, ...], str], ...]:
-        return tuple((tuple(x for x in (e, i if stacked else None) if x is not None), param.hf.format(i=i, e=e))
-                     for e in experts for i in layers)
+        return tuple((tuple(x for x in (e, i if stacked else None) if x is not None),
+                      param.hf.format(i=stride * i + offset, e=e)) for e in experts for i in layers)
 
     expert_axes = (0,) if experts != [None] else ()
+    layers = dims["L"] // stride
     if scan:  # experts lead (0), layers next (1); without experts, layers on param_scan_axis
         axes = expert_axes + ((1 if expert_axes else PARAM_SCAN_AXIS),)
-        return [(ROOT + ("decoder",) + parts, grid(range(dims["L"]), True), axes)]
+        return [(ROOT + ("decoder",) + parts, grid(range(layers), True), axes)]
     return [(ROOT + ("decoder", f"layers_{i}") + parts[1:], grid(range(i, i + 1), False), expert_axes)
-            for i in range(dims["L"])]
+            for i in range(layers)]
 
 
 def leaf_bytes(leaf: Leaf, itemsize: int) -> int:

@@ -144,13 +144,14 @@ def _write(req: MaxTextRequest, config: dict[str, Any], row: Architecture, leave
 
 def _rounding_findings(rounded: dict[str, list[int]], row: Architecture, head_dim: int,
                        src: Path) -> list[Finding]:
+    says = {p.maxtext: [steps.ROUNDING_SAYS[n] for n in p.steps if n in steps.ROUNDING] for p in row.params}
     out = []
     for param, (changed, total) in rounded.items():
         if changed:
+            what = "; ".join(says.get(param) or ["rounds it"]).replace("head_dim)", f"{head_dim})", 1)
             out.append(make_finding(
                 "CG301", str(src),
-                f"declared rounding: MaxText's {row.model_name} layout multiplies {param} by 1/sqrt({head_dim}) in "
-                f"float32 and casts it back (scale_query_layer); {changed} of {total} elements will not convert "
-                "back bit-exactly; every other tensor is a transpose or reshape, bit-exact",
-                tensor=param)._replace(severity=Severity.warning))
+                f"declared rounding: MaxText's {row.model_name} layout of {param} {what}; {changed} of {total} "
+                "elements will not convert back bit-exactly; every tensor without such a step is a transpose or "
+                "reshape, bit-exact", tensor=param)._replace(severity=Severity.warning))
     return out

@@ -1,10 +1,12 @@
-"""The array steps of MaxText's layout, each with its inverse, and the one that rounds.
+"""The array steps of MaxText's layout, each with its inverse, and the ones that round.
 
-Every step but ``scale_query`` moves elements (a transpose, a reshape, the RoPE
+Every step but the ``ROUNDING`` ones moves elements (a transpose, a reshape, the RoPE
 interleave): exact both ways.  ``scale_query`` is MaxText's ``scale_query_layer``: the
 query kernel multiplied by 1/sqrt(head_dim) in float32 and cast back to its dtype; the
 way back multiplies by sqrt(head_dim).  Unless head_dim is a power of 4 that rounds, in
 fp32 too, so the elements it changes are counted and declared (CG301), never silent.
+Gemma's layout adds two more (``embed_scale``: the embedding times sqrt(hidden_size);
+``norm_plus_one``: every RMSNorm weight stored as 1 + w), declared the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 Step = Callable[["np.ndarray", int], "np.ndarray"]
-ROUNDING = frozenset({"scale_query"})  # the steps whose way back may not restore every bit
+ROUNDING = frozenset({"scale_query", "embed_scale", "norm_plus_one"})  # way back may not restore every bit
 
 
 def transposed(a: np.ndarray) -> np.ndarray:
@@ -102,6 +104,35 @@ def _unscale_query(a: np.ndarray, head_dim: int) -> np.ndarray:
     return _scaled(a, np.sqrt(head_dim))
 
 
+def _embed_scale(a: np.ndarray, head_dim: int) -> np.ndarray:
+    """Gemma's embedding [V, D] times float32(sqrt(D)), cast back (pad_hf_embedding_layer; D is the array's own
+    last axis, hidden_size): MaxText's Gemma decoder looks up the scaled rows and divides the tied logits by it."""
+    import numpy as np
+
+    return _scaled(a, np.float32(a.shape[-1] ** 0.5))
+
+
+def _embed_unscale(a: np.ndarray, head_dim: int) -> np.ndarray:
+    import numpy as np
+
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # a division, as MaxText's way back
+        return (a.astype(np.float32) / np.float32(a.shape[-1] ** 0.5)).astype(a.dtype)
+
+
+def _norm_plus_one(a: np.ndarray, head_dim: int) -> np.ndarray:
+    """Gemma's RMSNorm weight w -> 1 + w (scale_rmsnorm_layer): HF's Gemma norm multiplies by 1 + w, MaxText's by
+    its scale; in float32, cast back (what numpy's ``a + 1.0`` does for bf16 and fp16)."""
+    import numpy as np
+
+    return (a.astype(np.float32) + np.float32(1)).astype(a.dtype)
+
+
+def _norm_minus_one(a: np.ndarray, head_dim: int) -> np.ndarray:
+    import numpy as np
+
+    return (a.astype(np.float32) - np.float32(1)).astype(a.dtype)
+
+
 STEPS: dict[str, tuple[Step, Step]] = {  # name -> (to MaxText, back to HF)
     "transpose": (_transpose, _transpose),
     "heads_in": (_heads_in, _heads_in_back),
@@ -109,6 +140,16 @@ STEPS: dict[str, tuple[Step, Step]] = {  # name -> (to MaxText, back to HF)
     "bias_heads": (_bias_heads, _flatten),
     "interleave": (_interleave, _deinterleave),
     "scale_query": (_scale_query, _unscale_query),
+    "embed_scale": (_embed_scale, _embed_unscale),
+    "norm_plus_one": (_norm_plus_one, _norm_minus_one),
+}
+# what each rounding step does, as a CG301 finding says it (MaxText's hook named)
+ROUNDING_SAYS = {
+    "scale_query": "multiplies it by 1/sqrt(head_dim) in float32 and casts it back (scale_query_layer)",
+    "embed_scale": "multiplies it by sqrt(hidden_size) in float32 and casts it back (pad_hf_embedding_layer; "
+                   "MaxText's decoder divides the tied logits by the same factor)",
+    "norm_plus_one": "stores 1 + weight in its dtype (scale_rmsnorm_layer: HF's Gemma RMSNorm multiplies by "
+                     "1 + weight, MaxText's by its scale)",
 }
 
 

@@ -51,6 +51,7 @@ class Param:
     shape: tuple[str, ...]  # the HF tensor's dimensions, by symbol
     steps: tuple[str, ...] = ()  # steps.STEPS names, applied in order going to MaxText
     optional: bool = False  # present in some checkpoints of the architecture only (biases)
+    layer: tuple[int, int] = (1, 0)  # (stride, offset): MaxText layer i holds HF layer stride * i + offset
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,32 @@ QWEN3_MOE = (
     Param("layers/moe_block/wi_1", _QWEN_MOE + "experts.{e}.up_proj.weight", ("Fe", "D"), ("transpose",)),
     Param("layers/moe_block/wo", _QWEN_MOE + "experts.{e}.down_proj.weight", ("D", "Fe"), ("transpose",)),
 )
+_GEMMA_NORMS = (("pre_self_attention_norm", "input_layernorm"),
+                ("post_self_attention_norm", "post_attention_layernorm"),
+                ("pre_ffw_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm"))
+
+
+def gemma2_layer(kind: str, offset: int) -> tuple[Param, ...]:
+    """One half of MaxText's paired Gemma 2 layer: ``local`` (sliding window) is HF layer 2i, ``global`` 2i+1."""
+    pair = (2, offset)
+    return (
+        *(Param(f"layers/{mt}_{kind}/scale", f"model.layers.{{i}}.{hf}.weight", ("D",), ("norm_plus_one",),
+                layer=pair) for mt, hf in _GEMMA_NORMS),
+        Param(f"layers/self_attention_{kind}/query/kernel", _ATTN + "q_proj.weight", ("q", "D"),
+              ("heads_in", "scale_query"), layer=pair),
+        Param(f"layers/self_attention_{kind}/key/kernel", _ATTN + "k_proj.weight", ("kv", "D"), ("heads_in",),
+              layer=pair),
+        Param(f"layers/self_attention_{kind}/value/kernel", _ATTN + "v_proj.weight", ("kv", "D"), ("heads_in",),
+              layer=pair),
+        Param(f"layers/self_attention_{kind}/out/kernel", _ATTN + "o_proj.weight", ("D", "q"), ("heads_out",),
+              layer=pair),
+        *(Param(f"layers/mlp_{kind}/{mt}/kernel", f"model.layers.{{i}}.mlp.{hf}.weight", shape, ("transpose",),
+                layer=pair)
+          for mt, hf, shape in (("wi_0", "gate_proj", ("F", "D")), ("wi_1", "up_proj", ("F", "D")),
+                                ("wo", "down_proj", ("D", "F")))),
+    )
+
+
 _GLOBAL = (EMBED, FINAL_NORM, LOGITS)
 _CITE = "maxtext/checkpoint_conversion/utils/param_mapping.py"
 
@@ -153,4 +180,12 @@ ARCHITECTURES: dict[str, Architecture] = {  # row name -> row; plan.choose_row p
         (*_GLOBAL, *NORMS, *attention(("scale_query",), ()), *MIXTRAL_MOE),
         f"{_CITE}: MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING, MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN "
         "(reshape_and_transpose_attention, scale_query_layer, reshape_kernel)", moe=True),
+    "gemma2": Architecture(  # tied embeddings only (MaxText's gemma2 has logits_via_embedding): no logits_dense
+        "gemma2", ("gemma2",), "gemma2-2b",
+        (Param(EMBED.maxtext, EMBED.hf, EMBED.shape, ("embed_scale",)),
+         Param(FINAL_NORM.maxtext, FINAL_NORM.hf, FINAL_NORM.shape, ("norm_plus_one",)),
+         *gemma2_layer("local", 0), *gemma2_layer("global", 1)),
+        f"{_CITE}: GEMMA2_MAXTEXT_TO_HF_PARAM_MAPPING (MaxText layer i = HF layers 2i local, 2i+1 global), "
+        "GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN (pad_hf_embedding_layer: x sqrt(hidden_size); scale_rmsnorm_layer: "
+        "1 + w; reshape_kernel; scale_query_layer)"),
 }

@@ -9,6 +9,7 @@ checkpoint with a problem gives its findings and no tensor, so nothing is writte
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from guard.convert.read.source import SourceModel
 from guard.lazy import attribute
@@ -17,6 +18,14 @@ from guard.records import record
 TRAINING_SOURCES: dict[str, str] = {
     "deepspeed": "guard.training.deepspeed.source",  # ZeRO 1-3: save folder with `latest`, or a tag folder
     "dcp": "guard.training.dcp.source",  # PyTorch Distributed Checkpoint: the folder with .metadata
+}
+
+
+# layout -> the adapters that give a trainer's own names as HF's, each ``(source, config) -> source`` (unchanged
+# where the checkpoint is not its model; a layout it cannot map is refused with CG304 and no tensor)
+NAME_ADAPTERS: dict[str, tuple[str, ...]] = {
+    "dcp": ("guard.training.dcp.torchtitan.from_torchtitan",  # torchtitan's Llama: names and q/k RoPE order
+            "guard.training.dcp.megatron.from_megatron"),  # Megatron-core GPT: layers unstacked, qkv/fc1 split
 }
 
 
@@ -36,3 +45,11 @@ def find_training_source(src: Path) -> TrainingSource | None:
         if found is not None:
             return TrainingSource(layout, found[0], found[1])
     return None
+
+
+def adapt_names(layout: str, source: SourceModel, config: dict[str, Any] | None) -> SourceModel:
+    """The layout's adapters in turn: the consolidated model under the names transformers loads."""
+    for dotted in NAME_ADAPTERS.get(layout, ()):
+        module, _, name = dotted.rpartition(".")
+        source = attribute(module, name)(source, config)  # type: ignore[operator]
+    return source

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 from guard.catalogue import make_finding
 from guard.findings import Finding
@@ -18,6 +19,8 @@ from guard.tensors import FileScan
 from guard.training.dcp.hf_shards import is_hf_shard, scan_hf_shards
 from guard.training.dcp.integrity import integrity_findings
 from guard.training.dcp.layout import DcpMetadata, parse_metadata
+from guard.training.dcp.megatron_common import COMMON, check_common
+from guard.training.dcp.megatron_dirs import nemo_context
 from guard.training.dcp.roles import build_state
 from guard.training.dirs import TrainingDir
 from guard.training.state import training_scan
@@ -70,11 +73,47 @@ def scan(found: TrainingDir, *, name: str) -> FileScan:
     if shards and not any(n.endswith(".distcp") for n in sizes):
         return scan_hf_shards(found.directory, shards, name=name)
     read = read_metadata(found.directory, sizes, name=name)
+    common = (lambda: check_common(found.directory, name=name)) if COMMON in found.claimed else None
+    context = nemo_context(found.directory) if "metadata.json" in sizes else None
+    return _scan_read(read, common, context, sizes, name=name, folder=folder, total=total)
+
+
+def scan_listed(name: str, sizes: dict[str, int], read_whole: ReadWhole,
+                common: Callable[[str], tuple[list[Finding], int]]) -> FileScan:
+    """A DCP folder as a Hub listing shows it (``sizes``: its files), its metadata fetched by ``read_whole`` and
+    Megatron's ``common.pt`` walked by ``common(shown)``; the ``.distcp`` files are never read."""
+    folder = name.rstrip("/").rpartition("/")[2]
+    claimed = claim_listed(frozenset(sizes))
+    total = sum(size for n, size in sizes.items() if n in claimed)
+    read = read_metadata("", sizes, name=name, read_whole=read_whole)
+    found_common = (lambda: common(f"{name}/{COMMON}")) if COMMON in claimed else None
+    return _scan_read(read, found_common, None, sizes, name=name, folder=folder, total=total)
+
+
+def claim_listed(names: frozenset[str]) -> tuple[str, ...]:
+    """The files of a DCP checkpoint with ``.distcp`` files among ``names`` (a Hub listing: no byte is read to
+    tell a lone ``.metadata`` of another tool), Megatron's own files included; () when there is none."""
+    if not any(n.endswith(".distcp") for n in names):
+        return ()
+    owned = tuple(sorted(n for n in names if n.endswith(".distcp") or n == METADATA or _RANK_METADATA.match(n)))
+    return owned + tuple(n for n in MEGATRON_FILES if n in names)
+
+
+def _scan_read(read: MetadataRead, common: Callable[[], tuple[list[Finding], int]] | None,
+               context: tuple[str, ...] | None,
+               sizes: dict[str, int], *, name: str, folder: str, total: int) -> FileScan:
     if read.metadata is None:
         return FileScan(path=name, format=None, size=total, findings=read.findings, bytes_read=read.bytes_read)
     findings = tuple(integrity_findings(read.metadata, sizes, name=name, metadata_file=read.files[0]))
+    bytes_read = read.bytes_read
+    if common is not None:  # Megatron's common.pt: walked by its allow-list (CG003), never unpickled
+        common_findings, common_read = common()
+        findings, bytes_read = findings + tuple(common_findings), bytes_read + common_read
     state = build_state(read.metadata, path=name, folder=folder, beside=frozenset(sizes))
-    return training_scan(state, path=name, fmt="dcp", size=total, findings=findings, bytes_read=read.bytes_read)
+    if context is not None:  # NeMo 2: weights/ beside context/, whose files are listed, never opened
+        state = state._replace(trainer="NeMo 2 (Megatron-core torch_dist)",
+                               items=state.items + (f"context/ ({len(context)} file(s), never loaded)",))
+    return training_scan(state, path=name, fmt="dcp", size=total, findings=findings, bytes_read=bytes_read)
 
 
 @record
@@ -85,8 +124,21 @@ class MetadataRead:
     files: tuple[str, ...]  # `.metadata`, or each rank's `__R.metadata`
 
 
-def read_metadata(directory: str, sizes: dict[str, int], *, name: str) -> MetadataRead:
-    """The checkpoint's metadata: `.metadata`, else every `__R.metadata` joined (a save without collectives)."""
+ReadWhole = Callable[[str, int], bytes]  # (file name in the folder, at most this many bytes) -> its bytes
+
+
+def _read_local(directory: str) -> ReadWhole:
+    def read(metadata_file: str, limit: int) -> bytes:
+        with open(os.path.join(directory, metadata_file), "rb") as fh:
+            return fh.read(limit)
+    return read
+
+
+def read_metadata(directory: str, sizes: dict[str, int], *, name: str,
+                  read_whole: ReadWhole | None = None) -> MetadataRead:
+    """The checkpoint's metadata: `.metadata`, else every `__R.metadata` joined (a save without collectives).
+    ``read_whole``: how a file's bytes are fetched (the Hub's); by default from ``directory``."""
+    read_whole = read_whole or _read_local(directory)
     files = [METADATA] if METADATA in sizes else sorted(
         (n for n in sizes if _RANK_METADATA.match(n)), key=lambda n: int(_RANK_METADATA.match(n).group(1)))  # type: ignore[union-attr]
     if not files:
@@ -101,8 +153,7 @@ def read_metadata(directory: str, sizes: dict[str, int], *, name: str) -> Metada
         shown = f"{name}/{metadata_file}"
         if sizes[metadata_file] > MAX_METADATA_BYTES:
             return _unreadable(shown, f"{sizes[metadata_file]:,} bytes, past the read limit", read)
-        with open(os.path.join(directory, metadata_file), "rb") as fh:
-            data = fh.read(MAX_METADATA_BYTES + 1)
+        data = read_whole(metadata_file, MAX_METADATA_BYTES + 1)
         read += len(data)
         try:
             meta = parse_metadata(data)

@@ -10,7 +10,7 @@ from guard import dtypes
 from guard.errors import MalformedCheckpoint
 from guard.readers.torch.pickle import DictDesc, Global, Unsafe
 from guard.records import record
-from guard.training.dcp.metadata import Instance, walk_metadata
+from guard.training.dcp.metadata import MEM_FORMAT_CLASSES, Instance, walk_metadata
 
 _MAX_DIMS = 64
 
@@ -98,6 +98,14 @@ def _dtype(properties: object, key: str) -> str:
     if not isinstance(properties, Instance):
         raise MalformedCheckpoint(f"{key!r}: properties is {_kind(properties)}, not TensorProperties")
     dtype = properties.field("dtype")
+    if isinstance(properties.state, tuple) and properties.name == "TensorProperties" and not any(
+            isinstance(part, DictDesc) for part in properties.state):
+        # TensorProperties.__getstate__: (dtype, layout, requires_grad, memory format, pin_memory), unpacked
+        # as five by its __setstate__, which refuses a memory format that is not its enum
+        state = properties.state
+        if len(state) != 5 or not (isinstance(state[3], Instance) and state[3].name in MEM_FORMAT_CLASSES):
+            raise MalformedCheckpoint(f"{key!r}: TensorProperties' state is not (dtype, layout, requires_grad, "
+                                      "memory format, pin_memory)")
     if dtype is None and isinstance(properties.state, tuple) and properties.state:
         dtype = properties.state[0]  # TensorProperties.__getstate__: (dtype, layout, requires_grad, ...)
     if dtype is None and properties.args:

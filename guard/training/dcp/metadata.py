@@ -12,6 +12,7 @@ every other global is recorded by name (CG003) and nothing it would build is use
 from __future__ import annotations
 
 import io
+import pickle
 
 from guard.errors import MalformedCheckpoint
 from guard.readers.torch.pickle import MAX_PICKLE_BYTES, DictDesc, Global, PickleWalker, Unsafe
@@ -36,6 +37,13 @@ VALUE_GLOBALS: frozenset[str] = frozenset({
     "torch.Size", "torch.serialization._get_layout", "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.PurePosixPath",
     "collections.OrderedDict", "builtins.set", "builtins.frozenset",
 })
+
+
+# str() of each torch.layout (torch.serialization._get_layout's table in torch 2.13)
+TORCH_LAYOUTS: frozenset[str] = frozenset({"torch.strided", "torch.sparse_coo", "torch.sparse_csr",
+                                           "torch.sparse_csc", "torch.sparse_bsr", "torch.sparse_bsc",
+                                           "torch._mkldnn", "torch.jagged"})
+MEM_FORMAT_CLASSES = frozenset({"_MEM_FORMAT_ENCODING", "MEM_FORMAT_ENCODING"})
 
 
 class Instance:
@@ -93,7 +101,15 @@ class MetadataWalker(PickleWalker):
 
     def _call(self, func: object, args: object) -> object:
         if isinstance(func, Global) and func.dotted in RECORD_CLASSES:
-            return Instance(func.dotted, tuple(args) if isinstance(args, (tuple, list)) else ())
+            called = tuple(args) if isinstance(args, (tuple, list)) else ()
+            if func.name in MEM_FORMAT_CLASSES and called[:1] not in ((0,), (1,), (2,)):
+                # torch's Enum refuses any other value (contiguous, channels_last, preserve): so do we
+                raise MalformedCheckpoint(f"{func.name}{called!r} is not a memory format torch encodes")
+            return Instance(func.dotted, called)
+        if isinstance(func, Global) and func.dotted == "torch.serialization._get_layout" and (
+                not isinstance(args, (tuple, list)) or tuple(args)[:1] not in [(n,) for n in TORCH_LAYOUTS]):
+            raise MalformedCheckpoint(f"_get_layout{tuple(args) if isinstance(args, (tuple, list)) else args!r} "
+                                      "names no torch layout")  # torch's cache lookup raises KeyError
         return super()._call(func, args)
 
     def _build(self, target: object, state: object) -> None:
@@ -117,6 +133,9 @@ def walk_metadata(data: bytes) -> tuple[object, tuple[str, ...]]:
     """The pickle's description and the globals it names outside the allow-list (in order)."""
     if len(data) > MAX_PICKLE_BYTES:
         raise MalformedCheckpoint(f".metadata is {len(data):,} bytes, past the {MAX_PICKLE_BYTES:,} read")
+    if data[:1] == b"\x80" and len(data) > 1 and data[1] > pickle.HIGHEST_PROTOCOL:
+        raise MalformedCheckpoint(f".metadata declares pickle protocol {data[1]}; pickle.load reads up to "
+                                  f"{pickle.HIGHEST_PROTOCOL}")
     walker = MetadataWalker()
     stream = io.BytesIO(data)
     root = walker.walk(stream)

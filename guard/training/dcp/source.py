@@ -23,7 +23,8 @@ from guard.tensors import TensorInfo
 from guard.training.dcp.dirs import claim, folder_sizes, read_metadata, scan
 from guard.training.dcp.hf_shards import is_hf_shard, read_hf_shards
 from guard.training.dcp.layout import DcpChunk, DcpStorage
-from guard.training.dcp.roles import item_role
+from guard.training.dcp.megatron_dirs import NEMO_CONTEXT, NEMO_WEIGHTS, TRACKER, read_tracker
+from guard.training.dcp.roles import item_role, publish_kind
 from guard.training.state import model_key
 from guard.write.plan import SourceTensor
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 FORMAT = "dcp"
+# Accelerate's save_state with FSDP SHARDED_STATE_DICT: the first model's DCP folder (optimizer_0/ beside it)
+ACCELERATE_MODEL = "pytorch_model_fsdp_0"
 
 
 def find_checkpoint(src: Path) -> tuple[Path, Path] | None:
@@ -39,13 +42,29 @@ def find_checkpoint(src: Path) -> tuple[Path, Path] | None:
         return None
     names = frozenset(p.name for p in src.iterdir() if p.is_file())
     if claim(str(src), names) is None:
-        return None
+        if (src / ACCELERATE_MODEL).is_dir():  # Accelerate's save_state folder: the model beside optimizer_0/
+            return find_checkpoint(src / ACCELERATE_MODEL)
+        if (src / NEMO_WEIGHTS).is_dir() and (src / NEMO_CONTEXT).is_dir():  # NeMo 2: <ckpt>/weights/
+            inner = find_checkpoint(src / NEMO_WEIGHTS)
+            return None if inner is None else (inner[0], src if "config.json" in names else inner[1])
+        tracked = read_tracker(str(src)) if TRACKER in names else None  # Megatron's save folder: its newest save
+        if tracked is None:
+            return None
+        if tracked.problem is not None:
+            return src / TRACKER, src  # named, so that the source says CG119
+        inner = find_checkpoint(src / tracked.folder)
+        return None if inner is None else (inner[0], src if "config.json" in names else inner[1])
     return src, src if "config.json" in names else src.parent
 
 
 def open_checkpoint(folder: Path) -> SourceModel:
     model = SourceModel("torch", FORMAT, [], None)
     name = str(folder)
+    if folder.name == TRACKER:
+        tracked = read_tracker(str(folder.parent))
+        problem = tracked.problem if tracked is not None and tracked.problem else f"{TRACKER} names no iteration"
+        model.findings.append(make_finding("CG119", name, f"{problem}; nothing to consolidate"))
+        return model
     found = claim(name, frozenset(p.name for p in folder.iterdir() if p.is_file()))
     assert found is not None
     scanned = scan(found, name=name)  # the scan's own checks: a bad checkpoint is refused before any read
@@ -57,11 +76,12 @@ def open_checkpoint(folder: Path) -> SourceModel:
         return _hf_shards(model, folder, [n for n in found.claimed if is_hf_shard(n)])
     storage = {(s.fqn, s.offset): s for s in meta.storage}
     placed: dict[str, tuple[str, tuple[int, ...], list[tuple[DcpChunk, DcpStorage]]]] = {}
+    publishes = publish_kind(meta)  # the masters where it holds them (Megatron's fp32_param), else the module
     for item in meta.items:
         if item.shape is None or item.dtype is None:
             continue
         kind, key = item_role(item)
-        if kind != "module" or key in placed:
+        if kind != publishes or key in placed:
             continue
         placed[key] = (item.dtype, item.shape, [(c, storage[(item.fqn, c.offsets)]) for c in item.chunks])
     if not placed:
@@ -170,6 +190,23 @@ class ChunkLoader:
             piece = self._chunk(stored, dtype, chunk.sizes)
             whole[tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes))] = piece
         return whole
+
+    def load_slab(self, info: TensorInfo, index: int) -> np.ndarray:
+        """``tensor[index]`` along its first axis, from the chunks that hold it alone (Megatron's stacked
+        layers: one layer's rows of each, without assembling the whole stack)."""
+        import numpy as np
+
+        from guard.write.bitviews import numpy_dtype
+
+        dtype = numpy_dtype(info.dtype)
+        slab = np.empty(info.shape[1:], dtype)
+        for chunk, stored in self.tensors[info.name][1]:
+            first, rows = chunk.offsets[0], chunk.sizes[0]
+            if not first <= index < first + rows:
+                continue
+            piece = self._chunk(stored, dtype, chunk.sizes)[index - first]
+            slab[tuple(slice(o, o + n) for o, n in zip(chunk.offsets[1:], chunk.sizes[1:]))] = piece
+        return slab
 
     def _chunk(self, stored: DcpStorage, dtype: np.dtype, sizes: tuple[int, ...]) -> np.ndarray:
         import numpy as np

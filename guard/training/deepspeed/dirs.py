@@ -220,9 +220,12 @@ def _latest_scan(found: TrainingDir, *, name: str) -> FileScan:
     return latest_scan(name, problem)
 
 
-def tag_problem(raw: bytes, folders: frozenset[str]) -> str | None:
-    """Why a ``latest`` holding ``raw`` names none of ``folders`` (a Hub listing's view); None when it does."""
+def tag_problem(raw: bytes, folders: frozenset[str], *, script: bool = True) -> str | None:
+    """Why a ``latest`` holding ``raw`` names none of ``folders`` (a Hub listing's view); None when it does,
+    or (``script``: whether zero_to_fp32.py is beside it) when it is not DeepSpeed's, as ``latest_problem``."""
     tag = raw[:_MAX_LATEST].decode("utf-8", "replace").strip()
+    if not script and re.fullmatch(r"global_step\d+", tag) is None:
+        return None  # a file named `latest` of something else
     if len(raw) > _MAX_LATEST or not _TAG.fullmatch(tag) or tag in (".", ".."):
         return f"`latest` holds {shown(tag[:80])}, which is not a tag folder's name"
     return None if tag in folders else f"`latest` names the tag {tag!r}, and there is no folder {tag}/ beside it"

@@ -17,7 +17,7 @@ from guard.findings import Finding
 from guard.readers.torch.pickle import DictDesc, TensorRef
 from guard.sources import LocalFile
 from guard.tensors import TensorInfo
-from guard.training.deepspeed.files import read_zero_file
+from guard.training.deepspeed.files import ZeroFile, read_zero_file
 from guard.training.deepspeed.partitions import Piece, Placed
 from guard.training.deepspeed.records import ModelStates
 
@@ -41,6 +41,11 @@ def _param(path: str, shown: str) -> TensorInfo | None:
     if zfile.unsafe:
         raise UnsafeFile(f"pickle references {', '.join(zfile.unsafe)}, which is in neither the tensor allowlist "
                          "nor DeepSpeed's inert classes (it was not imported or called)")
+    return param_in(zfile)
+
+
+def param_in(zfile: ZeroFile) -> TensorInfo | None:
+    """The ``param`` tensor of a walked parameter file (the fuzz targets read it so too)."""
     root = zfile.root
     for key, value in (root.items if isinstance(root, DictDesc) else []):
         if key == "param" and isinstance(value, TensorRef):

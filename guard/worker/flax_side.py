@@ -1,0 +1,91 @@
+"""Parity's Flax side, in the worker (a transformers-4 environment: 4.x is the last line with Flax models).
+
+The parent (``guard.parity.legacy_flax``) runs the PyTorch side with its own transformers (5.x reads the
+config 5.x wrote) and sends what the source's config means.  Here: the Flax class transformers 4 pairs
+with the source's architecture (``guard.parity.run.find_pair``), the Flax config as this transformers
+reads it (``guard.parity.config_check.read_values``), and, only when that reading agrees with the
+meaning, the seeded inputs (``guard.parity.inputs``) through the whole model
+(``guard.parity.runs.run_flax``): fp32 under matmul precision "highest", then the stored dtype, then,
+where asked or on an accelerator, fp32 once more at JAX's default precision (a figure, never a verdict).
+
+Request: ``{"target": "flax", "flax_dir", "torch_config", "meant", "same_weights_dtype", "seed",
+"passes": [["flax:fp32", "F32"], ["flax:stored", "BF16"]], "drift": bool | null}``.  Answer: the protocol's
+envelope with ``"parity": {"torch_class", "flax_class", "config_read", "inputs", "runs"}`` (arrays as
+records), or ``{"unavailable": why}`` (CG303), or ``{"failed": {"code", "message"}}`` (the side's finding).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from guard.worker.protocol import PROTOCOL, write_array
+
+LIBRARY = "transformers"
+
+
+def version() -> str:
+    from importlib.metadata import version as dist_version
+
+    return dist_version("transformers")
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    from guard.parity.accelerator import backend_figures
+    from guard.parity.runs import Failed, Unavailable
+
+    try:
+        result = _run(request, Path(request["out_dir"]))
+    except Unavailable as exc:
+        result = {"unavailable": str(exc)}
+    except Failed as exc:
+        result = {"failed": {"code": exc.finding.code, "message": exc.finding.message}}
+    return {"protocol": PROTOCOL, "library": {"name": LIBRARY, "version": version()}, "backend": backend_figures(),
+            "loads": [], "parity": result}
+
+
+def _run(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    import jax
+    from transformers.utils import logging as hf_logging
+
+    from guard.parity.accelerator import wants_drift
+    from guard.parity.config_check import config_disagreements, read_values
+    from guard.parity.inputs import make_inputs
+    from guard.parity.needs import has_flax_models
+    from guard.parity.run import find_pair
+    from guard.parity.runs import Unavailable, run_flax
+
+    if not has_flax_models(version()):
+        raise Unavailable(f"the Flax side's environment has transformers {version()}, which has no Flax models")
+    hf_logging.disable_progress_bar()
+    import transformers
+
+    flax_dir = Path(request["flax_dir"])
+    pt_name, flax_name = find_pair(request["torch_config"])
+    flax_cls = getattr(transformers, flax_name)
+    try:  # the parent read config.json already (CG001 when malformed): what is left is transformers' reading
+        flax_raw = json.loads((flax_dir / "config.json").read_text(encoding="utf-8"))
+        flax_config = transformers.AutoConfig.from_pretrained(flax_dir, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise Unavailable(f"transformers {version()} cannot read {flax_dir.name}/config.json: "
+                          f"{' '.join(str(exc).split())[:300]}") from None
+    read = read_values(flax_raw, flax_config, flax=True)
+    result: dict[str, Any] = {"torch_class": pt_name, "flax_class": flax_name, "config_read": read, "runs": {}}
+    if config_disagreements(request["meant"], {"Flax": read}, where="-",
+                            same_weights_dtype=request["same_weights_dtype"]):
+        return result  # the outputs would be another model's: the parent words the findings
+    inputs = make_inputs(flax_config, flax_cls, seed=int(request["seed"]))
+    result["inputs"] = {name: write_array(value, out_dir, f"input{i}") for i, (name, value) in
+                        enumerate(sorted(inputs.items()))}
+    passes = [tuple(p) for p in request["passes"]]
+    if wants_drift(request.get("drift")):
+        passes.append(("flax:fp32:default", "F32"))
+    for number, (label, dtype) in enumerate(passes):
+        # fp32 as PyTorch on a CPU computes it; the drift pass at what JAX users run by default
+        precision = "default" if label.endswith(":default") else "highest"
+        with jax.default_matmul_precision(precision):
+            outputs = run_flax(flax_cls, flax_dir, dtype, inputs)
+        result["runs"][label] = {name: write_array(value, out_dir, f"run{number}-{i}") for i, (name, value) in
+                                 enumerate(sorted(outputs.items()))}
+    return result
