@@ -43,7 +43,10 @@ LATER = 20  # the second save's iteration in mode "fp32-steps"
 def megatron_available() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("megatron.core") is not None
+    try:  # find_spec imports the parent package: absent, that is ModuleNotFoundError, not None
+        return importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def write_megatron(root: Path, *, mode: str = "fp32", timeout: int = 600) -> dict[str, object]:

@@ -23,6 +23,7 @@ from safetensors.numpy import load_file  # noqa: E402
 from test_convert import _offline  # noqa: E402,F401
 
 from guard.cli import main  # noqa: E402
+from guard.convert.maxtext.flags import rope_theta  # noqa: E402
 
 pytestmark = pytest.mark.slow
 MAXTEXT = Path(__file__).resolve().parent.parent / ".maxtext"  # gitignored; MaxText 0.2.5's wheel, unpacked
@@ -290,7 +291,7 @@ def test_forward_from_the_tree_matches_transformers(tmp_path: Path, kind: str, i
     with torch.no_grad():
         want = model(torch.tensor(ids)[None]).logits[0].numpy()
     config = json.loads((src / "config.json").read_text())
-    got = maxtext_forward(tree, ids, layers=2, eps=config["rms_norm_eps"], theta=config["rope_theta"],
+    got = maxtext_forward(tree, ids, layers=2, eps=config["rms_norm_eps"], theta=rope_theta(config),
                           interleaved=interleaved, qk_norm=qk_norm)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
     if kind != "qwen3":  # the fold of 1/sqrt(H) is what makes the query kernel differ from W.T
