@@ -10,7 +10,7 @@ latency rather than by the number of repositories.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -268,14 +268,7 @@ def _scan_orbax(client: HubClient, repo_id: str, sha: str, root: str,
                               name=_display(repo_id, name)))
         return opened[-1]
 
-    try:
-        scan = read_orbax_checkpoint(display, files, open_file)
-    except RemoteBudgetExceeded as exc:
-        scan = FileScan(path=display, format=None, size=sum(files.values()), findings=(make_finding(
-            "CG401", display, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
-    stat = RemoteFileStat(root or ".", sum(files.values()), sum(f.requests for f in opened),
-                          sum(f.bytes_read for f in opened))
-    return scan._replace(bytes_read=stat.bytes), stat
+    return _read_folder(display, root, files, opened, lambda: read_orbax_checkpoint(display, files, open_file))
 
 
 def _zero_checkpoints(listed: dict[str, int | None]) -> dict[str, dict[str, int]]:
@@ -302,14 +295,13 @@ def _scan_dcp(client: HubClient, repo_id: str, sha: str, root: str, files: dict[
               ) -> tuple[FileScan, RemoteFileStat]:
     display = _display(repo_id, root) if root else repo_id
     opened: list[HubFile] = []
-    try:
-        scan, opened = scan_dcp(client, repo_id, sha, root, files, shown=display)
-    except RemoteBudgetExceeded as exc:
-        scan = FileScan(path=display, format=None, size=sum(files.values()), findings=(make_finding(
-            "CG401", display, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
-    stat = RemoteFileStat(root or ".", sum(files.values()), sum(f.requests for f in opened),
-                          sum(f.bytes_read for f in opened))
-    return scan._replace(bytes_read=stat.bytes), stat
+
+    def read() -> FileScan:
+        scan, got = scan_dcp(client, repo_id, sha, root, files, shown=display)
+        opened.extend(got)
+        return scan
+
+    return _read_folder(display, root, files, opened, read)
 
 
 def _scan_zero(client: HubClient, repo_id: str, sha: str, root: str, files: dict[str, int],
@@ -325,8 +317,15 @@ def _scan_zero(client: HubClient, repo_id: str, sha: str, root: str, files: dict
         return opened[-1]
 
     beside = any(posixpath.join(folder, CONFIG_NAME) in listed for folder in {root, posixpath.dirname(root)})
+    return _read_folder(display, root, files, opened,
+                        lambda: scan_listed(display, files, open_file, config_beside=beside))
+
+
+def _read_folder(display: str, root: str, files: dict[str, int], opened: list[HubFile],
+                 read: Callable[[], FileScan]) -> tuple[FileScan, RemoteFileStat]:
+    """A folder read through ranged reads: past the budget it is CG401; its requests and bytes counted."""
     try:
-        scan = scan_listed(display, files, open_file, config_beside=beside)
+        scan = read()
     except RemoteBudgetExceeded as exc:
         scan = FileScan(path=display, format=None, size=sum(files.values()), findings=(make_finding(
             "CG401", display, f"not scannable through ranged reads: {exc}; scan it locally after download"),))
