@@ -17,15 +17,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[all,dev]'
 	touch $(STAMP)
 
-# transformers 4.57, the last line with Flax models (the legacy conversion target): built like the main venv,
-# from constraints-tf4.txt (the main venv's pins before it moved to transformers 5).  The tests marked
-# `transformers4` run here, and parity's Flax side (tests/legacy_env.py finds it).
+# transformers 4.57, the last line with Flax models (the legacy conversion target).  The tests marked
+# `transformers4` run here, and parity's Flax side (tests/legacy_env.py finds it).  An overlay on the main
+# venv: only the pins constraints-tf4.txt changes (transformers and what moves with it, ~60 MB) are installed
+# in it; the rest is the main venv's, shared through a .pth file (a second full venv was several GB).
 TF4_VENV := .venv-tf4
 TF4_PY := $(TF4_VENV)/bin/python
-$(TF4_VENV)/.installed: pyproject.toml constraints-tf4.txt
-	$(PYTHON) -m venv $(TF4_VENV)
-	$(TF4_PY) -m pip install -q --upgrade pip
-	$(TF4_PY) -m pip install -q -c constraints-tf4.txt -e '.[all,dev]'
+$(TF4_VENV)/.installed: $(STAMP) constraints-tf4.txt scripts/tf4-overlay.sh
+	bash scripts/tf4-overlay.sh $(PYTHON) $(VENV) $(TF4_VENV)
 	touch $@
 
 tf4-venv: $(TF4_VENV)/.installed
