@@ -328,7 +328,8 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     Known("records-not-read", ("torch-zip",), True,
           r"PytorchStreamReader failed (reading|retrieving) file|Unknown endianness type"
           r"|hasRecord\(\"version\"\)|not in a subdirectory|UnicodeDecodeError"
-          r"|Couldn't parse the version|invalid literal for int\(\)|failed reading zip archive"),
+          r"|Couldn't parse the version|invalid literal for int\(\)|failed reading zip archive"
+          r"|Attempted to read a PyTorch file with version"),
     Known("records-not-read", ("torch-legacy",), True, r"storage has wrong byte size"),
     # torch.load calls the rebuild functions; a description does not check their arguments.
     Known("call-semantics", _TORCH, True,
@@ -336,10 +337,11 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     # torch's weights-only unpickler implements a subset of opcodes (no MEMOIZE); we walk them all.
     Known("opcode-subset", _TORCH, True, r"Unsupported operand"),
     # miniz matches names case-insensitively and ignores disk numbers, a bad zip64 record
-    # and a wrong comment length; we refuse a zip whose records disagree.
+    # and a wrong comment length; we refuse a zip whose records disagree (data.pkl or a storage
+    # found only under another case, two records whose names differ only in case).
     Known("stricter-zip", ("torch-zip",), False,
           r"zip does not hold|multi-disk|zip64|End Of Central Directory|does not fit|inconsistent sizes"
-          r"|overlaps"),
+          r"|overlaps|differ only in case"),
     # torch does not verify CRCs when it reads (miniz's reader checks are compiled out); we check
     # data.pkl's, so a flipped bit in a name or a shape is a corrupted file, not another model.
     Known("crc-checked", ("torch-zip",), False, r"does not match its CRC-32"),

@@ -5,7 +5,8 @@ header length, then a Python dict literal ``{'descr', 'fortran_order', 'shape'}`
 (latin-1; UTF-8 in v3) and the array bytes.  The literal is evaluated by
 ``ast.literal_eval`` on at most numpy's own 10,000 characters, with numpy's checks.
 
-An ``.npz`` is read through its central directory: for each member, its local
+An ``.npz`` is read through its central directory, every entry its declared size holds
+(as zipfile reads it, whatever count the end record gives): for each member, its local
 header and then only the first bytes of its data, inflated up to the end of the
 ``.npy`` header for a deflated member (``savez_compressed``).  A member's declared
 size must be its header plus the array's bytes, so a member cannot claim more
@@ -203,7 +204,7 @@ def _array(path: str, name: str, header: NpyHeader, data_at: int | None
 
 
 def read_npz(source: ByteSource) -> FileScan:
-    archive = read_zip_archive(source)
+    archive = read_zip_archive(source, whole_directory=True)  # numpy opens it with zipfile
     if archive.gap:  # zipfile would take the gap for bytes prepended to the archive and misread it
         raise MalformedCheckpoint(f"{archive.gap:,} stray bytes between the zip directory and its end record")
     ordered = sorted(archive.entries.values(), key=lambda e: e.header_offset)

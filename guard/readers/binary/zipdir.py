@@ -57,22 +57,27 @@ def read_zip_directory(source: ByteSource) -> dict[str, ZipEntry]:
     return read_zip_archive(source).entries
 
 
-def read_zip_archive(source: ByteSource) -> ZipArchive:
+def read_zip_archive(source: ByteSource, *, whole_directory: bool = False) -> ZipArchive:
     """The central directory, checked against the layout it describes (no local header is read).
 
     Entries must start at distinct offsets inside the file data, and each must have
     room for its local header, name and compressed bytes before the next one starts:
     entries that share bytes are refused.
+
+    miniz (torch) reads as many entries as the end record counts.  Python's zipfile (numpy,
+    Keras) never looks at that count: it reads entries until the directory's declared size
+    is used up.  ``whole_directory`` reads as zipfile does, so that a count lowered by
+    damage cannot hide members the loader still loads.
     """
     cd_offset, cd_size, count, cd_limit, on_disk = _find_directory(source)
     if cd_size > MAX_DIRECTORY:
         raise MalformedCheckpoint(f"zip central directory of {cd_size:,} bytes exceeds the limit")
-    if cd_offset + cd_size > cd_limit or count > cd_size // _CENTRAL.size:
+    if cd_offset + cd_size > cd_limit or (not whole_directory and count > cd_size // _CENTRAL.size):
         raise MalformedCheckpoint("zip central directory does not fit where the EOCD places it")
     directory = source.read_at(cd_offset, cd_size)
     entries: dict[str, ZipEntry] = {}
     pos = 0
-    for _ in range(count):
+    while (pos < cd_size) if whole_directory else (len(entries) < count):
         if pos + _CENTRAL.size > cd_size:
             raise MalformedCheckpoint("zip central directory is truncated")
         (sig, _made, need, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen,
@@ -191,6 +196,14 @@ def _zip64_sizes(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int
 REFUSED_FLAGS = 0x1 | 0x20 | 0x40  # encrypted, compressed patch data, strong encryption: miniz and zipfile refuse
 
 
+def check_supported(entry: ZipEntry) -> None:
+    """Flags and method, from the directory alone: what miniz's file stat and zipfile refuse."""
+    if entry.flags & REFUSED_FLAGS:
+        raise MalformedCheckpoint(f"zip entry {entry.name!r} is encrypted")
+    if entry.method not in (0, 8):
+        raise MalformedCheckpoint(f"zip entry {entry.name!r} uses compression method {entry.method}")
+
+
 def open_member(source: ByteSource, entry: ZipEntry, *, end: int | None = None, head: bytes | None = None,
                 zipfile_checks: bool = False) -> int:
     """Absolute offset of a member's data, after the checks every reader of a member makes.
@@ -201,10 +214,7 @@ def open_member(source: ByteSource, entry: ZipEntry, *, end: int | None = None, 
     and miniz (torch) does not: the local header's name, and a stored member's two sizes.
     ``head``: bytes already read from the local header on.
     """
-    if entry.flags & REFUSED_FLAGS:
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} is encrypted")
-    if entry.method not in (0, 8):
-        raise MalformedCheckpoint(f"zip entry {entry.name!r} uses compression method {entry.method}")
+    check_supported(entry)
     end = source.size if end is None else end
     if zipfile_checks:
         if entry.method == 0 and entry.size != entry.compressed_size:

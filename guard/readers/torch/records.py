@@ -19,7 +19,7 @@ from __future__ import annotations
 import zlib
 
 from guard.errors import MalformedCheckpoint
-from guard.readers.binary.zipdir import _LOCAL, ZipArchive, ZipEntry, open_member, read_member
+from guard.readers.binary.zipdir import _LOCAL, ZipArchive, ZipEntry, check_supported, open_member, read_member
 from guard.sources import ByteSource
 
 MIN_VERSION, MAX_VERSION = 1, 10  # caffe2/serialize/versions.h: kMin/kMaxSupportedFileFormatVersion
@@ -49,8 +49,20 @@ def check_directory(archive: ZipArchive, prefix: str, size: int) -> None:
 
 
 def check_readable(source: ByteSource, entry: ZipEntry, head: bytes | None = None) -> int:
-    """What torch checks before it reads a record: flags, method, local header; returns the data offset."""
-    return open_member(source, entry, head=head)
+    """What torch checks before it reads a record: flags, method, local header; returns the data offset.
+
+    torch checks flags and method for every record (miniz's file stat), but miniz hands back a
+    record of no compressed bytes (an empty tensor's storage) before it reads the local header:
+    a damaged one there costs torch nothing, and is not held against the file.  Where that
+    header does not read, the data offset is the header's own, as good as any for zero bytes.
+    """
+    if entry.compressed_size:
+        return open_member(source, entry, head=head)
+    check_supported(entry)
+    try:
+        return open_member(source, entry, head=head)
+    except MalformedCheckpoint:
+        return entry.header_offset
 
 
 def check_crc(entry: ZipEntry, data: bytes) -> None:
@@ -59,15 +71,57 @@ def check_crc(entry: ZipEntry, data: bytes) -> None:
 
 
 def read_record(source: ByteSource, entry: ZipEntry, *, limit: int) -> bytes:
-    """A record's bytes (zipdir's one member reader, with miniz's checks)."""
+    """A record's bytes (zipdir's one member reader, with miniz's checks; none for an empty one)."""
+    if not entry.compressed_size:  # as check_readable: flags and method, no local header
+        check_supported(entry)
+        return b""
     return read_member(source, entry, limit=limit)
+
+
+def refuse_case_twins(entries: dict[str, ZipEntry], names: tuple[str, ...]) -> None:
+    """Refuse an archive that holds one of ``names`` only under another case.
+
+    miniz finds a record by its name ignoring case, so torch would read ``archive/Data.pkl``
+    for ``archive/data.pkl`` (or take ``archive/Constants.pkl`` for TorchScript).  The pickles
+    and storages are matched by their exact names here, so such a file is refused by name.
+    """
+    missing = {name.lower(): name for name in names if name not in entries}
+    if not missing:
+        return
+    for other in entries:
+        name = missing.get(other.lower())
+        if name is not None:
+            raise MalformedCheckpoint(f"zip has no {name} but {other!r}: record names that differ only in case "
+                                      "are read alike by torch and refused here")
+
+
+def find_records(entries: dict[str, ZipEntry], names: tuple[str, ...]) -> dict[str, ZipEntry | None]:
+    """Each of ``names`` as miniz finds it: the entry whose name matches ignoring case.
+
+    A flipped case bit in the directory (``archive/Version``) still loads in torch with the
+    right record, so it reads here too.  Two entries that match one name are refused: miniz
+    would take either.  One pass over the entries for all ``names``.
+    """
+    found: dict[str, ZipEntry | None] = {name: None for name in names}
+    folded = {name.lower(): name for name in names}
+    for other, entry in entries.items():
+        name = folded.get(other.lower())
+        if name is None:
+            continue
+        first = found[name]
+        if first is not None:
+            raise MalformedCheckpoint(f"zip holds {first.name!r} and {other!r}: record names that differ "
+                                      "only in case are read alike by torch and refused here")
+        found[name] = entry
+    return found
 
 
 def check_small_records(source: ByteSource, entries: dict[str, ZipEntry], prefix: str) -> None:
     """version, byteorder, .storage_alignment, .format_version, .data/serialization_id."""
-    get = {name: entries.get(f"{prefix}/{name}") for name in
-           (".data/version", "version", "byteorder", ".storage_alignment", ".format_version",
-            ".data/serialization_id")}
+    names = (".data/version", "version", "byteorder", ".storage_alignment", ".format_version",
+             ".data/serialization_id")
+    records = find_records(entries, tuple(f"{prefix}/{name}" for name in names))
+    get = {name: records[f"{prefix}/{name}"] for name in names}
     version = get[".data/version"] or get["version"]
     if version is None:
         raise MalformedCheckpoint("zip has no version record: not a torch checkpoint")

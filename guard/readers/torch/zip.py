@@ -25,7 +25,7 @@ from guard.readers.torch.tensors import (
     unsafe_and_unreadable,
 )
 from guard.readers.torch.export import is_export_archive, read_export_archive
-from guard.readers.torch.records import check_directory, check_small_records
+from guard.readers.torch.records import check_directory, check_small_records, refuse_case_twins
 from guard.readers.binary.zipdir import ZipEntry, read_zip_archive, read_zip_directory
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
@@ -67,14 +67,10 @@ def read_torch_zip(source: ByteSource, *, locate_data: bool = False) -> FileScan
     prefix = _archive_prefix(entries)
     pickle_entry = entries.get(f"{prefix}/data.pkl")
     if pickle_entry is None:
+        refuse_case_twins(entries, (f"{prefix}/data.pkl",))
         raise MalformedCheckpoint(f"zip has no {prefix}/data.pkl: not a torch checkpoint")
     constants = f"{prefix}/constants.pkl"
-    if constants not in entries:
-        # miniz finds records case-insensitively: torch would take this archive for TorchScript
-        twin = next((name for name in entries if name.lower() == constants.lower()), None)
-        if twin is not None:
-            raise MalformedCheckpoint(f"zip has no {constants} but {twin!r}: record names that differ only in "
-                                      "case are read alike by torch and refused here")
+    refuse_case_twins(entries, (constants,))  # torch would take the archive for TorchScript
     if constants in entries:  # torch.load hands such an archive to torch.jit.load
         from guard.readers.torch.torchscript import read_torchscript
 
