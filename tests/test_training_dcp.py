@@ -503,3 +503,42 @@ def test_diff_pairs_a_checkpoint_saved_at_another_step_and_guesses_nothing_else(
     assert keys(old, side("new", (2,))) == {".": "unchanged", "step-1 -> step-2": "changed"}
     assert keys(old, side("two", (2, 3))) == {".": "unchanged", "step-1": "removed", "step-2": "added",
                                               "step-3": "added"}
+
+
+@pytest.fixture()
+def standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
+    from hub_standin import standin_fixture
+
+    yield from standin_fixture(monkeypatch, tmp_path)
+
+
+def test_a_hub_scan_reads_the_hf_writers_shards_as_one_set_as_locally(fsdp2: Path, standin, tmp_path: Path) -> None:
+    """The HF storage writer's shards pushed to a repository: read by ranged reads into one
+    training-state set with the model's global shapes and parameter count, as the local scan reads them (before,
+    two models of half the parameters, with shard shapes), and
+    a repository of nothing else publishes no loadable model (CG121); a missing rank is CG114 there too."""
+    from guard.config import build_policy
+    from guard.hub.client import HubClient
+    from guard.hub.scan import scan_hub
+    from guard.scan import scan_paths
+
+    def files(path: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
+
+    gapped = copy_tree(fsdp2 / "hf", tmp_path / "gapped")
+    (gapped / "shard-00001-model-00001-of-00001.safetensors").unlink()
+    standin.add_repo("org/hf", files(fsdp2 / "hf"))
+    standin.add_repo("org/gapped", files(gapped))
+    policy = build_policy({}, source=None, overrides={})
+    result = scan_hub(["org/hf", "org/gapped"], policy, HubClient(token="hf_bot"), publishing=True)
+    local = scan_paths([str(fsdp2 / "hf")], policy, publishing=True)
+    (expected,) = local.models
+    remote = {m.path: m for m in result.report.models}
+    assert set(remote) == {"org/hf", "org/gapped"}
+    assert remote["org/hf"].parameters == expected.parameters == dcp_writers.tiny_llama().num_parameters()
+    ours = {(f.code, f.severity.value) for f in result.report.findings if f.path.startswith("org/hf")}
+    assert ours == {(f.code, f.severity.value) for f in local.findings} and ("CG121", "error") in ours
+    gap = {f.code for f in result.report.findings if f.path.startswith("org/gapped")}
+    assert {"CG114", "CG116"} <= gap
+    read = {r["repo"]: {f["path"]: f for f in r["files"]} for r in result.report.extra["hub"]["repos"]}
+    assert read["org/hf"]["."]["requests"] >= 2  # one folder entry: each shard's header, by ranged reads

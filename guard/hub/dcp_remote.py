@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def listed_dcp_dirs(listed: dict[str, int | None]) -> dict[str, dict[str, int]]:
     """A repository listing's DCP folders (path -> {file name: size}, every file of the folder)."""
-    if not any(name.endswith(".distcp") for name in listed):
+    if not any(name.endswith(".distcp") or _may_be_hf_shard(name) for name in listed):
         return {}  # guard.training is imported only for a repository that holds DCP's files
     from guard.training.dcp.dirs import claim_listed
 
@@ -31,6 +31,12 @@ def listed_dcp_dirs(listed: dict[str, int | None]) -> dict[str, dict[str, int]]:
         folders.setdefault(folder, {})[base] = size or 0
     return {folder: {n: files[n] for n in claim_listed(frozenset(files))}
             for folder, files in folders.items() if claim_listed(frozenset(files))}
+
+
+def _may_be_hf_shard(name: str) -> bool:
+    """The HF storage writer's ``shard-0000K-model-0000I-of-0000N.safetensors``, told without the regex's import."""
+    base = posixpath.basename(name)
+    return base.startswith("shard-") and "-model-" in base and base.endswith(".safetensors")
 
 
 def scan_dcp(client: HubClient, repo_id: str, sha: str, root: str, files: dict[str, int], *, shown: str
@@ -60,4 +66,9 @@ def scan_dcp(client: HubClient, repo_id: str, sha: str, root: str, files: dict[s
                                  "state")], 0
         return check_common_source(open_file("common.pt", display), shown=display)
 
-    return scan_listed(shown, files, read_whole, common), opened
+    def scan_shard(base: str, display: str) -> FileScan:
+        from guard.inventory import scan_weight
+
+        return scan_weight(open_file(base, display))
+
+    return scan_listed(shown, files, read_whole, common, scan_shard), opened

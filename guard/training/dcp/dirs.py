@@ -16,7 +16,7 @@ from guard.findings import Finding
 from guard.readers import READ_FAILURES
 from guard.records import record
 from guard.tensors import FileScan
-from guard.training.dcp.hf_shards import is_hf_shard, scan_hf_shards
+from guard.training.dcp.hf_shards import ScanShard, is_hf_shard, scan_hf_shards
 from guard.training.dcp.integrity import integrity_findings
 from guard.training.dcp.layout import DcpMetadata, parse_metadata
 from guard.training.dcp.megatron_common import COMMON, check_common
@@ -79,12 +79,16 @@ def scan(found: TrainingDir, *, name: str) -> FileScan:
 
 
 def scan_listed(name: str, sizes: dict[str, int], read_whole: ReadWhole,
-                common: Callable[[str], tuple[list[Finding], int]]) -> FileScan:
+                common: Callable[[str], tuple[list[Finding], int]], scan_shard: ScanShard) -> FileScan:
     """A DCP folder as a Hub listing shows it (``sizes``: its files), its metadata fetched by ``read_whole`` and
-    Megatron's ``common.pt`` walked by ``common(shown)``; the ``.distcp`` files are never read."""
+    Megatron's ``common.pt`` walked by ``common(shown)``; the ``.distcp`` files are never read.  The HF storage
+    writer's shards (no ``.distcp``) are read as locally, each header by ``scan_shard``."""
     folder = name.rstrip("/").rpartition("/")[2]
     claimed = claim_listed(frozenset(sizes))
     total = sum(size for n, size in sizes.items() if n in claimed)
+    shards = [n for n in claimed if is_hf_shard(n)]
+    if shards:
+        return scan_hf_shards("", shards, name=name, scan_one=scan_shard)
     read = read_metadata("", sizes, name=name, read_whole=read_whole)
     found_common = (lambda: common(f"{name}/{COMMON}")) if COMMON in claimed else None
     return _scan_read(read, found_common, None, sizes, name=name, folder=folder, total=total)
@@ -92,9 +96,11 @@ def scan_listed(name: str, sizes: dict[str, int], read_whole: ReadWhole,
 
 def claim_listed(names: frozenset[str]) -> tuple[str, ...]:
     """The files of a DCP checkpoint with ``.distcp`` files among ``names`` (a Hub listing: no byte is read to
-    tell a lone ``.metadata`` of another tool), Megatron's own files included; () when there is none."""
+    tell a lone ``.metadata`` of another tool), Megatron's own files included; else the HF storage writer's
+    shards (their names are the writer's own) with the ``.metadata`` beside them; () when there is neither."""
     if not any(n.endswith(".distcp") for n in names):
-        return ()
+        shards = tuple(sorted(n for n in names if is_hf_shard(n)))
+        return shards + ((METADATA,) if shards and METADATA in names else ())
     owned = tuple(sorted(n for n in names if n.endswith(".distcp") or n == METADATA or _RANK_METADATA.match(n)))
     return owned + tuple(n for n in MEGATRON_FILES if n in names)
 

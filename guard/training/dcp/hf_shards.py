@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 
 from guard.catalogue import make_finding
 from guard.findings import Finding
@@ -39,21 +40,32 @@ class HfShards:
     pieces: dict[str, list[tuple[TensorInfo, tuple[int, ...]]]]  # fqn -> (a rank's piece, where it sits in the whole)
 
 
-def scan_hf_shards(directory: str, names: list[str], *, name: str) -> FileScan:
-    read = read_hf_shards(directory, names, name=name)
+# (file name, name shown) -> the shard's header scan: a local file's, or a Hub file's by ranged reads
+ScanShard = Callable[[str, str], FileScan]
+
+
+def scan_hf_shards(directory: str, names: list[str], *, name: str, scan_one: ScanShard | None = None) -> FileScan:
+    read = read_hf_shards(directory, names, name=name, scan_one=scan_one)
     return training_scan(read.state, path=name, fmt="dcp", size=read.size, findings=read.findings,
                          bytes_read=read.bytes_read)
 
 
-def read_hf_shards(directory: str, names: list[str], *, name: str) -> HfShards:
+def _local_scanner(directory: str) -> ScanShard:
+    def scan_one(file: str, shown: str) -> FileScan:
+        with LocalFile(os.path.join(directory, file), name=shown) as source:
+            return scan_file(source)
+    return scan_one
+
+
+def read_hf_shards(directory: str, names: list[str], *, name: str, scan_one: ScanShard | None = None) -> HfShards:
     pieces: dict[str, list[tuple[TensorInfo, tuple[int, ...]]]] = {}
     findings: list[Finding] = []
     read = total = 0
     ranks: set[str] = set()
+    scan_one = scan_one or _local_scanner(directory)
     for file in sorted(names):
         shown = f"{name}/{file}"
-        with LocalFile(os.path.join(directory, file), name=shown) as source:
-            scan = scan_file(source)
+        scan = scan_one(file, shown)
         read += scan.bytes_read
         total += scan.size
         findings.extend(scan.findings)
