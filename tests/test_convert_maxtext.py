@@ -30,6 +30,8 @@ MAXTEXT = Path(__file__).resolve().parent.parent / ".maxtext"  # gitignored; Max
 MAXTEXT_PYTHON = Path(__file__).resolve().parent.parent / ".venv-maxtext" / "bin" / "python"  # make maxtext-venv
 BASE = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6)
+GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},  # as Gemma 3 4B
+               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 1.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}  # factor 1: llama3's scaling is the identity
 
@@ -56,6 +58,14 @@ def build(kind: str, path: Path, dtype: torch.dtype = torch.bfloat16, *, rope: d
         # 4 layers: two of MaxText's local/global pairs; a window shorter than the test inputs
         "gemma2": lambda: tf.Gemma2Config(**{**BASE, "num_hidden_layers": 4}, query_pre_attn_scalar=8, sliding_window=4,
                                           final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
+        # 8 layers: one of MaxText's scanned blocks of 6 (5 local + 1 global) and 2 in layers_remainder
+        "gemma3": lambda: tf.Gemma3TextConfig(**{**BASE, "num_hidden_layers": 8}, query_pre_attn_scalar=8,
+                                              sliding_window=4, rope_parameters=GEMMA3_ROPE),
+        # the gemma3-27b query scale (hidden_size // heads = 8, head_dim 16); 4 layers: no full block, all in
+        # layers_remainder when scanned
+        "gemma3_27b": lambda: tf.Gemma3TextConfig(**{**BASE, "num_hidden_layers": 4, "head_dim": 16},
+                                                  query_pre_attn_scalar=8, sliding_window=4,
+                                                  rope_parameters=GEMMA3_ROPE),
     }
     torch.manual_seed(7)
     model = tf.AutoModelForCausalLM.from_config(configs[kind]()).to(dtype).eval()
@@ -101,7 +111,8 @@ def maxtext_module(name: str) -> Any:
 
 
 MAXTEXT_NAMES = {"llama3": "llama3.1-8b", "qwen3": "qwen3-0.6b", "qwen2": "qwen2.5-7b",
-                 "qwen3_moe": "qwen3-30b-a3b", "mixtral": "mixtral-8x7b", "gemma2": "gemma2-2b"}
+                 "qwen3_moe": "qwen3-30b-a3b", "mixtral": "mixtral-8x7b", "gemma2": "gemma2-2b",
+                 "gemma3": "gemma3-4b", "gemma3_27b": "gemma3-27b"}
 
 
 def maxtext_tree(kind: str, src: Path, ours: dict[str, np.ndarray], *, scan: bool) -> dict[str, np.ndarray]:
@@ -115,11 +126,16 @@ def maxtext_tree(kind: str, src: Path, ours: dict[str, np.ndarray], *, scan: boo
                                 config["hidden_size"] // config["num_attention_heads"], param_scan_axis=1)
     config.setdefault("head_dim", mt_config.head_dim)
     model = MAXTEXT_NAMES[kind]
+    if model.startswith("gemma3"):  # MaxText's gemma3 mapping reads a multimodal config (text_config, vision_config)
+        config = {"text_config": config, "vision_config": {"num_hidden_layers": 0}}
     names = mapping_module.PARAM_MAPPING[model](config, mt_config, scan)
     hooks = mapping_module.HOOK_FNS[model](config, mt_config, scan, saving_to_hf=False)
     out = {}
     for key, hf in names.items():
         path = key.replace("-", "/")[len("params/"):]
+        hf = _text_only(hf)
+        if hf == []:  # gemma3, scanned, fewer layers than a block: MaxText's decoder then builds no decoder/layers
+            continue
         if path not in ours and (isinstance(hf, list) or hf not in state):
             continue  # a mapping row this model has not (biases, an untied head)
         target = ours[path].shape
@@ -145,6 +161,14 @@ def maxtext_tree(kind: str, src: Path, ours: dict[str, np.ndarray], *, scan: boo
     return out
 
 
+def _text_only(hf: Any) -> Any:
+    """Gemma 3's names in MaxText's mapping are Gemma3ForConditionalGeneration's; Gemma3ForCausalLM's lack the
+    language model's prefix."""
+    if isinstance(hf, list):
+        return [_text_only(h) for h in hf]
+    return hf.replace("model.language_model.", "model.", 1) if isinstance(hf, str) else hf
+
+
 def _expert_list(names: list[str]) -> bool:
     return ".experts." in names[0] and len({n.split(".experts.")[0] for n in names}) == 1
 
@@ -161,11 +185,34 @@ def test_tree_equals_maxtexts_own_hooks(tmp_path: Path, kind: str, scan: bool) -
     for key in ours:
         assert bits(ours[key]) == bits(theirs[key].astype(ours[key].dtype)), key
         assert ours[key].dtype == theirs[key].dtype, key
+    if kind.startswith("gemma3"):
+        _gemma3_blocks(ours, kind, scan)
+        return
     layers = "decoder/layers" if scan else "decoder/layers_0"
     attention = "self_attention_local" if kind == "gemma2" else "self_attention"  # gemma2: 4 HF layers, 2 pairs
     q = ours[f"{layers}/{attention}/query/kernel"]
     assert q.shape == ((32, 2, 4, 8) if scan else (32, 4, 8))  # [D, (layers,) heads, head_dim]
     assert ours[f"{layers}/{attention}/out/kernel"].shape == ((4, 2, 8, 32) if scan else (4, 8, 32))
+
+
+def _gemma3_blocks(ours: dict[str, np.ndarray], kind: str, scan: bool) -> None:
+    """Gemma 3 scanned: blocks of 6 layers (decoder/layers/layers_0..5, stacked over the full blocks) and the
+    leftover layers unstacked in decoder/layers_remainder; unscanned: decoder/layers_{i} for every layer."""
+    layers, head_dim = (8, 8) if kind == "gemma3" else (4, 16)
+    query = "self_attention/query/kernel"
+    if not scan:
+        assert {k.split("/")[1] for k in ours if k.startswith("decoder/layers_")} == {
+            f"layers_{i}" for i in range(layers)}
+        assert ours[f"decoder/layers_{layers - 1}/{query}"].shape == (32, 4, head_dim)
+        return
+    stacked = {k.split("/")[2] for k in ours if k.startswith("decoder/layers/")}
+    remainder = {k.split("/")[2] for k in ours if k.startswith("decoder/layers_remainder/")}
+    assert stacked == ({f"layers_{k}" for k in range(6)} if layers >= 6 else set())
+    assert remainder == {f"layers_{r}" for r in range(layers % 6)}
+    if stacked:
+        assert ours[f"decoder/layers/layers_0/{query}"].shape == (32, 1, 4, head_dim)  # [D, blocks, N, H]
+        assert ours["decoder/layers/layers_5/pre_ffw_norm/scale"].shape == (32, 1)
+    assert ours[f"decoder/layers_remainder/layers_1/{query}"].shape == (32, 4, head_dim)
 
 
 def test_checkpoint_layout_is_maxtexts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -188,7 +235,8 @@ def test_checkpoint_layout_is_maxtexts(tmp_path: Path, capsys: pytest.CaptureFix
     assert not list(tmp_path.glob(".mt.partial-*"))
 
 
-@pytest.mark.parametrize("kind,normalize", [("llama_tied", "false"), ("gemma2", "true"), ("llama", None)])
+@pytest.mark.parametrize("kind,normalize", [("llama_tied", "false"), ("gemma2", "true"), ("gemma3", "true"),
+                                            ("llama", None)])
 def test_tied_embeddings_get_maxtexts_logit_flags_and_the_bf16_table_note(tmp_path: Path, kind: str,
                                                                           normalize: str | None) -> None:
     """base.yml divides tied logits by sqrt(emb_dim) (normalize_embedding_logits: true), right only for Gemma's
@@ -303,46 +351,47 @@ MAXTEXT_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "h
                 "original_max_position_embeddings": 8192}  # what MaxText's LLaMARotaryEmbedding hard-codes
 
 
-def tied_logits_as_maxtext(model: Any, ids: list[list[int]], *, gemma: bool) -> np.ndarray:
+def tied_logits_as_maxtext(model: Any, ids: list[list[int]], *, embed_step: str | None) -> np.ndarray:
     """transformers' fp32 forward up to the final norm, then the tied logits as MaxText 0.2.5 computes them:
-    the stored table (Gemma's times sqrt(hidden_size), steps.embed_scale) rounded to bfloat16
+    the stored table (Gemma's times sqrt(hidden_size), steps.embed_scale; Gemma 3's times that rounded to
+    bfloat16, steps.embed_scale_bf16, which MaxText also looks up as it is) rounded to bfloat16
     (layers/embeddings.py attend_on_embedding), divided by sqrt(hidden_size) for Gemma
     (normalize_embedding_logits), then Gemma 2's final softcap."""
     import ml_dtypes
 
-    from guard.convert.maxtext.steps import STEPS
+    from guard.convert.maxtext.steps import STEPS, bfloat16_sqrt
 
+    table = model.get_input_embeddings().weight.detach().numpy()
+    if embed_step == "embed_scale_bf16":  # the rows MaxText looks up: x bfloat16(sqrt(D)), not x sqrt(D)
+        model.get_input_embeddings().embed_scale.fill_(bfloat16_sqrt(table.shape[-1]))
     with torch.no_grad():
         hidden = model.model(torch.tensor(ids)).last_hidden_state.numpy()
-    table = model.get_input_embeddings().weight.detach().numpy()
-    if gemma:
-        table = STEPS["embed_scale"][0](table, 0)
+    if embed_step:
+        table = STEPS[embed_step][0](table, 0)
     logits = hidden @ table.astype(ml_dtypes.bfloat16).astype(np.float32).T
-    if gemma:
+    if embed_step:
         logits = logits / np.float32(np.sqrt(table.shape[-1]))
     cap = getattr(model.config, "final_logit_softcapping", None)
     return np.tanh(logits / cap) * cap if cap else logits
 
 
-def test_maxtexts_own_forward_matches_transformers(tmp_path: Path) -> None:
-    """MaxText 0.2.5's decoder, in its Python 3.12 venv, loads every row's output (scanned and not) with the
-    flags convert printed, and its fp32 logits match transformers' PyTorch forward.  Tied embeddings (Gemma 2,
-    a tied Llama) match it once the table is rounded to bfloat16 for the logits, as MaxText does in every
-    dtype; against transformers' own logits that convention costs ~1e-3 of their scale (convert's note)."""
+EMBED_STEPS = {"gemma2": "embed_scale", "gemma3": "embed_scale_bf16", "gemma3_27b": "embed_scale_bf16"}
+
+
+def forward_cases(tmp_path: Path, kinds: tuple[str, ...], ids: list[list[int]]) -> list[dict[str, Any]]:
+    """Each kind in fp32, converted scanned and not, with the flags convert printed and transformers' logits
+    (tied ones as MaxText computes them; ``-plain``: transformers' own, for the declared figure)."""
     import transformers as tf
 
-    if not MAXTEXT_PYTHON.is_file():
-        pytest.skip("MaxText's venv is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
-    ids = [[3, 17, 42, 5, 88, 1, 64, 9]]
     cases = []
-    for kind in ("llama3", "llama", "mistral", "qwen3", "qwen2", "mixtral", "qwen3_moe", "gemma2", "llama_tied"):
+    for kind in kinds:
         src = build(kind, tmp_path / kind / "src", torch.float32, rope=MAXTEXT_ROPE)
         model = tf.AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32,
                                                         attn_implementation="eager").eval()
         with torch.no_grad():
             plain = model(torch.tensor(ids)).logits.numpy()
         tied = model.config.tie_word_embeddings
-        np.save(tmp_path / kind / "logits.npy", tied_logits_as_maxtext(model, ids, gemma=kind == "gemma2")
+        np.save(tmp_path / kind / "logits.npy", tied_logits_as_maxtext(model, ids, embed_step=EMBED_STEPS.get(kind))
                 if tied else plain)
         if tied:  # the same MaxText forward against transformers' own logits: the declared figure
             np.save(tmp_path / kind / "plain.npy", plain)
@@ -354,28 +403,67 @@ def test_maxtexts_own_forward_matches_transformers(tmp_path: Path) -> None:
             cases.append({"name": f"{kind}-{scan}", "flags": flags, "ids": ids,
                           "logits": str(tmp_path / kind / "logits.npy")})
             if tied:
-                assert f"normalize_embedding_logits={str(kind == 'gemma2').lower()}" in flags
+                assert f"normalize_embedding_logits={str(kind in EMBED_STEPS).lower()}" in flags
                 assert any("rounds the embedding table to bfloat16" in n
                            for n in json.loads(report.read_text())["extra"]["conversion"]["maxtext_notes"])
             if tied and not scan:
                 cases.append({"name": f"{kind}-plain", "flags": flags, "ids": ids,
                               "logits": str(tmp_path / kind / "plain.npy")})
+    return cases
+
+
+def maxtext_errors(cases: list[dict[str, Any]], tmp_path: Path) -> dict[str, float]:
+    """MaxText's own decoder on every case, in its venv: {name: max |MaxText - reference| / max |reference|}."""
     proc = subprocess.run([str(MAXTEXT_PYTHON), str(Path(__file__).parent / "maxtext_forward.py")],
                           input=json.dumps(cases), capture_output=True, text=True, timeout=1200,
                           env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     errors = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(errors) == sorted(c["name"] for c in cases)
+    return errors
+
+
+def test_maxtexts_own_forward_matches_transformers(tmp_path: Path) -> None:
+    """MaxText 0.2.5's decoder, in its Python 3.12 venv, loads every row's output (scanned and not) with the
+    flags convert printed, and its fp32 logits match transformers' PyTorch forward.  Tied embeddings (Gemma 2,
+    a tied Llama) match it once the table is rounded to bfloat16 for the logits, as MaxText does in every
+    dtype; against transformers' own logits that convention costs ~1e-3 of their scale (convert's note)."""
+    if not MAXTEXT_PYTHON.is_file():
+        pytest.skip("MaxText's venv is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
+    ids = [[3, 17, 42, 5, 88, 1, 64, 9]]
+    cases = forward_cases(tmp_path, ("llama3", "llama", "mistral", "qwen3", "qwen2", "mixtral", "qwen3_moe",
+                                     "gemma2", "llama_tied"), ids)
+    errors = maxtext_errors(cases, tmp_path)
     plain = {name: errors.pop(name) for name in ("gemma2-plain", "llama_tied-plain")}
     assert all(e < 1e-5 for e in errors.values()), errors
     # MaxText's bf16 table against transformers' fp32 one: ~1e-3 (1.6e-3..2.3e-3 measured for Gemma 2)
     assert all(3e-4 < e < 5e-3 for e in plain.values()), plain
 
 
+def test_maxtexts_own_gemma3_forward_matches_transformers(tmp_path: Path) -> None:
+    """Gemma 3 in MaxText's own decoder: 8 layers (a scanned block of 6 and a remainder of 2; 5 local + 1 global,
+    a window of 4 < the 8 inputs, linear RoPE factor 8 on global layers only), and 4 layers with the
+    gemma3-27b query scale (all in the remainder when scanned).  Once the reference takes MaxText's two
+    conventions (the rows x bfloat16(sqrt(D)), the bf16 table for the logits) it matches to fp32 precision."""
+    if not MAXTEXT_PYTHON.is_file():
+        pytest.skip("MaxText's venv is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
+    ids = [[3, 17, 42, 5, 88, 1, 64, 9]]
+    cases = forward_cases(tmp_path, ("gemma3", "gemma3_27b"), ids)
+    assert {c["name"]: next(f for f in c["flags"] if f.startswith("model_name=")) for c in cases} == {
+        **{f"gemma3-{s}": "model_name=gemma3-4b" for s in (False, True, "plain")},
+        **{f"gemma3_27b-{s}": "model_name=gemma3-27b" for s in (False, True, "plain")}}
+    errors = maxtext_errors(cases, tmp_path)
+    plain = {name: errors.pop(name) for name in ("gemma3-plain", "gemma3_27b-plain")}
+    assert all(e < 1e-5 for e in errors.values()), errors
+    # against transformers' own fp32 logits: the bf16 table (~1e-3) and the bf16 sqrt(32) (1.1e-4)
+    assert all(3e-4 < e < 5e-3 for e in plain.values()), plain
+
+
 # ------------------------------------------------------------------ the way back
 @pytest.mark.parametrize("kind,dtype", [("llama3", torch.bfloat16), ("llama3", torch.float32),
                                         ("qwen3_moe", torch.bfloat16), ("mixtral", torch.bfloat16),
-                                        ("gemma2", torch.bfloat16)])
+                                        ("gemma2", torch.bfloat16), ("gemma3", torch.bfloat16),
+                                        ("gemma3_27b", torch.bfloat16)])
 @pytest.mark.parametrize("scan", [False, True])
 def test_way_back_is_bit_exact_except_the_declared_rounding(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             kind: str, dtype: torch.dtype, scan: bool) -> None:
@@ -391,8 +479,10 @@ def test_way_back_is_bit_exact_except_the_declared_rounding(tmp_path: Path, caps
     before, after = load_file(str(src / "model.safetensors")), load_file(str(back / "model.safetensors"))
     assert sorted(before) == sorted(after)
     changed = 0
-    # only the declared tensors: the query scale; for Gemma also its norms (1 + w) and scaled embedding
-    declared_names = ("q_proj.weight",) + (("norm.weight", "embed_tokens.weight") if kind == "gemma2" else ())
+    # only the declared tensors: the query scale (not Gemma 3's, scaled at run time); for Gemma also its norms
+    # (1 + w; Gemma 3's q/k norms too) and scaled embedding
+    declared_names = (() if kind.startswith("gemma3") else ("q_proj.weight",)) + (
+        ("norm.weight", "embed_tokens.weight") if kind.startswith("gemma") else ())
     for name in before:
         if bits(before[name]) != bits(after[name]):
             assert name.endswith(declared_names) and kind != "qwen3_moe", name
@@ -400,11 +490,12 @@ def test_way_back_is_bit_exact_except_the_declared_rounding(tmp_path: Path, caps
             changed += int(np.count_nonzero(before[name].view(width) != after[name].view(width)))
     assert changed == sum(d["changed"] for d in declared.values())
     assert bool(changed) == bool(rounding)
-    if kind in ("llama3", "mixtral", "gemma2") and dtype == torch.bfloat16:
-        assert changed  # 1/sqrt(8) rounds in bf16: declared, never silent
-    if kind == "gemma2":  # every rounding step of Gemma's layout declared on its own parameter
-        assert {"token_embedder/embedding", "decoder/decoder_norm/scale",
-                "layers/pre_ffw_norm_local/scale"} <= {k for k, v in declared.items() if v["changed"]}
+    if kind != "qwen3_moe" and dtype == torch.bfloat16:
+        assert changed  # 1/sqrt(8), sqrt(32) and 1 + w round in bf16: declared, never silent
+    if kind.startswith("gemma"):  # every rounding step of Gemma's layout declared on its own parameter
+        norm = "layers/pre_ffw_norm_local/scale" if kind == "gemma2" else "layers/self_attention/key_norm/scale"
+        assert {"token_embedder/embedding", "decoder/decoder_norm/scale", norm} <= {
+            k for k, v in declared.items() if v["changed"]}
     config = json.loads((back / "config.json").read_text())
     assert config["model_type"] == json.loads((src / "config.json").read_text())["model_type"]
 
@@ -431,6 +522,74 @@ def test_a_router_maxtext_cannot_express_is_refused(tmp_path: Path, capsys: pyte
     assert convert(src, tmp_path / "mt", "--format", "json") == 1
     findings = json.loads(capsys.readouterr().out)["findings"]
     assert [f["code"] for f in findings] == ["CG304"] and "norm_topk_prob" in findings[0]["message"]
+    assert not (tmp_path / "mt").exists()
+
+
+def test_gemma3_flags_name_maxtexts_model_and_both_ropes(tmp_path: Path) -> None:
+    """Every layer counted (not pairs, as Gemma 2), both RoPEs (gemma3-*.yml's 10k local, 1M global with factor
+    8), no softcaps, and the model_name whose hard-coded query scale is the config's."""
+    src = build("gemma3", tmp_path / "src")
+    report = tmp_path / "report.json"
+    assert convert(src, tmp_path / "mt", "--format", "json", "-o", str(report)) == 0
+    conversion = json.loads(report.read_text())["extra"]["conversion"]
+    assert conversion["model_name"] == "gemma3-4b"
+    flags = dict(f.split("=", 1) for f in conversion["maxtext_flags"])
+    assert {k: flags[k] for k in ("model_name", "base_num_decoder_layers", "head_dim", "rope_max_timescale",
+                                  "local_rope_max_timescale", "rope_linear_scaling_factor", "sliding_window_size",
+                                  "final_logits_soft_cap", "attn_logits_soft_cap", "logits_via_embedding",
+                                  "normalize_embedding_logits")} == {
+        "model_name": "gemma3-4b", "base_num_decoder_layers": "8", "head_dim": "8", "rope_max_timescale": "1000000",
+        "local_rope_max_timescale": "10000", "rope_linear_scaling_factor": "8", "sliding_window_size": "4",
+        "final_logits_soft_cap": "0", "attn_logits_soft_cap": "0", "logits_via_embedding": "true",
+        "normalize_embedding_logits": "true"}
+    assert any("bfloat16" in n and "5.65625" in n for n in conversion["maxtext_notes"])
+    assert not any("RoPE scaling" in n for n in conversion["maxtext_notes"])
+    config = json.loads((src / "config.json").read_text())  # transformers 4's keys: the same flags
+    del config["rope_parameters"]
+    (src / "config.json").write_text(json.dumps({**config, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                                                 "rope_scaling": {"rope_type": "linear", "factor": 8.0}}))
+    assert convert(src, tmp_path / "mt4", "--format", "json", "-o", str(report)) == 0
+    again = dict(f.split("=", 1) for f in json.loads(report.read_text())["extra"]["conversion"]["maxtext_flags"])
+    assert {k: again[k] for k in ("rope_max_timescale", "local_rope_max_timescale", "rope_linear_scaling_factor")} == {
+        "rope_max_timescale": "1000000", "local_rope_max_timescale": "10000", "rope_linear_scaling_factor": "8"}
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"query_pre_attn_scalar": 12}, "get_query_pre_attn_scalar"),
+    ({"layer_types": ["sliding_attention"] * 4 + ["full_attention"] * 4}, "GEMMA3_ATTENTION_PATTERN"),
+    ({"tie_word_embeddings": False}, "logits_via_embedding"),
+    ({"use_bidirectional_attention": True}, "causally"),
+    ({"rope_parameters": {**GEMMA3_ROPE, "sliding_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                "rope_theta": 1e4}}}, "sliding layers' RoPE"),
+])
+def test_what_maxtexts_gemma3_block_hard_codes_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          change: dict[str, Any], says: str) -> None:
+    src = build("gemma3", tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, **change}))
+    capsys.readouterr()
+    assert convert(src, tmp_path / "mt", "--format", "json") == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [f["code"] for f in findings] == ["CG304"] and says in findings[0]["message"], findings
+    assert not (tmp_path / "mt").exists() and not list(tmp_path.glob(".mt.partial-*"))
+
+
+def test_a_multimodal_gemma3_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Gemma3ForConditionalGeneration: MaxText's gemma3 mapping converts its vision tower with the text
+    decoder; this row writes the text decoder only, so the whole model is refused, saying why."""
+    import transformers as tf
+
+    text = {k: v for k, v in BASE.items() if k != "vocab_size"}
+    config = tf.Gemma3Config(text_config={**text, "vocab_size": 300}, mm_tokens_per_image=4, image_token_index=299,
+                             boi_token_index=297, eoi_token_index=298,
+                             vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                            "num_attention_heads": 2, "image_size": 28, "patch_size": 14})
+    tf.Gemma3ForConditionalGeneration(config).save_pretrained(tmp_path / "src")
+    capsys.readouterr()
+    assert convert(tmp_path / "src", tmp_path / "mt", "--format", "json") == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [f["code"] for f in findings] == ["CG304"], findings
+    assert "vision" in findings[0]["message"] and "gemma3_text" in findings[0]["message"]
     assert not (tmp_path / "mt").exists()
 
 

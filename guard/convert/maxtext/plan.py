@@ -14,6 +14,8 @@ from math import prod
 from typing import Any
 
 from guard.catalogue import make_finding
+from guard.convert.maxtext.refusals import unsupported_layouts
+from guard.convert.maxtext.source_config import dimensions, rope_type, tied
 from guard.convert.maxtext.table import ARCHITECTURES, PARAM_SCAN_AXIS, Architecture, Param
 from guard.findings import Finding
 
@@ -49,38 +51,11 @@ class Leaf:
         return tuple(index)
 
 
-def rope_type(config: dict[str, Any]) -> str | None:
-    """transformers 4's ``rope_scaling`` or transformers 5's ``rope_parameters``: its rope_type (or type)."""
-    for key in ("rope_scaling", "rope_parameters"):
-        value = config.get(key)
-        if isinstance(value, dict) and (value.get("rope_type") or value.get("type")):
-            return str(value.get("rope_type") or value.get("type"))
-    return None
-
-
 def choose_row(config: dict[str, Any]) -> Architecture | None:
     model_type = config.get("model_type")
     if model_type == "llama":
         return ARCHITECTURES["llama3" if rope_type(config) == "llama3" else "llama"]
     return next((row for row in ARCHITECTURES.values() if model_type in row.model_types), None)
-
-
-def dimensions(config: dict[str, Any]) -> dict[str, int]:
-    """The symbols the rows' shapes use, from config.json."""
-    heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    dims = {"D": int(config["hidden_size"]), "V": int(config["vocab_size"]), "L": int(config["num_hidden_layers"]),
-            "N": heads, "K": kv_heads, "H": head_dim, "q": heads * head_dim, "kv": kv_heads * head_dim,
-            "F": int(config.get("intermediate_size") or 0),
-            "E": int(config.get("num_local_experts") or config.get("num_experts") or 0),
-            "Fe": int(config.get("moe_intermediate_size") or 0)}
-    return dims
-
-
-def tied(config: dict[str, Any]) -> bool:
-    """transformers' default: tied for Gemma's configs, untied otherwise (config.json may leave it out)."""
-    return bool(config.get("tie_word_embeddings", str(config.get("model_type", "")).startswith("gemma")))
 
 
 def plan_leaves(row: Architecture, config: dict[str, Any], tensors: dict[str, Any], *, scan: bool,
@@ -96,7 +71,12 @@ def plan_leaves(row: Architecture, config: dict[str, Any], tensors: dict[str, An
         return [], [make_finding("CG304", path, f"config.json cannot give MaxText's sizes ({type(exc).__name__}: "
                                  f"{str(exc)[:100]}); check hidden_size, num_attention_heads, num_hidden_layers, "
                                  "vocab_size")]
-    findings = _unsupported_layouts(row, config, dims, path)
+    try:
+        reasons = unsupported_layouts(row, config, dims)
+    except (TypeError, ValueError) as exc:  # a setting the refusals read (RoPE, pattern, scalar) that is no number
+        reasons = [f"config.json has a setting MaxText's {row.name} block reads that is not a number "
+                   f"({type(exc).__name__}: {str(exc)[:100]})"]
+    findings = [make_finding("CG304", path, f"model_type {config.get('model_type')!r}: {reason}") for reason in reasons]
     if findings:
         return [], findings
     leaves: list[Leaf] = []
@@ -132,42 +112,6 @@ def plan_leaves(row: Architecture, config: dict[str, Any], tensors: dict[str, An
     return ([] if findings else leaves), findings
 
 
-def _unsupported_layouts(row: Architecture, config: dict[str, Any], dims: dict[str, int],
-                         path: str) -> list[Finding]:
-    """Configurations a row's MaxText decoder cannot express: refused, not approximated."""
-    reasons = []
-    if row.name == "qwen3_moe" and (config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1)) != 1):
-        reasons.append("dense layers among the MoE ones (mlp_only_layers / decoder_sparse_step): MaxText's "
-                       "qwen3_moe block is MoE in every layer")
-    if row.name == "qwen3_moe" and not config.get("norm_topk_prob", False):
-        reasons.append("norm_topk_prob is false: MaxText's MoE always renormalizes the top-k router weights "
-                       "(a softmax over the top-k logits, layers/moe.py), so its forward would differ")
-    if row.name == "gemma2":
-        reasons.extend(_gemma2_refusals(config, dims))
-    if row.moe and not dims["E"]:
-        reasons.append("no num_experts / num_local_experts in config.json")
-    return [make_finding("CG304", path, f"model_type {config.get('model_type')!r}: {r}") for r in reasons]
-
-
-def _gemma2_refusals(config: dict[str, Any], dims: dict[str, int]) -> list[str]:
-    """What MaxText's gemma2 block (models/gemma2.py) hard-codes: layers paired local/global, tied logits, the
-    query scaled by 1/sqrt(head_dim) in the kernel, tanh-approximated GELU."""
-    reasons = []
-    if dims["L"] % 2:
-        reasons.append(f"{dims['L']} layers: MaxText's gemma2 pairs a local and a global layer, so it needs an even "
-                       "count")
-    if not tied(config):
-        reasons.append("untied lm_head: MaxText's gemma2 computes the logits from the embedding (logits_via_embedding)")
-    scalar = config.get("query_pre_attn_scalar")
-    if scalar is not None and float(scalar) != float(dims["H"]):
-        reasons.append(f"query_pre_attn_scalar {scalar} != head_dim {dims['H']}: MaxText's conversion scales the "
-                       "query kernel by 1/sqrt(head_dim) (scale_query_layer)")
-    activation = config.get("hidden_activation") or config.get("hidden_act")
-    if activation not in (None, "gelu_pytorch_tanh"):
-        reasons.append(f"hidden_activation {activation!r}: MaxText's gemma2 runs gelu with the tanh approximation")
-    return reasons
-
-
 def _leaf_specs(param: Param, dims: dict[str, int], *,
                 scan: bool) -> list[tuple[tuple[str, ...], tuple[tuple[tuple[int, ...], str], ...], tuple[int, ...]]]:
     """(Orbax key, grid, stacked axes) of each leaf the parameter makes: one, or one per layer unscanned."""
@@ -183,11 +127,28 @@ def _leaf_specs(param: Param, dims: dict[str, int], *,
 
     expert_axes = (0,) if experts != [None] else ()
     layers = dims["L"] // stride
+    if scan and param.block:
+        return _block_specs(param, parts, dims["L"])
     if scan:  # experts lead (0), layers next (1); without experts, layers on param_scan_axis
         axes = expert_axes + ((1 if expert_axes else PARAM_SCAN_AXIS),)
         return [(ROOT + ("decoder",) + parts, grid(range(layers), True), axes)]
     return [(ROOT + ("decoder", f"layers_{i}") + parts[1:], grid(range(i, i + 1), False), expert_axes)
             for i in range(layers)]
+
+
+def _block_specs(param: Param, parts: tuple[str, ...],
+                 layers: int) -> list[tuple[tuple[str, ...], tuple[tuple[tuple[int, ...], str], ...], tuple[int, ...]]]:
+    """Gemma 3 scanned (nnx_decoders.py _init_scanned_gemma3): decoder/layers/layers_{k} stacks HF layers
+    block * j + k on param_scan_axis over the full blocks j; the layers after the last full block sit unstacked
+    in decoder/layers_remainder/layers_{r} (none stacked when there are fewer layers than one block)."""
+    block = param.block
+    full = layers // block
+    specs = [(ROOT + ("decoder", "layers", f"layers_{k}") + parts[1:],
+              tuple(((j,), param.hf.format(i=block * j + k)) for j in range(full)), (PARAM_SCAN_AXIS,))
+             for k in range(block) if full]
+    specs += [(ROOT + ("decoder", "layers_remainder", f"layers_{r}") + parts[1:],
+               (((), param.hf.format(i=block * full + r)),), ()) for r in range(layers % block)]
+    return specs
 
 
 def leaf_bytes(leaf: Leaf, itemsize: int) -> int:

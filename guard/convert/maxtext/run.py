@@ -16,9 +16,10 @@ from typing import Any
 
 from guard.catalogue import make_finding
 from guard.convert.maxtext import steps
-from guard.convert.maxtext.flags import flag_notes, maxtext_flags
+from guard.convert.maxtext.flags import flag_notes, maxtext_flags, model_name
 from guard.convert.maxtext.ocdbt import ItemsWriter, items_dir
 from guard.convert.maxtext.plan import Leaf, choose_row, dimensions, plan_leaves
+from guard.convert.maxtext.refusals import UNCONVERTED
 from guard.convert.maxtext.table import ARCHITECTURES, MAXTEXT, Architecture
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
 from guard.findings import Finding, Severity
@@ -62,7 +63,9 @@ def convert_to_maxtext(req: MaxTextRequest) -> tuple[list[Finding], dict[str, An
     row = choose_row(config)
     if row is None and not _blocking(findings):
         known = sorted({t for r in ARCHITECTURES.values() for t in r.model_types})
+        why = UNCONVERTED.get(str(config.get("model_type")))
         findings.append(make_finding("CG304", str(req.src / "config.json"),
+                                     f"model_type {config.get('model_type')!r}: {why}" if why else
                                      f"model_type {config.get('model_type')!r} has no row in the MaxText target "
                                      f"(rows for: {', '.join(known)})"))
     if _blocking(findings) or row is None:
@@ -132,7 +135,7 @@ def _write(req: MaxTextRequest, config: dict[str, Any], row: Architecture, leave
         discard(temp)
         raise
     figures.update({
-        "written": True, "items": str(items_dir(req.out)), "leaves": len(leaves),
+        "written": True, "items": str(items_dir(req.out)), "leaves": len(leaves), "model_name": model_name(row, config),
         "parameters": sum(prod(leaf.shape) for leaf in leaves),
         "declared_roundings": {k: {"changed": v[0], "elements": v[1]} for k, v in rounded.items()},
         "maxtext_flags": maxtext_flags(row, config, items=items_dir(req.out).resolve(), scan=req.scan),

@@ -6,7 +6,8 @@ query kernel multiplied by 1/sqrt(head_dim) in float32 and cast back to its dtyp
 way back multiplies by sqrt(head_dim).  Unless head_dim is a power of 4 that rounds, in
 fp32 too, so the elements it changes are counted and declared (CG301), never silent.
 Gemma's layout adds two more (``embed_scale``: the embedding times sqrt(hidden_size);
-``norm_plus_one``: every RMSNorm weight stored as 1 + w), declared the same way.
+``norm_plus_one``: every RMSNorm weight stored as 1 + w), declared the same way; Gemma 3's
+hook scales by sqrt(hidden_size) rounded to bfloat16 first (``embed_scale_bf16``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 Step = Callable[["np.ndarray", int], "np.ndarray"]
-ROUNDING = frozenset({"scale_query", "embed_scale", "norm_plus_one"})  # way back may not restore every bit
+# the way back may not restore every bit of these
+ROUNDING = frozenset({"scale_query", "embed_scale", "embed_scale_bf16", "norm_plus_one"})
 
 
 def transposed(a: np.ndarray) -> np.ndarray:
@@ -119,6 +121,28 @@ def _embed_unscale(a: np.ndarray, head_dim: int) -> np.ndarray:
         return (a.astype(np.float32) / np.float32(a.shape[-1] ** 0.5)).astype(a.dtype)
 
 
+def bfloat16_sqrt(n: int) -> float:
+    """sqrt(n) rounded to nearest-even bfloat16 (8 significant bits), from float64 as numpy's
+    ``np.dtype("bfloat16").type(n ** 0.5)`` does; computed here so that convert needs no ml_dtypes."""
+    import math
+
+    mantissa, exponent = math.frexp(n ** 0.5)  # mantissa in [0.5, 1): 8 bits are 2**8 * mantissa, rounded
+    return math.ldexp(round(math.ldexp(mantissa, 8)), exponent - 8)
+
+
+def _embed_scale_bf16(a: np.ndarray, head_dim: int) -> np.ndarray:
+    """Gemma 3's embedding [V, D] times bfloat16(sqrt(D)), in float32, cast back (pad_and_scale_embedding: its
+    normalizer is a bfloat16 scalar in every dtype; transformers' bf16 forward scales by the same value)."""
+    return _scaled(a, bfloat16_sqrt(a.shape[-1]))
+
+
+def _embed_unscale_bf16(a: np.ndarray, head_dim: int) -> np.ndarray:
+    import numpy as np
+
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # a division, as MaxText's way back
+        return (a.astype(np.float32) / np.float32(bfloat16_sqrt(a.shape[-1]))).astype(a.dtype)
+
+
 def _norm_plus_one(a: np.ndarray, head_dim: int) -> np.ndarray:
     """Gemma's RMSNorm weight w -> 1 + w (scale_rmsnorm_layer): HF's Gemma norm multiplies by 1 + w, MaxText's by
     its scale; in float32, cast back (what numpy's ``a + 1.0`` does for bf16 and fp16)."""
@@ -141,6 +165,7 @@ STEPS: dict[str, tuple[Step, Step]] = {  # name -> (to MaxText, back to HF)
     "interleave": (_interleave, _deinterleave),
     "scale_query": (_scale_query, _unscale_query),
     "embed_scale": (_embed_scale, _embed_unscale),
+    "embed_scale_bf16": (_embed_scale_bf16, _embed_unscale_bf16),
     "norm_plus_one": (_norm_plus_one, _norm_minus_one),
 }
 # what each rounding step does, as a CG301 finding says it (MaxText's hook named)
@@ -148,6 +173,8 @@ ROUNDING_SAYS = {
     "scale_query": "multiplies it by 1/sqrt(head_dim) in float32 and casts it back (scale_query_layer)",
     "embed_scale": "multiplies it by sqrt(hidden_size) in float32 and casts it back (pad_hf_embedding_layer; "
                    "MaxText's decoder divides the tied logits by the same factor)",
+    "embed_scale_bf16": "multiplies it by sqrt(hidden_size) rounded to bfloat16, in float32, and casts it back "
+                        "(pad_and_scale_embedding; MaxText's decoder divides the tied logits by the exact sqrt)",
     "norm_plus_one": "stores 1 + weight in its dtype (scale_rmsnorm_layer: HF's Gemma RMSNorm multiplies by "
                      "1 + weight, MaxText's by its scale)",
 }

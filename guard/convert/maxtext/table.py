@@ -12,7 +12,7 @@ A parameter's MaxText path starts with ``layers/`` when there is one per decoder
 (``decoder/layers_{i}/...`` unscanned, ``decoder/layers/...`` stacked on ``param_scan_axis``
 when scanned); its HF name holds ``{i}`` for the layer and ``{e}`` for an expert (stacked on
 axis 0, MaxText's expert axis).  ``shape`` names the HF tensor's dimensions by the symbols
-``plan.dimensions`` reads from config.json.
+``source_config.dimensions`` reads from config.json.
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ class Param:
     steps: tuple[str, ...] = ()  # steps.STEPS names, applied in order going to MaxText
     optional: bool = False  # present in some checkpoints of the architecture only (biases)
     layer: tuple[int, int] = (1, 0)  # (stride, offset): MaxText layer i holds HF layer stride * i + offset
+    # scanned only: MaxText stacks blocks of this many layers (decoder/layers/layers_{k}, block j = HF layer
+    # block * j + k) and keeps the leftover layers unstacked (decoder/layers_remainder/layers_{r}); 0: no blocks
+    block: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,27 @@ def gemma2_layer(kind: str, offset: int) -> tuple[Param, ...]:
     )
 
 
+GEMMA3_BLOCK = 6  # models/gemma3.py GEMMA3_ATTENTION_PATTERN: 5 sliding-window layers, then 1 global
+
+
+def gemma3_layer() -> tuple[Param, ...]:
+    """One Gemma 3 decoder layer (GEMMA3_MAXTEXT_TO_HF_PARAM_MAPPING's text_params): four norms and the q/k norms
+    stored as 1 + w, q/k/v/o reshaped only (MaxText scales the query at run time by its query_pre_attn_scalar,
+    so no scale_query), scanned in MaxText's blocks of six."""
+    norms = (*_GEMMA_NORMS, ("self_attention/query_norm", "self_attn.q_norm"),
+             ("self_attention/key_norm", "self_attn.k_norm"))
+    return (
+        *(Param(f"layers/{mt}/scale", f"model.layers.{{i}}.{hf}.weight", ("H",) if "self_attn" in hf else ("D",),
+                ("norm_plus_one",), block=GEMMA3_BLOCK) for mt, hf in norms),
+        *(Param(f"layers/self_attention/{mt}/kernel", f"{_ATTN}{hf}_proj.weight", (rows, "D"), ("heads_in",),
+                block=GEMMA3_BLOCK)
+          for mt, hf, rows in (("query", "q", "q"), ("key", "k", "kv"), ("value", "v", "kv"))),
+        Param("layers/self_attention/out/kernel", _ATTN + "o_proj.weight", ("D", "q"), ("heads_out",),
+              block=GEMMA3_BLOCK),
+        *(Param(p.maxtext, p.hf, p.shape, p.steps, block=GEMMA3_BLOCK) for p in DENSE_MLP),
+    )
+
+
 _GLOBAL = (EMBED, FINAL_NORM, LOGITS)
 _CITE = "maxtext/checkpoint_conversion/utils/param_mapping.py"
 
@@ -188,4 +212,12 @@ ARCHITECTURES: dict[str, Architecture] = {  # row name -> row; plan.choose_row p
         f"{_CITE}: GEMMA2_MAXTEXT_TO_HF_PARAM_MAPPING (MaxText layer i = HF layers 2i local, 2i+1 global), "
         "GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN (pad_hf_embedding_layer: x sqrt(hidden_size); scale_rmsnorm_layer: "
         "1 + w; reshape_kernel; scale_query_layer)"),
+    "gemma3": Architecture(  # text only (Gemma3ForCausalLM; model_type "gemma3": refusals.UNCONVERTED); tied only
+        "gemma3", ("gemma3_text",), "gemma3-4b",
+        (Param(EMBED.maxtext, EMBED.hf, EMBED.shape, ("embed_scale_bf16",)),
+         Param(FINAL_NORM.maxtext, FINAL_NORM.hf, FINAL_NORM.shape, ("norm_plus_one",)), *gemma3_layer()),
+        f"{_CITE}: GEMMA3_MAXTEXT_TO_HF_PARAM_MAPPING text_params (HF names without model.language_model's "
+        "prefix; scanned: decoder/layers/layers_0..5 over blocks of 6, leftovers in decoder/layers_remainder), "
+        "GEMMA3_MAXTEXT_TO_HF_PARAM_HOOK_FN (pad_and_scale_embedding: x bfloat16(sqrt(hidden_size)); "
+        "scale_rmsnorm: 1 + w, q/k norms included; reshape_kernel); models/gemma3.py get_query_pre_attn_scalar"),
 }
