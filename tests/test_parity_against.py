@@ -76,6 +76,23 @@ def test_mapping_places_every_tensor_and_flags_the_rest() -> None:
     assert "'final_norm.w' widened" not in norm.message and 'mode="original" avoids it' in norm.message
 
 
+def test_easydel_rope_theta_and_table_named_where_they_apply() -> None:
+    """EasyDeL 0.3 reads rope_theta at config.json's top level only; transformers 5 writes it in rope_parameters.
+    Its bf16 RoPE table is a difference in fp32 (and fp16) passes, not in bf16 ones (transformers rounds alike)."""
+    from guard.against.easydel_causes import ROPE_THETA_FROM_FILE, forward_causes
+    from guard.worker.easydel_side import library_options
+
+    nested = {"rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}
+    rope, table = forward_causes(nested, {}, "F32")
+    assert 'config_kwargs={"rope_theta": 1000000.0} avoids it' in rope and "get_basic_frequencies" in table
+    assert forward_causes(nested, {ROPE_THETA_FROM_FILE: True}, "F32") == (table,)
+    assert forward_causes({"rope_theta": 1e6, **nested}, {}, "BF16") == ()  # top level: EasyDeL reads it
+    assert forward_causes({"rope_parameters": {"rope_theta": 1e4}}, {}, "F16") == (table,)  # its default anyway
+    exact = {"torch_load_mode": "streaming", ROPE_THETA_FROM_FILE: True}
+    assert library_options(nested, exact) == {"torch_load_mode": "streaming", "config_kwargs": {"rope_theta": 1e6}}
+    assert library_options({"rope_theta": 1e6}, exact) == {"torch_load_mode": "streaming"}
+
+
 def test_protocol_keeps_bits_and_checks_digests(tmp_path: Path) -> None:
     array = np.array([[1.5, -0.0], [np.nan, 3.0]], dtype=ml_dtypes.bfloat16)
     record = write_array(array, tmp_path, "a")
@@ -225,15 +242,25 @@ def test_action_script_refuses_an_unknown_stack(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_easydel_default_load_rounds_an_fp32_checkpoint_through_fp16(tmp_path: Path) -> None:
     """EasyDeL 0.3's default torch_load_mode="full" loads through torch in float16: every tensor of an fp32
-    file comes back changed; torch_load_mode="streaming" holds every one bit for bit.  Its fp32 forward
-    misses PyTorch's here even so (1.3e-3 on this Qwen3, attention in fp32): reported as CG302, not
-    explained yet (docs/jax.md)."""
+    file comes back changed; torch_load_mode="streaming" holds every one bit for bit.  Its forward misses
+    PyTorch's even so, for two reasons of its own (guard/against/easydel_causes.py): under its defaults it
+    ignores rope_theta 1e6, which transformers 5 writes in rope_parameters (0.19 of the logits' scale); given
+    rope_theta (the exact load), its bf16 RoPE cos/sin table alone leaves 7.7e-4 in fp32."""
     src = save_tiny(tmp_path / "m", "qwen3", "float32")
+    assert "rope_theta" not in json.loads((src / "config.json").read_text())  # transformers 5's layout
     code, report = against(src, "easydel", tmp_path / "r.json")
     assert code == 1
     loads = report["extra"]["parity"]["loads"]
     assert loads["exact"]["tree"]["exact"] == 25 and not loads["exact"]["tree"]["changed"]
     head = next(f for f in report["findings"] if f.get("tensor") == "lm_head.weight")
     assert head["code"] == "CG302" and "(defaults)" in head["message"]
-    assert 'torch_load_mode="streaming" avoids it' in head["message"]
+    assert 'torch_load_mode="streaming", config_kwargs={"rope_theta"' in head["message"]
+    assert head["message"].endswith("avoids it")
     assert len([f for f in report["findings"] if f.get("tensor")]) == 25  # every tensor, under the defaults only
+    forward = {f["message"].split(":")[0]: f["message"] for f in report["findings"] if not f.get("tensor")}
+    defaults, exact = (next(m for k, m in forward.items() if f"({label}" in k) for label in ("defaults", "exact"))
+    table = "casts its RoPE cos/sin table to bfloat16 whatever the dtype"
+    assert 'config_kwargs={"rope_theta": 1000000.0} avoids it' in defaults and table in defaults
+    assert "rope_theta" not in exact.split("forward:")[1] and table in exact and "no option avoids it" in exact
+    max_rel = {c["name"]: c["outputs"]["logits"]["max_rel"] for c in report["extra"]["parity"]["comparisons"]}
+    assert max_rel["defaults: fp32"] > 0.1 and 1e-4 < max_rel["exact: fp32"] < 2e-3

@@ -153,8 +153,11 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
         for dtype, outputs in record["outputs"].items():
             runs["flax:fp32" if dtype == "F32" else "flax:stored"] = {k: read_array(v, tmp) for k, v in outputs.items()}
         comparisons = compare_runs(runs, {"torch": stored, "flax": stored}, layers=int(config["num_hidden_layers"]))
-        findings += [make_finding(f.code, where, f"{who} forward: {f.message}")
-                     for f in comparison_findings(comparisons, where=where)]
+        for comp in comparisons:  # a failing one names what the library is known to do differently there
+            causes = (target.forward_causes(config, load.options, (comp["tolerance"] or {}).get("dtype", ""))
+                      if target.forward_causes else ())
+            findings += [make_finding(f.code, where, "; ".join((f"{who} forward: {f.message}", *causes)))
+                         for f in comparison_findings([comp], where=where)]
         for comp in comparisons:  # one report holds every load's comparisons
             comp["name"] = f"{load.label}: {comp['name']}"
         figures["comparisons"] += comparisons

@@ -14,9 +14,11 @@ hidden_size / num_attention_heads, as transformers does).  The library's name is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from guard.against import easydel_causes
 from guard.convert.maxtext.table import ARCHITECTURES as MAXTEXT_ROWS
 
 T = ("transpose", (1, 0))
@@ -49,6 +51,9 @@ class Target:
     # temporary directory) and the mapping is that converter's table, not ``architectures``' rows
     converts_to: str = ""
     exact_load: str = "exact"  # the load whose options a finding under another load names
+    # (config.json, a load's options, a failing comparison's dtype) -> what the library's forward is known to
+    # do differently there, one clause each, added to that forward finding
+    forward_causes: Callable[[dict[str, Any], dict[str, Any], str], tuple[str, ...]] | None = None
 
 
 # HF name (regex, layer index as the first group) -> library name, steps.
@@ -152,8 +157,11 @@ TARGETS: dict[str, Target] = {
                "easydel/infra/mixins/bridge.py: _from_torch_pretrained"),
         environment=".venv-easydel", make_target="make easydel-venv",
         loads=(Load("defaults", {}, 'torch_load_mode="full" (loads through torch in float16)'),
-               Load("exact", {"torch_load_mode": "streaming"}, 'torch_load_mode="streaming"')),
+               # and rope_theta from rope_parameters, where transformers 5 writes it and EasyDeL does not look
+               Load("exact", {"torch_load_mode": "streaming", easydel_causes.ROPE_THETA_FROM_FILE: True},
+                    'torch_load_mode="streaming", config_kwargs={"rope_theta": <rope_parameters\' value>}')),
         architectures={"llama": _EASYDEL_DECODER, "qwen3": _EASYDEL_DECODER + _EASYDEL_QK_NORM},
+        forward_causes=easydel_causes.forward_causes,
         needs=("easydel 0.3.0 pins jax ~= 0.9 (through ejkernel), flax == 0.12.3 and transformers ~= 5.5, and "
                "needs Pillow it does not declare: a venv of its own")),
     "maxtext": Target(

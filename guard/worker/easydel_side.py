@@ -4,7 +4,9 @@
 load through transformers' PyTorch class (``easydel/infra/mixins/bridge.py``: ``_from_torch_pretrained``;
 its ``torch_load_mode`` "full" loads with ``torch_dtype=torch.float16``).  A pass computes in its dtype:
 the same load with ``dtype``, ``param_dtype`` and ``attn_dtype`` that dtype (EasyDeL's default
-attention dtype is bf16), called under the model's own mesh.
+attention dtype is bf16), called under the model's own mesh.  The exact load also passes config.json's
+``rope_parameters["rope_theta"]`` as ``config_kwargs``: EasyDeL reads rope_theta at the top level only
+(``guard.against.easydel_causes``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,19 @@ def _load(checkpoint: Path, options: dict[str, Any]) -> Any:
                                                                auto_shard_model=False, verbose=False, **options)
 
 
+def library_options(config: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The load's options as EasyDeL takes them: ours (rope_theta from the file) turned into config_kwargs."""
+    from guard.against.easydel_causes import ROPE_THETA_FROM_FILE, nested_rope_theta
+
+    options = dict(options)
+    theta = nested_rope_theta(config) if options.pop(ROPE_THETA_FROM_FILE, False) else None
+    if theta is not None:
+        options["config_kwargs"] = {**options.get("config_kwargs", {}), "rope_theta": theta}
+    return options
+
+
 def load(checkpoint: Path, config: dict[str, Any], options: dict[str, Any]) -> Loaded:
+    options = library_options(config, options)
     return Loaded(checkpoint, options, _load(checkpoint, options))
 
 
@@ -52,9 +66,10 @@ def forward(handle: Loaded, dtype: str, input_ids: list[list[int]]) -> Any:
     import numpy as np
 
     compute = {"F32": jnp.float32, "BF16": jnp.bfloat16, "F16": jnp.float16}[dtype]
+    config_kwargs = {**handle.options.get("config_kwargs", {}), "attn_dtype": compute, "attn_softmax_dtype": compute,
+                     "kvdtype": compute, "attn_mechanism": "vanilla"}
     model = _load(handle.checkpoint, {**handle.options, "dtype": compute, "param_dtype": compute,
-                                      "config_kwargs": {"attn_dtype": compute, "attn_softmax_dtype": compute,
-                                                        "kvdtype": compute, "attn_mechanism": "vanilla"}})
+                                      "config_kwargs": config_kwargs})
     with model.mesh:
         out = model(input_ids=jnp.asarray(input_ids, dtype=jnp.int32))
     return np.asarray(out.logits, dtype=np.float32)

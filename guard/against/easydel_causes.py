@@ -1,0 +1,43 @@
+"""What EasyDeL 0.3's forward is known to do differently from transformers', named on its forward findings.
+
+Both were measured on the tiny fp32 Qwen3 of tests/test_parity_against.py (every parameter bit-exact):
+- its ``Qwen3Config`` / ``LlamaConfig`` take ``rope_theta`` as a top-level key only (default 10000.0);
+  transformers 5 writes it inside ``rope_parameters``, so EasyDeL's RoPE runs at base 10000 (0.19 of the
+  logits' scale at rope_theta 1e6).  ``config_kwargs={"rope_theta": ...}`` sets it.
+- ``EasyDeLBaseConfig.get_basic_frequencies`` (easydel/infra/base_config.py) casts the cos/sin table
+  every layer reads to bfloat16 whatever the model's dtype: up to 3.8e-3 of an entry off past position
+  0 (position 0 is exact, so one token agrees), 7.7e-4 of the logits' scale in fp32; with the table
+  left in float32 the logits agree to 3e-7.  No option reaches it.  transformers rounds its own table to
+  the activations' dtype, so a bf16 pass rounds it alike (an fp16 pass does not: fp16 keeps more bits).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_ROPE_THETA = 10000.0  # EasyDeL 0.3's Qwen3Config and LlamaConfig default
+# the exact load's worker option: pass config.json's rope_parameters["rope_theta"] as config_kwargs
+ROPE_THETA_FROM_FILE = "rope_theta_from_file"
+
+
+def nested_rope_theta(config: dict[str, Any]) -> float | None:
+    """rope_theta where only transformers 5's layout has it (inside rope_parameters), else None."""
+    if "rope_theta" in config:
+        return None
+    theta = (config.get("rope_parameters") or {}).get("rope_theta")
+    return float(theta) if isinstance(theta, (int, float)) else None
+
+
+def forward_causes(config: dict[str, Any], options: dict[str, Any], dtype: str) -> tuple[str, ...]:
+    """The known differences behind a load's failing forward comparison computed in ``dtype`` (F32, BF16, F16)."""
+    causes = []
+    theta = nested_rope_theta(config)
+    if theta is not None and theta != DEFAULT_ROPE_THETA and not options.get(ROPE_THETA_FROM_FILE):
+        causes.append(f"EasyDeL reads rope_theta only at config.json's top level (default {DEFAULT_ROPE_THETA:g}); "
+                      f"this file keeps rope_theta {theta:g} in rope_parameters (transformers 5), so its RoPE runs "
+                      f'at base {DEFAULT_ROPE_THETA:g}: config_kwargs={{"rope_theta": {theta!r}}} avoids it')
+    if dtype != "BF16":  # transformers rounds its table to the activations' dtype: in bf16 both round alike
+        causes.append("EasyDeL casts its RoPE cos/sin table to bfloat16 whatever the dtype "
+                      "(easydel/infra/base_config.py: get_basic_frequencies), so every position past 0 rotates "
+                      "with entries up to 4e-3 off: no option avoids it")
+    return tuple(causes)
