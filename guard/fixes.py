@@ -9,8 +9,6 @@ JSON report and hashable in the record.
 
 from __future__ import annotations
 
-import json
-
 from guard.records import record
 
 SAFETIES = ("safe", "needs-flag", "none")
@@ -54,6 +52,8 @@ class Fix:
 
     @property
     def arguments(self) -> dict[str, object]:
+        import json  # json here and below: only where a fix is planned or read (a clean scan has none)
+
         value = json.loads(self.params)
         return value if isinstance(value, dict) else {}
 
@@ -66,6 +66,8 @@ class Fix:
     def from_json(cls, obj: object) -> Fix | None:
         if not isinstance(obj, dict):
             return None
+        import json
+
         safety = str(obj.get("safety") or "none")
         writes = obj.get("writes")
         return cls(action=str(obj.get("action") or ""), description=str(obj.get("description", "")),
@@ -78,6 +80,8 @@ class Fix:
 
 def make_fix(action: str, description: str, *, safety: str = "safe", flag: str | None = None,
              writes: tuple[str, ...] = (), **params: object) -> Fix:
+    import json
+
     assert action in ACTIONS and safety in SAFETIES, (action, safety)
     return Fix(action, description, safety, flag, writes, json.dumps(params, sort_keys=True))
 

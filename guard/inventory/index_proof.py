@@ -26,13 +26,13 @@ is a shortcut for the index that is right, never a second judge of one that is w
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import chain, islice
 from operator import itemgetter, lt
 
+from guard import jsonload
 from guard.errors import MalformedCheckpoint
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TENSOR_FILE, TENSOR_NAME
@@ -96,7 +96,7 @@ def _proven(source: ByteSource, scans: Sequence[FileScan]) -> bool:
     if rest.count(b'"weight_map"') != 1:
         return False  # the map's key again, outside it: which one a parse keeps is not this one to say
     try:  # the rest of the document, the map emptied: one top-level object holding it
-        document = json.loads(rest.decode("utf-8"))
+        document = jsonload.loads(rest.decode("utf-8"))  # json.loads' value or error, without importing json
     except (UnicodeDecodeError, ValueError, RecursionError):
         return False
     return type(document) is dict and document.get("weight_map") == {}

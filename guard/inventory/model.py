@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
+from guard import jsonload
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding
@@ -101,9 +101,9 @@ def _collect_config_dtypes(obj: dict[str, object], prefix: str, out: list[Config
 
 def _line_of(text: str, key: str, value: str | None = None) -> int | None:
     """1-based line of ``"key"`` (optionally followed by the value) in a JSON text."""
-    pattern = re.escape(json.dumps(key)) + r"\s*:"
+    pattern = re.escape(jsonload.quoted(key)) + r"\s*:"  # quoted: json.dumps of a str
     if value is not None:
-        pattern += r"\s*" + re.escape(json.dumps(value))
+        pattern += r"\s*" + re.escape(jsonload.quoted(value))
     match = re.search(pattern, text)
     if match is None:
         return None
@@ -274,7 +274,7 @@ def _parse_json(name: str, data: bytes | None, findings: list[Finding]) -> tuple
         return None, ""
     try:
         text = data.decode("utf-8")
-        return json.loads(text), text
+        return jsonload.loads(text), text  # json.loads' value or its error
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         findings.append(make_finding("CG001", name, f"not valid JSON: {reason}"))

@@ -7,11 +7,11 @@ header of a sibling component is read for it.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from collections.abc import Iterable, Mapping
 
+from guard import jsonload
 from guard.inventory.model import MAX_JSON_BYTES, PIPELINE_INDEX
 from guard.paths import clean_path, path_parent
 from guard.records import record
@@ -30,7 +30,7 @@ def component_names(data: bytes | None) -> list[str]:
     if data is None or len(data) > MAX_JSON_BYTES:
         return []
     try:
-        parsed = json.loads(data.decode("utf-8"))
+        parsed = jsonload.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return []  # a broken model_index.json is diffusers' to report; the components still scan
     if not isinstance(parsed, dict):

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 import struct
 from collections.abc import Callable
-from itertools import repeat
-from operator import itemgetter, sub
+from itertools import accumulate, repeat
+from operator import itemgetter
 
-from guard import dtypes
+from guard import dtypes, jsonload
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
+if TYPE_CHECKING:
+    import json
 
 MAX_HEADER_SIZE = 100_000_000  # the reference (Rust) implementation's cap
 # code -> (the code itself, its bits): the record keeps the table's own string, so 200,000 tensors
@@ -53,6 +57,8 @@ def parse_header(raw: bytes) -> dict[str, object]:
 def _parse(raw: bytes) -> tuple[dict[str, object], bool]:
     """The parsed header, and whether it is plain: parsed by the fast path, with no float, ``true`` or
     ``false`` anywhere in it, so every number in it is an int (which lets equal shapes share a check)."""
+    import json  # the general parse: a header in neither fast form (guard.jsonload says why json waits)
+
     plain = False
     try:
         text = raw.decode("utf-8")
@@ -87,8 +93,12 @@ def _refuse_float(text: str) -> float:
     raise ValueError("a float: not a plain header")
 
 
-# json.loads' own C scanner, except that a float (never in a valid header) ends the fast parse
-_PLAIN = json.JSONDecoder(parse_float=_refuse_float)
+@functools.cache  # made at the general parse's first use: the fast forms never need it
+def _plain_decoder() -> json.JSONDecoder:
+    """json.loads' own C scanner, except that a float (never in a valid header) ends the fast parse."""
+    import json
+
+    return json.JSONDecoder(parse_float=_refuse_float)
 
 
 def _parse_unique(raw: bytes, text: str) -> tuple[object, bool]:
@@ -103,13 +113,15 @@ def _parse_unique(raw: bytes, text: str) -> tuple[object, bool]:
     before it would have changed) is judged by the hooked parse, exactly as before.
     """
     try:
-        header = _PLAIN.decode(text)
+        header = _plain_decoder().decode(text)
     except (ValueError, RecursionError):
         pass
     else:
         if type(header) is dict and raw.count(b":") == len(header) + sum(
                 [len(entry) for entry in header.values() if type(entry) is dict]):
             return header, True
+    import json
+
     return json.loads(text, object_pairs_hook=_unique_keys), False
 
 
@@ -142,8 +154,20 @@ def _no_constant(name: str) -> object:
     raise MalformedCheckpoint(f"header holds {name}, which is not JSON")
 
 
-# the metadata object of a compact header: duplicate keys refused as the general parse refuses them
-_METADATA_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+# the metadata object of a compact header: duplicate keys refused as the general parse refuses them, by
+# json.JSONDecoder's C scanner with these settings (guard.jsonload: a hook's commit never imports json)
+_metadata_scan = jsonload.scanner(object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+
+
+def _raw_decode_metadata(text: str, at: int) -> tuple[object, int]:
+    """``json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant).raw_decode(text, at)``,
+    one Python frame deep as that is (the same recursion limit on a deeply nested object), except that no
+    value at ``at`` raises StopIteration, not JSONDecodeError."""
+    if _metadata_scan is None:
+        import json
+
+        return json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant).raw_decode(text, at)
+    return _metadata_scan(text, at)
 
 
 def _json_int(text: str) -> int | float:
@@ -242,18 +266,22 @@ def read_safetensors(source: ByteSource) -> FileScan:
 # One regular expression pass lists its entries as strings, in C; a header in any other form (spaces,
 # another key order, escapes in names, zero dims, numbers past 20 digits) goes to the JSON parse.
 # Each match starts with its comma (the first, without metadata, with the header's opening brace), so
-# matches with nothing between them tile the header: nothing in it was skipped.  The pattern takes
-# digits and commas for a shape and digits for an offset (loose classes run faster in the engine);
-# the numbers' JSON form is checked after it: each distinct shape once, by ``_span_of_key``, and the
-# offsets together (no leading zero).  A shape past 255 characters (never a real tensor's) goes to
-# the JSON parse, which bounds its work on a hostile one.
-_COMPACT = (r'([,{])"([^"]*)":\{"dtype":"(\w+","shape":\[[\d,]{0,255})\],'
-            r'"data_offsets":\[(\d{1,20}),(\d{1,20})\]\}')
+# matches with nothing between them tile the header: nothing in it was skipped.  Each field is taken up
+# to the character that ends it (a dtype to its quote, a shape to its bracket, an offset to its comma or
+# bracket): a class of "anything but" costs the engine least (11 % less than digits and word characters
+# on a 20-component pipeline's 4,800 entries).  What a field holds is checked after the pattern, as the stricter classes once checked it
+# (a word for a dtype, digits and commas for a shape, up to 20 digits for an offset): the dtype and the
+# shape once per distinct pair (``_span_of_entry_key``: a known code, digits), the offsets together
+# (each end the digits of the sum of the sizes before it: digits, no leading zero).  A shape past 255
+# characters or an offset past 20 (never a real tensor's) goes to the JSON parse, which bounds its work
+# on a hostile one.
+_COMPACT = (r'([,{])"([^"]*)":\{"dtype":"([^"]+","shape":\[[^\]]{0,255})\],'
+            r'"data_offsets":\[([^,]{1,20}),([^\]]{1,20})\]\}')
 # The same entries as ``json.dumps`` writes them with its default separators (", " and ": "): what
 # hand-rolled writers produce, and as valid a header as the library's.  A shape's key is brought to the
 # compact form before it is judged, so both forms share one table of spans.
-_SPACED = (r'(, |\{)"([^"]*)": \{"dtype": "(\w+", "shape": \[[\d, ]{0,255})\], '
-           r'"data_offsets": \[(\d{1,20}), (\d{1,20})\]\}')
+_SPACED = (r'(, |\{)"([^"]*)": \{"dtype": "([^"]+", "shape": \[[^\]]{0,255})\], '
+           r'"data_offsets": \[([^,]{1,20}), ([^\]]{1,20})\]\}')
 _splits: dict[bool, Callable[[str], list[str]]] = {}  # compiled on first use: a hook may read no safetensors
 
 
@@ -264,9 +292,9 @@ def _compile_split(spaced: bool) -> Callable[[str], list[str]]:
 
 _METADATA = '{"__metadata__":'
 _METADATA_SPACED = '{"__metadata__": '
+_ASCII_CONTROL = bytes([*range(0x20), 0x7F])  # the ASCII characters str.isprintable turns away
 _SPANS: dict[str, tuple[str, tuple[int, ...], int] | None] = {}  # ``BF16","shape":[8,4`` -> (code, shape, bytes)
 _SPANS_HELD = 1 << 14  # bounded: a hostile file's distinct shapes
-_UNSEEN = ("", (), -1)  # a span never stored: spans map keys to (code, shape, bytes) or None
 _CODE, _SHAPE, _BYTES = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
@@ -295,8 +323,8 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     prefix = _METADATA_SPACED if spaced else _METADATA
     if text.startswith(prefix):
         try:
-            value, start = _METADATA_DECODER.raw_decode(text, len(prefix))
-        except ValueError:
+            value, start = _raw_decode_metadata(text, len(prefix))
+        except (ValueError, StopIteration):  # StopIteration: no value there (raw_decode's "Expecting value")
             return None
         if type(value) is not dict or not all(type(v) is str for v in value.values()):
             return None
@@ -314,29 +342,37 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
         return None
     names = parts[2::6]
     # a duplicate, or a control character (not allowed in a JSON string; isprintable also turns away
-    # DEL and non-printing code points, which the general parse then judges): the general parse
-    if len(set(names)) != count or not "".join(names).isprintable():
+    # DEL and non-printing code points, which the general parse then judges): the general parse.
+    # ASCII names (the usual ones) are printable when their bytes hold no C0 control and no DEL: the same
+    # verdict as str.isprintable, found by a table lookup per byte where isprintable looks up each
+    # character's Unicode category (about 1 % of a hook's call on a 20-component pipeline commit).
+    joined = "".join(names)
+    if len(set(names)) != count or not (len(joined.encode().translate(None, _ASCII_CONTROL)) == len(joined)
+                                        if joined.isascii() else joined.isprintable()):
         return None
     keys = parts[3::6]
     spans = _SPANS
-    infos = list(map(spans.get, keys, repeat(_UNSEEN, count)))
-    if _UNSEEN in infos:  # a (dtype, shape) this process has not met yet
+    # all(): every span is a non-empty tuple, so a None is the only false item (a truth test per item
+    # where ``None in infos`` made a rich comparison of each tuple with None)
+    infos = list(map(spans.get, keys))
+    if not all(infos):  # a (dtype, shape) this process has not met yet, or one without a span
         for key in set(keys).difference(spans):
             if len(spans) >= _SPANS_HELD:
                 spans.clear()
-            spans[key] = _span_of_key(_compact_key(key) if spaced else key)
+            spans[key] = _span_of_entry_key(key, spaced)
         infos = list(map(spans.__getitem__, keys))
-    if None in infos:
-        return None
-    # offsets tile the buffer in header order: each begin the previous end, compared as the digits
-    # themselves (one form per number: no leading zeros), and each end the previous one plus its size
+        if not all(infos):
+            return None
+    # offsets tile the buffer in header order: each begin the previous end, compared as the text itself,
+    # and each end the sum of the sizes up to its tensor, spelled as JSON spells it (str of the int: only
+    # digits, no leading zero, no sign): one comparison checks the form and the value of every offset
     begins = parts[4::6]
     ends_text = parts[5::6]
-    if begins[0] != "0" or begins[1:] != ends_text[:-1] or ",0" in ",".join(["", *ends_text]):
-        return None  # a leading zero is not JSON (and no tensor ends at 0: every one holds a byte or more)
-    ends = list(map(int, ends_text))
+    if begins[0] != "0" or begins[1:] != ends_text[:-1]:
+        return None
+    ends = list(accumulate(map(_BYTES, infos)))  # every size is a byte or more: no end is 0, none repeats
     buffer_start = 8 + length
-    if ends[-1] != source.size - buffer_start or list(map(sub, ends, [0, *ends[:-1]])) != list(map(_BYTES, infos)):
+    if ends[-1] != source.size - buffer_start or list(map(str, ends)) != ends_text:
         return None
     stops = list(map(buffer_start.__add__, ends))
     starts = [buffer_start, *stops[:-1]]  # each tensor starts where the previous one ended: shared ints
@@ -345,6 +381,20 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
         repeat(None, count), repeat(None, count), repeat(None, count))))
     # positional, all eight fields: the record's fast path (a scan of 4,000 shards builds 4,000 of these)
     return FileScan(source.name, "safetensors", source.size, tensors, (), metadata, 8 + length, ())
+
+
+_DIM_CHARACTERS = frozenset("0123456789,")  # a shape's text in the compact form: digits and commas
+_SPACED_DIM_CHARACTERS = frozenset("0123456789, ")
+
+
+def _span_of_entry_key(key: str, spaced: bool) -> tuple[str, tuple[int, ...], int] | None:
+    """The span of a key the pattern took (a dtype up to its quote, a shape of up to 255 characters up
+    to its bracket), or None: a shape of anything but digits, commas (and the spaced form's spaces) goes
+    to the JSON parse, as the pattern's digit classes sent it there; an unknown dtype does (``_span_of``)."""
+    dims = key.partition('", "shape": [' if spaced else '","shape":[')[2]
+    if not (_SPACED_DIM_CHARACTERS if spaced else _DIM_CHARACTERS).issuperset(dims):
+        return None
+    return _span_of_key(_compact_key(key) if spaced else key)
 
 
 def _compact_key(key: str) -> str:

@@ -21,7 +21,6 @@ the weights to the declared dtype instead.  A config that is not valid JSON gets
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -133,6 +132,8 @@ def _variant_holding(inv: ModelInventory, code: str, policy: Policy) -> str | No
 
 def keras_layer_findings(scan: FileScan, policy: Policy) -> list[Finding]:
     """CG103 per (policy, stored dtype): layers whose stored float variables are not their policy's dtype."""
+    import json  # Keras files only
+
     try:
         layers = json.loads(scan.metadata.get("keras_layer_dtypes", "{}"))
     except ValueError:

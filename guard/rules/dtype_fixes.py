@@ -8,8 +8,6 @@ to put instead: the file keeps every other byte, and the key it already uses.
 
 from __future__ import annotations
 
-import json
-
 from guard import dtypes
 from guard.config import Policy
 from guard.fixes import Fix, no_fix
@@ -50,14 +48,16 @@ def config_edits(inv: ModelInventory, code: str) -> list[dict[str, object]] | No
         return None
     if inv.quantization() is not None:
         return None  # a quantized model's config dtype is its compute dtype: see quantized_no_fix
-    new = json.dumps(info.torch)  # what transformers writes: "bfloat16", "float16", "float32"
     edits: list[dict[str, object]] = []
     for path, value in dtype_keys(inv.config):
         held = dtypes.parse_dtype_name(value)
         if value == "auto" or held is None or held == code:
             continue
-        from guard.jsonspan import JsonSpanError, find_values  # only where a config dtype is to be rewritten
+        import json  # only where a config dtype is to be rewritten (a config without one: no json.dumps to pay)
 
+        from guard.jsonspan import JsonSpanError, find_values
+
+        new = json.dumps(info.torch)  # what transformers writes: "bfloat16", "float16", "float32"
         try:
             spans = find_values(inv.config_text, path)
         except JsonSpanError:
