@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import re
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -79,10 +80,21 @@ def _has_folder_records(data: bytes, depth: int = 0) -> bool:
             infos = archive.infolist()
             if any(info.external_attr & 0x10 for info in infos):
                 return True
-            return depth == 0 and any(_has_folder_records(archive.read(info), 1) for info in infos
+            return depth == 0 and any(_has_folder_records(_stored_bytes(archive, data, info), 1) for info in infos
                                       if info.filename.endswith(".pt"))
     except Exception:  # noqa: BLE001 - not a zip that zipfile reads: nothing to say
         return False
+
+
+def _stored_bytes(archive: Any, data: bytes, info: Any) -> bytes:
+    """A stored member's bytes as they lie in ``data``, without zipfile's CRC check: a mutant that
+    changed a nested torch.save file (its CRC then fails) can still be one whose records are marked
+    as folders.  A deflated member (torch writes none) is read through zipfile."""
+    if info.compress_type != 0:
+        return archive.read(info)
+    name_length, extra_length = struct.unpack_from("<HH", data, info.header_offset + 26)
+    start = info.header_offset + 30 + name_length + extra_length
+    return data[start:start + info.compress_size]
 
 
 def reference_pt2(data: bytes) -> Inventory | str:
@@ -94,9 +106,19 @@ def reference_pt2(data: bytes) -> Inventory | str:
 
 
 def _pt2_samples() -> list[bytes]:
+    """Three exports of one small block, the same bytes on every machine and every run.
+
+    torch.export.save writes each node's ``stack_trace`` into models/model.json: absolute paths
+    (this file's, torch's in the venv) and line numbers, so the bytes, and with them the seeded
+    mutants, changed with the checkout, the venv and any edit above ``forward``.  The traces are
+    dropped before saving (the program torch.export.save then writes loads the same); the
+    class's name in ``nn_module_stack`` is fixed, whatever name this module was imported under.
+    """
     import torch
 
     class Block(torch.nn.Module):
+        __module__, __qualname__ = "fuzz_formats_export", "Block"
+
         def __init__(self) -> None:
             super().__init__()
             self.embed = torch.nn.Embedding(5, 4)
@@ -115,6 +137,8 @@ def _pt2_samples() -> list[bytes]:
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         buffer = io.BytesIO()
         program = torch.export.export(Block().to(dtype), (torch.tensor([[1, 2]]),))
+        for node in program.graph.nodes:
+            node.meta.pop("stack_trace", None)
         torch.export.save(program, buffer)
         out.append(buffer.getvalue())
     return out
@@ -158,7 +182,9 @@ KNOWN_EXPORT: tuple[tuple[str, tuple[str, ...], bool, str], ...] = (
     ("crc-checked", _EXPORT, False, r"does not match its CRC-32"),
     # miniz, behind torch's archive reader, tolerates records that disagree; the zip directory is
     # read by the torch zip's rules (guard.readers.binary.zipdir), and torch.export.load then also tries zipfile.
+    # A record torch finds only under another case (miniz ignores case) is refused, as a torch zip's storages are.
     ("stricter-zip", _EXPORT, False,
-     r"zip does not hold|multi-disk|zip64|End Of Central Directory|does not fit|inconsistent sizes|overlaps"),
+     r"zip does not hold|multi-disk|zip64|End Of Central Directory|does not fit|inconsistent sizes|overlaps"
+     r"|differ only in case"),
 )
 REFERENCES_EXPORT: dict[str, Callable[[bytes], Inventory | str]] = {"torch-export": reference_pt2}

@@ -361,11 +361,13 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     # its CRC-32 is not checked (config.json and metadata.json are read whole and checked);
     # zipfile (and so keras.saving.load_model) checks it on extraction.
     Known("data-crc-not-read", ("keras",), True, r"Bad CRC-32 for file 'model\.weights\.h5'"),
-    # The zip directory is read by the same rules as a torch zip's (guard.readers.torch.zip):
-    # records that disagree (entry count, comment length) are refused; zipfile tolerates them.
+    # The zip directory is read as zipfile reads it (by its declared size, whatever the entry
+    # count), but records that disagree are refused where zipfile tolerates them: a wrong comment
+    # length, stray bytes before the end record, entries that share bytes (the overlapping-entry
+    # zip bomb) even where the one that overlaps is metadata.json, which Keras does not load.
     Known("stricter-zip", ("keras",), False,
           r"zip central directory|End Of Central Directory|does not fit|zip64|multi-disk"
-          r"|two different sizes"),
+          r"|two different sizes|overlaps|stray bytes between the zip directory"),
     # zipfile refuses an entry whose "version needed to extract" is above 6.3; that field says
     # nothing about how a stored or deflated member is laid out, and we do not read it.
     Known("zip-version-needed", ("keras",), True, r"zip file version"),
@@ -564,8 +566,14 @@ def _hdf5_samples() -> list[bytes]:
     return out
 
 
+KERAS_SAVED_AT = (2025, 1, 1, 0, 0, 0)  # the members' zip timestamp (Keras writes the time of the save)
+
+
 def _keras_samples() -> list[bytes]:
-    """.keras archives as Keras 3 lays them out (stored members), around h5py weights."""
+    """.keras archives as Keras 3 lays them out (stored members), around h5py weights.
+
+    Keras stamps each member with the time of the save; here it is a fixed time, so that the
+    seeded mutants are the same on every run."""
     import json
     import zipfile
 
@@ -577,9 +585,9 @@ def _keras_samples() -> list[bytes]:
             "name": "sequential", "dtype": {"module": "keras", "class_name": "DTypePolicy",
                                             "config": {"name": policy}}, "layers": []}}
         with zipfile.ZipFile(buffer, "w") as archive:
-            archive.writestr("metadata.json", json.dumps({"keras_version": "3.15.1"}))
-            archive.writestr("config.json", json.dumps(config))
-            archive.writestr("model.weights.h5", weights)
+            for name, content in (("metadata.json", json.dumps({"keras_version": "3.15.1"})),
+                                  ("config.json", json.dumps(config)), ("model.weights.h5", weights)):
+                archive.writestr(zipfile.ZipInfo(name, date_time=KERAS_SAVED_AT), content)
         out.append(buffer.getvalue())
     return out
 

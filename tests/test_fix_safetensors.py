@@ -429,3 +429,30 @@ def test_the_plan_names_the_shards_max_shard_size_will_write(tmp_path: Path,
                             + ["model.safetensors.index.json"])
     main(["fix", str(model), "--max-shard-size", "40KB", "--write"])
     assert sorted(p.name for p in model.glob("model*")) == writes
+
+
+def test_a_byteorder_record_under_another_case_is_found_as_torch_finds_it(tmp_path: Path) -> None:
+    """miniz finds records ignoring case, so torch.load byte-swaps every storage of a file whose
+    ``BYTEORDER`` record says ``big``; the readers find the small records the same way, and so
+    does the copy: it refuses the file rather than copy little-endian bytes torch reads swapped."""
+    import zipfile
+
+    torch.save({"w": torch.arange(1, 5, dtype=torch.int32)}, tmp_path / "pytorch_model.bin")
+    model = tmp_path / "m"
+    model.mkdir()
+    with zipfile.ZipFile(tmp_path / "pytorch_model.bin") as src, \
+            zipfile.ZipFile(model / "pytorch_model.bin", "w") as dst:
+        for info in src.infolist():
+            name, data = info.filename, src.read(info)
+            if name.endswith("/byteorder"):
+                name, data = name[: -len("byteorder")] + "BYTEORDER", b"big"
+            dst.writestr(zipfile.ZipInfo(name, info.date_time), data)
+    swapped = torch.load(model / "pytorch_model.bin", weights_only=True)["w"]
+    assert swapped.tolist() == [v << 24 for v in (1, 2, 3, 4)]  # torch read the record as its byteorder
+    (finding,) = cg008(model)
+    assert finding.fix is not None
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(GuardError, match=r"^pytorch_model\.bin: its storages are big-endian"):
+        stage(finding.fix, ActionContext(model.resolve(), staging, FixOptions(write=True), Policy()))
+    assert sorted(p.name for p in model.iterdir()) == ["pytorch_model.bin"]

@@ -175,3 +175,152 @@ def test_torch_zip_two_records_whose_names_differ_only_in_case_are_refused(tmp_p
     assert not ours.valid
     assert "differ only in case" in ours.reason
     assert category == "stricter-zip"
+
+
+@pytest.mark.parametrize(("size", "loads"), [(12, False), (43, False), (44, True), (1000, True)])
+def test_torch_zip_zip64_end_record_that_declares_itself_short_is_refused(tmp_path: Path, size: int,
+                                                                        loads: bool) -> None:
+    """torch.save writes a zip64 end record, whose size field counts the 44 bytes after it.
+    miniz refuses a record that declares fewer (torch.load: "failed reading zip archive"); the
+    scan read such a file (the seed-4 torch-export mutant had 12).  Now refused as miniz refuses
+    it; a larger size is not held against the file, by either."""
+    data = bytearray(_torch_zip(tmp_path))
+    struct.pack_into("<Q", data, data.rfind(b"PK\x06\x06") + 4, size)
+    category, ours, theirs = _verdicts("torch-zip", bytes(data))
+    assert isinstance(theirs, dict) == loads, theirs
+    assert ours.valid == loads, ours.reason
+    if not loads:
+        assert "zip64 end record declares" in ours.reason
+    assert category == "agree"
+
+
+# ------------------------------------------------------------------ .keras (keras.saving.load_model, Python's zipfile)
+
+def _keras_file(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A .keras archive Keras itself wrote (tests/real_writers.py: metadata.json, config.json,
+    model.weights.h5, stored)."""
+    import importlib.util
+
+    pytest.importorskip("h5py")
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip("keras is not installed")
+    from real_writers import built
+
+    out, _reference = built("keras", tmp_path_factory)
+    return (out / "seq_float32.keras").read_bytes()
+
+
+def test_keras_end_record_that_undercounts_its_entries_loads(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The end record counts 1 entry of 3.  keras.saving.load_model opens the archive with
+    zipfile, which reads the directory by its size and never looks at the count: the model
+    loads.  The scan read one entry and found "no config.json"; the directory is now read as
+    zipfile reads it (as the .npz reader does)."""
+    data = _with_end_record(_keras_file(tmp_path_factory), on_disk=1, count=1)
+    assert len(zipfile.ZipFile(io.BytesIO(data)).namelist()) == 3
+    category, ours, theirs = _verdicts("keras", data)
+    assert isinstance(theirs, dict) and theirs
+    assert ours.valid, ours.reason
+    assert ours.inventory == theirs
+    assert category == "agree"
+
+
+def test_keras_metadata_entry_that_overlaps_config_is_refused(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The seed-3 mutant: metadata.json's compressed size in the directory grew past the start
+    of config.json.  Keras never reads metadata.json, so it loads the model; the scan refuses
+    entries that share bytes (the overlapping-entry zip bomb) whichever member they are:
+    ``stricter-zip``.  The entry count was not the cause."""
+    data = bytearray(_keras_file(tmp_path_factory))
+    at = _central_entry(bytes(data), b"metadata.json")
+    size = struct.unpack_from("<I", data, at + 20)[0]
+    struct.pack_into("<I", data, at + 20, size + 76)  # 27 -> 103 in the seed-3 mutant
+    category, ours, theirs = _verdicts("keras", bytes(data))
+    assert isinstance(theirs, dict) and theirs
+    assert not ours.valid
+    assert "zip entry 'metadata.json' overlaps 'config.json'" in ours.reason
+    assert category == "stricter-zip"
+
+
+# ------------------------------------------------------------------ the samples the agreement runs mutate
+
+def _export_module(folder: Path) -> object:
+    """tests/fuzz_formats_export.py, copied into ``folder`` and imported from there under its own name."""
+    import importlib.util
+
+    folder.mkdir()
+    path = folder / "fuzz_formats_export.py"
+    path.write_bytes((Path(__file__).parent / "fuzz_formats_export.py").read_bytes())
+    spec = importlib.util.spec_from_file_location("fuzz_formats_export", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pt2_samples_are_the_same_bytes_from_any_checkout(tmp_path: Path) -> None:
+    """torch.export.save wrote each node's stack trace (absolute paths, line numbers), so the
+    .pt2 samples, and the seeded mutants of the torch-export agreement, changed with the
+    checkout's path.  Written from two copies of the module at two paths, they are now equal,
+    and each still loads in torch.export.load as the scan reads it."""
+    first = _export_module(tmp_path / "checkout")._pt2_samples()  # type: ignore[attr-defined]
+    second = _export_module(tmp_path / "another-checkout")._pt2_samples()  # type: ignore[attr-defined]
+    assert first == second
+    for data in first:
+        assert b"stack_trace" not in data and str(tmp_path).encode() not in data
+        category, ours, theirs = _verdicts("torch-export", data)
+        assert ours.valid and isinstance(theirs, dict) and ours.inventory == theirs
+        assert category == "agree"
+
+
+def test_keras_samples_do_not_carry_the_time_of_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """zipfile stamps a member written by name with the current time: the .keras samples (and
+    their mutants) changed from one run to the next.  Now the same bytes at any time."""
+    import time
+
+    from fuzz_inputs import sample_checkpoints
+
+    first = sample_checkpoints("keras")
+    monkeypatch.setattr(time, "time", lambda: 1_000_000_000.0)  # 2001
+    assert sample_checkpoints("keras") == first
+
+
+def test_pt2_mutant_whose_nested_record_is_marked_as_a_folder_is_that_category(tmp_path: Path) -> None:
+    """The seed-3 torch-export mutant: the directory entry of data.pkl inside the archive's
+    sample_inputs/model.pt (a torch.save file) has its external attributes set to 0xffff, the
+    DOS folder bit among them.  miniz then hands torch uninitialised memory for it, and the
+    harness's check for that case read the nested file with zipfile, whose CRC check failed
+    (the nested file's bytes changed): the mutant came out unexplained.  It is read without
+    the CRC check now: ``folder-attribute``."""
+    from fuzz_formats_export import _has_folder_records, _pt2_samples
+
+    data = bytearray(_pt2_samples()[0])
+    outer = zipfile.ZipFile(io.BytesIO(bytes(data)))
+    nested = outer.getinfo(next(n for n in outer.namelist() if n.endswith("sample_inputs/model.pt")))
+    start = _local_header_of(bytes(data), nested.filename.encode())
+    start += 30 + sum(struct.unpack_from("<HH", data, start + 26))
+    inner = bytes(data[start:start + nested.compress_size])
+    pickle = next(n for n in zipfile.ZipFile(io.BytesIO(inner)).namelist() if n.endswith("/data.pkl"))
+    at = start + _central_entry(inner, pickle.encode()) + 36
+    data[at:at + 4] = b"\xff\xff\xff\xff"  # internal attributes, the low bytes of the external ones
+    assert _has_folder_records(bytes(data))
+    category, ours, _theirs = _verdicts("torch-export", bytes(data))
+    assert ours.valid, ours.reason
+    assert category in ("agree", "folder-attribute")
+
+
+def test_pt2_weight_record_under_another_case_is_refused() -> None:
+    """The seed-4 torch-export mutant: one flipped bit makes the directory say
+    ``archive/dAta/weights/weight_0``.  miniz finds records ignoring case, so torch.export.load
+    loads the weights; the scan said the config names a record "which the archive does not
+    hold".  As for a torch zip's storages, a record found only under another case is refused,
+    and says so: ``stricter-zip``."""
+    from fuzz_formats_export import _pt2_samples
+
+    data = bytearray(_pt2_samples()[1])
+    name = next(n for n in zipfile.ZipFile(io.BytesIO(bytes(data))).namelist() if n.endswith("/weights/weight_0"))
+    at = _central_entry(bytes(data), name.encode()) + 46 + name.index("/data/") + 2
+    data[at] ^= 0x20  # "a" -> "A"
+    category, ours, theirs = _verdicts("torch-export", bytes(data))
+    assert isinstance(theirs, dict) and theirs
+    assert not ours.valid
+    assert "differ only in case" in ours.reason
+    assert category == "stricter-zip"

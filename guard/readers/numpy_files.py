@@ -31,7 +31,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.binary.zipdir import MemberPrefix, ZipEntry, open_member, read_zip_archive
+from guard.readers.binary.zipdir import MemberPrefix, ZipEntry, open_member, read_zipfile_archive
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan, TensorInfo
 
@@ -204,9 +204,7 @@ def _array(path: str, name: str, header: NpyHeader, data_at: int | None
 
 
 def read_npz(source: ByteSource) -> FileScan:
-    archive = read_zip_archive(source, whole_directory=True)  # numpy opens it with zipfile
-    if archive.gap:  # zipfile would take the gap for bytes prepended to the archive and misread it
-        raise MalformedCheckpoint(f"{archive.gap:,} stray bytes between the zip directory and its end record")
+    archive = read_zipfile_archive(source)  # numpy opens it with zipfile
     ordered = sorted(archive.entries.values(), key=lambda e: e.header_offset)
     limits = {e.name: nxt.header_offset for e, nxt in zip(ordered, ordered[1:])}
     tensors: list[TensorInfo] = []

@@ -151,12 +151,14 @@ def _located_scan(path: Path) -> FileScan:
 
 def _check_zip_storages(source: LocalFile, scan: FileScan) -> None:
     """Little-endian bytes, and no storage that only something other than a plain tensor uses."""
-    from guard.readers.torch.records import read_record
     from guard.readers.binary.zipdir import read_zip_directory
+    from guard.readers.torch.records import find_records, read_record
 
     entries = read_zip_directory(source)
     prefix = next(iter(entries)).split("/", 1)[0]
-    order = entries.get(f"{prefix}/byteorder")
+    # found as torch finds it (miniz ignores case), as the reader found it: ``archive/BYTEORDER``
+    # decides how torch reads the bytes as much as ``archive/byteorder`` does
+    order = find_records(entries, (f"{prefix}/byteorder",))[f"{prefix}/byteorder"]
     if order is not None and read_record(source, order, limit=16) != b"little":
         raise GuardError(f"{Path(source.name).name}: its storages are big-endian: nothing written "
                          "(load and re-save it with torch on a little-endian machine)")

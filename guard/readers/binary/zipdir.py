@@ -67,9 +67,10 @@ def read_zip_archive(source: ByteSource, *, whole_directory: bool = False) -> Zi
     miniz (torch) reads as many entries as the end record counts.  Python's zipfile (numpy,
     Keras) never looks at that count: it reads entries until the directory's declared size
     is used up.  ``whole_directory`` reads as zipfile does, so that a count lowered by
-    damage cannot hide members the loader still loads.
+    damage cannot hide members the loader still loads (and skips miniz's check of the
+    zip64 end record's own size, which zipfile never reads).
     """
-    cd_offset, cd_size, count, cd_limit, on_disk = _find_directory(source)
+    cd_offset, cd_size, count, cd_limit, on_disk = _find_directory(source, zipfile_reads=whole_directory)
     if cd_size > MAX_DIRECTORY:
         raise MalformedCheckpoint(f"zip central directory of {cd_size:,} bytes exceeds the limit")
     if cd_offset + cd_size > cd_limit or (not whole_directory and count > cd_size // _CENTRAL.size):
@@ -103,6 +104,17 @@ def read_zip_archive(source: ByteSource, *, whole_directory: bool = False) -> Zi
     return ZipArchive(entries, cd_offset, count, on_disk, cd_limit - cd_offset - cd_size)
 
 
+def read_zipfile_archive(source: ByteSource) -> ZipArchive:
+    """The directory as Python's zipfile reads it, for the readers whose loader opens the file with
+    zipfile (numpy.load, keras.saving.load_model): every entry the declared size holds, whatever the
+    end record counts.  Bytes between the directory and the end record are refused: zipfile would
+    take them for bytes prepended to the archive and read every member that many bytes further on."""
+    archive = read_zip_archive(source, whole_directory=True)
+    if archive.gap:
+        raise MalformedCheckpoint(f"{archive.gap:,} stray bytes between the zip directory and its end record")
+    return archive
+
+
 def _check_layout(entries: dict[str, ZipEntry], cd_offset: int) -> None:
     ordered = sorted(entries.values(), key=lambda e: e.header_offset)
     for entry, after in zip(ordered, [*ordered[1:], None]):
@@ -125,8 +137,10 @@ def local_data_offset(source: ByteSource, entry: ZipEntry, head: bytes | None = 
     return entry.header_offset + _LOCAL.size + nlen + elen
 
 
-def _find_directory(source: ByteSource) -> tuple[int, int, int, int, int]:
-    """(directory offset, size, entry count, offset it must end before, entries "on this disk")."""
+def _find_directory(source: ByteSource, *, zipfile_reads: bool = False) -> tuple[int, int, int, int, int]:
+    """(directory offset, size, entry count, offset it must end before, entries "on this disk").
+
+    ``zipfile_reads``: the loader is Python's zipfile, which skips a check miniz makes (below)."""
     found = None
     for tail_size in (_FIRST_TAIL, _MAX_TAIL):
         tail_size = min(tail_size, source.size)
@@ -153,8 +167,12 @@ def _find_directory(source: ByteSource) -> tuple[int, int, int, int, int]:
         # miniz reads the record where the locator points even where it runs into the locator
         # itself (a damaged tail), and then takes its counts: so does this reader.
         if sig == b"PK\x06\x07":
-            (sig, _size, _made, _need, disk64, cd_disk64, on_disk64, count64, cd_size64,
+            (sig, size64, _made, _need, disk64, cd_disk64, on_disk64, count64, cd_size64,
              cd_offset64) = _ZIP64_EOCD.unpack(source.read_at(z64_at, _ZIP64_EOCD.size))
+            # miniz refuses a record that declares itself shorter than its fields (the size counts
+            # the bytes after the size field: 44); zipfile never reads that size
+            if sig == b"PK\x06\x06" and not zipfile_reads and size64 < _ZIP64_EOCD.size - 12:
+                raise MalformedCheckpoint(f"zip64 end record declares {size64:,} bytes, fewer than its own fields")
             if sig == b"PK\x06\x06":
                 if disk64 or cd_disk64:
                     raise MalformedCheckpoint("multi-disk zip archives are not torch checkpoints")

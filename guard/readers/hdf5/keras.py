@@ -1,7 +1,8 @@
 """Keras 3 ``.keras``: a zip of metadata.json, config.json and model.weights.h5.
 
 Keras 3 writes every member stored (``zipfile.ZipFile`` default), so the h5
-member is read in place through a byte-range view: one central-directory read,
+member is read in place through a byte-range view: one central-directory read
+(by its declared size, as zipfile reads it, whatever count the end record gives),
 the two small JSON members, then the HDF5 object headers.  A deflated
 ``model.weights.h5`` (re-zipped by another tool) is inflated into memory up to
 ``MAX_INFLATED_WEIGHTS``; past that it is CG006 (re-save it with Keras).
@@ -27,7 +28,7 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.readers.hdf5.file import INSTALL_HINT, have_h5py, walk_hdf5
-from guard.readers.binary.zipdir import MemberSource, ZipEntry, open_member, read_member, read_zip_directory
+from guard.readers.binary.zipdir import MemberSource, ZipEntry, open_member, read_member, read_zipfile_archive
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan
 
@@ -44,7 +45,8 @@ POLICY_VARIABLE_DTYPES: dict[str, str] = {
 
 
 def read_keras(source: ByteSource) -> FileScan:
-    entries = read_zip_directory(source)
+    # keras.saving.load_model opens the archive with zipfile: the directory is read as zipfile reads it
+    entries = read_zipfile_archive(source).entries
     if len(entries) > MAX_ENTRIES:
         raise MalformedCheckpoint(f"{len(entries):,} zip entries: more than a .keras archive holds")
     metadata = _keras_metadata(source, entries)

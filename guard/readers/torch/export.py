@@ -28,7 +28,7 @@ from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding
 from guard.readers.torch.pickle import ITEMSIZES, MAX_PICKLE_BYTES, PickleWalker, StorageRef, TensorRef
-from guard.readers.torch.records import MAX_SMALL_RECORD, check_directory
+from guard.readers.torch.records import MAX_SMALL_RECORD, check_directory, refuse_case_twins
 from guard.readers.torch.records import _check_version as check_version
 from guard.readers.torch.tensors import (
     CountingSource,
@@ -139,6 +139,7 @@ def _read_pt2(source: ByteSource, counted: CountingSource, archive: ZipArchive, 
         named = f"{model}." if len(models) > 1 else ""
         sample = entries.get(f"{prefix}/data/sample_inputs/{model}.pt")
         if sample is None:  # torch.export.load reads it before the weights
+            refuse_case_twins(entries, (f"{prefix}/data/sample_inputs/{model}.pt",))
             raise MalformedCheckpoint(f"pt2 archive has no data/sample_inputs/{model}.pt")
         _walk_member(counted, sample, found, cheap=cheap)
         for folder in ("weights", "constants"):
@@ -169,6 +170,7 @@ def _read_legacy(source: ByteSource, entries: dict[str, ZipEntry], found: _Found
 def _config(source: ByteSource, entries: dict[str, ZipEntry], name: str) -> dict[str, object]:
     entry = entries.get(name)
     if entry is None:
+        refuse_case_twins(entries, (name,))
         raise MalformedCheckpoint(f"pt2 archive has no {name.split('/', 1)[1]}")
     raw = read_member(source, entry, limit=MAX_CONFIG)
     if zlib.crc32(raw) != entry.crc:  # read whole anyway: a flipped dtype digit is a corrupted file
@@ -196,6 +198,7 @@ def _payload(entries: dict[str, ZipEntry], prefix: str, folder: str, fqn: str, m
     member = f"{prefix}/data/{folder}/{path_name}"
     entry = entries.get(member)
     if entry is None:
+        refuse_case_twins(entries, (member,))  # torch would find it under another case: say so
         raise MalformedCheckpoint(f"{folder} config entry {fqn[:100]!r} names data/{folder}/{path_name[:100]}, "
                                   "which the archive does not hold")
     use_pickle = meta.get("use_pickle", False)
