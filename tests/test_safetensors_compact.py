@@ -198,3 +198,23 @@ def test_json_dumps_numbers_and_spacing(old: str, new: str, monkeypatch: pytest.
     assert _read(mutated, compact=True, monkeypatch=monkeypatch) == general
     if fast is not None:
         assert fast == general
+
+
+def test_a_full_span_cache_loses_none_of_a_files_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process-wide span cache is emptied when full.  A file whose (dtype, shape) keys are partly cached
+    and partly new, read as the cache fills, keeps all its spans: the same scan as with room to spare (the
+    cache was once emptied between two of a file's keys, and the lookup of the first one failed: CG001)."""
+    data = _written()[0]
+    expected = _read(data, compact=False, monkeypatch=monkeypatch)
+    for held in range(1, 5):
+        monkeypatch.setattr(reader, "_SPANS", {})
+        monkeypatch.setattr(reader, "_SPANS_HELD", held)
+        reader._read_compact(*_parts(_written()[1]))  # one of the cache's keys beside the file's
+        source = BytesSource(data, name="model.safetensors")
+        assert reader._read_compact(*_parts(data)) == expected == reader.read_safetensors(source)
+        assert len(reader._SPANS) <= max(held, 3)
+
+
+def _parts(data: bytes) -> tuple[bytes, BytesSource, int]:
+    (length,) = struct.unpack("<Q", data[:8])
+    return data[8:8 + length], BytesSource(data, name="model.safetensors"), length

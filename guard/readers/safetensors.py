@@ -356,11 +356,13 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     # where ``None in infos`` made a rich comparison of each tuple with None)
     infos = list(map(spans.get, keys))
     if not all(infos):  # a (dtype, shape) this process has not met yet, or one without a span
-        for key in set(keys).difference(spans):
-            if len(spans) >= _SPANS_HELD:
-                spans.clear()
-            spans[key] = _span_of_entry_key(key, spaced)
-        infos = list(map(spans.__getitem__, keys))
+        fresh = {key: _span_of_entry_key(key, spaced) for key in set(keys).difference(spans)}
+        # the file's own spans come from `infos` and `fresh`, never from the cache after it is emptied: a
+        # long-lived process (the Hub reviewer) fills it, and a clear between two of a file's keys lost one
+        if len(spans) + len(fresh) > _SPANS_HELD:
+            spans.clear()
+        spans.update(fresh)
+        infos = [fresh.get(key) if info is None else info for key, info in zip(keys, infos)]
         if not all(infos):
             return None
     # offsets tile the buffer in header order: each begin the previous end, compared as the text itself,
