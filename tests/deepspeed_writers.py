@@ -102,7 +102,14 @@ def _llama(preset: str):  # type: ignore[no-untyped-def]
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**PRESETS[preset], tie_word_embeddings=False))
+    return LlamaForCausalLM(LlamaConfig(**preset_sizes(preset), tie_word_embeddings=False))
+
+
+def preset_sizes(preset: str) -> dict[str, int]:
+    """A preset's sizes; ``tiny-L<n>``: the tiny one with n layers (bench/training_scan.py's item counts)."""
+    if preset.startswith("tiny-L"):
+        return {**PRESETS["tiny"], "num_hidden_layers": int(preset[len("tiny-L"):])}
+    return PRESETS[preset]
 
 
 def _train_and_save(rank: int, root: str, stage: int, precision: str, world_size: int, steps: int,
