@@ -338,7 +338,6 @@ def test_flax_and_orbax_outputs_load(sources: Any, tmp_path: Path) -> None:
         assert np.array_equal(np.asarray(restored[key]), np.asarray(value)), key
 
 
-@pytest.mark.transformers4  # parity's PyTorch side loads the HQQ source: transformers 5.25 has no HQQ
 def test_parity_runs_on_the_result(sources: Any, tmp_path: Path) -> None:
     pytest.importorskip("guard.parity")
     src = sources("hqq-4")
