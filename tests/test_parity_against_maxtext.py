@@ -176,3 +176,29 @@ def test_convert_parity_runs_maxtexts_forward_on_the_output(tmp_path: Path) -> N
     assert parity["loads"]["defaults"]["tree"]["exact"] == 25  # unscanned, as written
     fp32 = next(c for c in parity["comparisons"] if c["name"].startswith("defaults") and c["judged"])
     assert fp32["passed"] and report["findings"] == []
+
+
+def test_maxtext_tied_logit_conventions_named_where_they_apply() -> None:
+    from guard.against.maxtext_causes import forward_causes
+
+    gemma3 = {"model_type": "gemma3_text"}  # tied by default, as transformers' Gemma configs are
+    assert len(forward_causes(gemma3, {}, "F32")) == 2 and forward_causes(gemma3, {}, "BF16") == ()
+    (table,) = forward_causes({"model_type": "llama", "tie_word_embeddings": True}, {}, "F32")
+    assert "attend_on_embedding" in table and "no flag avoids it" in table
+    assert forward_causes({"model_type": "llama"}, {}, "F32") == ()  # untied: no logits from the table
+
+
+def test_an_fp32_gemma3_misses_by_maxtexts_tied_logit_conventions_named(tmp_path: Path) -> None:
+    """A tiny fp32 Gemma 3: every leaf MaxText holds is exact (its embedding after the declared bf16 scale,
+    CG301), and its fp32 forward misses transformers' by ~2e-3: CG302 naming MaxText's two conventions."""
+    needs_maxtext()
+    src = build("gemma3", tmp_path / "src", torch.float32)
+    report_path = tmp_path / "r.json"
+    code = main(["parity", str(src), "--against", "maxtext", "--format", "json", "-o", str(report_path)])
+    report = report_of(report_path)
+    assert code == 1, report["findings"]
+    assert report["extra"]["parity"]["loads"]["defaults"]["tree"]["changed"] == []
+    forward = [f for f in report["findings"] if f["code"] == "CG302"]
+    assert forward and all("forward" in f["message"] and "attend_on_embedding" in f["message"]
+                           and "bf16(sqrt(hidden_size))" in f["message"] for f in forward), forward
+    assert {f["code"] for f in report["findings"]} == {"CG301", "CG302"}

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from guard.against import easydel_causes
+from guard.against import easydel_causes, maxtext_causes
 from guard.convert.maxtext.table import ARCHITECTURES as MAXTEXT_ROWS
 
 T = ("transpose", (1, 0))
@@ -177,7 +177,7 @@ TARGETS: dict[str, Target] = {
                     when_stored=("BF16",))),
         architectures={t: () for row in MAXTEXT_ROWS.values() for t in row.model_types},
         needs="MaxText 0.2.5 needs Python >= 3.12 and transformers >= 5.17: a venv of its own",
-        converts_to="maxtext", exact_load="defaults"),
+        converts_to="maxtext", exact_load="defaults", forward_causes=maxtext_causes.forward_causes),
 }
 
 
