@@ -450,7 +450,7 @@ def test_diff_compares_two_checkpoints_as_models_values_included(plain: Path, fs
     assert '"max_abs"' in text and "not compared" not in text
     assert main(["diff", str(fsdp2 / "dcp"), str(fsdp2 / "per-rank"), "--values"]) == 0
     out = capsys.readouterr().out
-    assert "21 tensor(s) unchanged (identical bytes)" in out, out
+    assert "model .: unchanged, 21 tensor(s) with identical values" in out, out  # the folders' names are no change
 
 
 @pytest.mark.parametrize("prefix", ["_orig_mod.", "module.", "module._orig_mod."], ids=["compile", "ddp", "both"])
@@ -542,3 +542,35 @@ def test_a_hub_scan_reads_the_hf_writers_shards_as_one_set_as_locally(fsdp2: Pat
     assert {"CG114", "CG116"} <= gap
     read = {r["repo"]: {f["path"]: f for f in r["files"]} for r in result.report.extra["hub"]["repos"]}
     assert read["org/hf"]["."]["requests"] >= 2  # one folder entry: each shard's header, by ranged reads
+
+
+def test_a_diff_of_two_checkpoint_folders_names_only_what_changed(tmp_path: Path, capsys) -> None:
+    """``diff step-100/ step-200/``: each folder is its side's checkpoint, so the folders' names are no
+    change.  The same save twice is unchanged; one tensor saved anew in another dtype is the only change."""
+    import json
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from guard.cli import main
+
+    def save(name: str, bias_dtype: torch.dtype) -> Path:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save({"model": {"w": torch.ones(4, 4), "b": torch.zeros(4, dtype=bias_dtype)}},
+                     checkpoint_id=str(tmp_path / name))
+        return tmp_path / name
+
+    def report(old: Path, new: Path) -> dict:  # type: ignore[type-arg]
+        capsys.readouterr()
+        main(["diff", "--values", "--format", "json", "--no-summary", str(old), str(new)])
+        return json.loads(capsys.readouterr().out)
+
+    first, same, recast = save("step-100", torch.float32), save("step-200", torch.float32), \
+        save("step-300", torch.bfloat16)
+    (model,) = report(first, same)["models"]
+    assert model["status"] == "unchanged" and [s["status"] for s in model["sets"]] == ["unchanged"], model
+    (model,) = report(first, recast)["models"]
+    (changed,) = model["sets"]
+    assert model["status"] == changed["status"] == "changed"
+    assert [(t["name"], t["kinds"]) for t in changed["changed"]] == [("b", ["recast"])], changed

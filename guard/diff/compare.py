@@ -91,19 +91,28 @@ def _other_steps(only_old: list[str], only_new: list[str], olds: dict[str, Pairi
 def pair_sets(old: ModelInventory | None, new: ModelInventory | None
               ) -> list[tuple[str, WeightSet | None, WeightSet | None]]:
     """Sets by name; the two primaries of other names (``a.safetensors`` against ``b.safetensors``,
-    a ``.bin`` re-saved as ``.safetensors``) are one set."""
+    a ``.bin`` re-saved as ``.safetensors``) are one set.  Where each primary is its side's own folder (a
+    DCP or ZeRO checkpoint diffed as ``step-100/`` against ``step-200/``), its name is the folder the user
+    named, not a path in the repository: the pair keeps the old name, and the names are no change."""
     olds = {ws.name: ws for ws in (old.sets if old else ())}
     news = {ws.name: ws for ws in (new.sets if new else ())}
     o_primary, n_primary = (old.primary if old else None), (new.primary if new else None)
     renamed = (o_primary is not None and n_primary is not None and o_primary.name not in news
                and n_primary.name not in olds)
+    roots = renamed and is_root_set(old, o_primary) and is_root_set(new, n_primary)  # type: ignore[arg-type]
     pairs: list[tuple[str, WeightSet | None, WeightSet | None]] = []
     for name in sorted(olds.keys() | news.keys()):
         if renamed and name == o_primary.name:  # type: ignore[union-attr]
-            pairs.append((f"{name} -> {n_primary.name}", o_primary, n_primary))  # type: ignore[union-attr]
+            key = name if roots else f"{name} -> {n_primary.name}"  # type: ignore[union-attr]
+            pairs.append((key, o_primary, n_primary))
         elif not (renamed and name == n_primary.name):  # type: ignore[union-attr]
             pairs.append((name, olds.get(name), news.get(name)))
     return pairs
+
+
+def is_root_set(inventory: ModelInventory, ws: WeightSet) -> bool:
+    """The set is the scanned folder itself (a training checkpoint read as one file named by its folder)."""
+    return bool(ws.files) and all(f.path == inventory.path for f in ws.files)
 
 
 # The two drafts below are internal and never leave this module: plain slotted classes, not records
@@ -226,8 +235,9 @@ class _Builder:
         if old is None or new is None:
             status = "added" if old is None else "removed"
         else:
-            differs = changed or d.added or d.removed or d.unknown or d.unreadable or old.name != new.name \
-                or old.format != new.format
+            moved = old.name != new.name and d.key == old.name  # each its side's own folder (pair_sets)
+            differs = changed or d.added or d.removed or d.unknown or d.unreadable or old.format != new.format \
+                or (old.name != new.name and not moved)
             status = "changed" if differs else "unchanged"
         return SetChange(d.key, old.name if old else None, new.name if new else None, status, d.old_totals,
                          d.new_totals, d.added, d.removed, tuple(changed), unchanged, values_differ,
