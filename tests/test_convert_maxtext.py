@@ -22,6 +22,7 @@ from flax.traverse_util import flatten_dict  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 from test_convert import _offline  # noqa: E402,F401
 
+from guard.against.maxtext_causes import tied_logits_as_maxtext  # noqa: E402
 from guard.cli import main  # noqa: E402
 from guard.convert.maxtext.flags import rope_theta  # noqa: E402
 
@@ -50,6 +51,7 @@ def build(kind: str, path: Path, dtype: torch.dtype = torch.bfloat16, *, rope: d
         "llama": lambda: tf.LlamaConfig(**BASE),
         "llama_tied": lambda: tf.LlamaConfig(**BASE, tie_word_embeddings=True),  # as Llama 3.2 1B and 3B
         "mistral": lambda: tf.MistralConfig(**BASE, sliding_window=None),
+        "mistral_tied": lambda: tf.MistralConfig(**BASE, sliding_window=None, tie_word_embeddings=True),
         "qwen3": lambda: tf.Qwen3Config(**BASE),
         "qwen2": lambda: tf.Qwen2Config(**{k: v for k, v in BASE.items() if k != "head_dim"}),
         "mixtral": lambda: tf.MixtralConfig(**BASE, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
@@ -351,30 +353,6 @@ MAXTEXT_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "h
                 "original_max_position_embeddings": 8192}  # what MaxText's LLaMARotaryEmbedding hard-codes
 
 
-def tied_logits_as_maxtext(model: Any, ids: list[list[int]], *, embed_step: str | None) -> np.ndarray:
-    """transformers' fp32 forward up to the final norm, then the tied logits as MaxText 0.2.5 computes them:
-    the stored table (Gemma's times sqrt(hidden_size), steps.embed_scale; Gemma 3's times that rounded to
-    bfloat16, steps.embed_scale_bf16, which MaxText also looks up as it is) rounded to bfloat16
-    (layers/embeddings.py attend_on_embedding), divided by sqrt(hidden_size) for Gemma
-    (normalize_embedding_logits), then Gemma 2's final softcap."""
-    import ml_dtypes
-
-    from guard.convert.maxtext.steps import STEPS, bfloat16_sqrt
-
-    table = model.get_input_embeddings().weight.detach().numpy()
-    if embed_step == "embed_scale_bf16":  # the rows MaxText looks up: x bfloat16(sqrt(D)), not x sqrt(D)
-        model.get_input_embeddings().embed_scale.fill_(bfloat16_sqrt(table.shape[-1]))
-    with torch.no_grad():
-        hidden = model.model(torch.tensor(ids)).last_hidden_state.numpy()
-    if embed_step:
-        table = STEPS[embed_step][0](table, 0)
-    logits = hidden @ table.astype(ml_dtypes.bfloat16).astype(np.float32).T
-    if embed_step:
-        logits = logits / np.float32(np.sqrt(table.shape[-1]))
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    return np.tanh(logits / cap) * cap if cap else logits
-
-
 EMBED_STEPS = {"gemma2": "embed_scale", "gemma3": "embed_scale_bf16", "gemma3_27b": "embed_scale_bf16"}
 
 
@@ -391,7 +369,7 @@ def forward_cases(tmp_path: Path, kinds: tuple[str, ...], ids: list[list[int]]) 
         with torch.no_grad():
             plain = model(torch.tensor(ids)).logits.numpy()
         tied = model.config.tie_word_embeddings
-        np.save(tmp_path / kind / "logits.npy", tied_logits_as_maxtext(model, ids, embed_step=EMBED_STEPS.get(kind))
+        np.save(tmp_path / kind / "logits.npy", tied_logits_as_maxtext(model, ids, step=EMBED_STEPS.get(kind))
                 if tied else plain)
         if tied:  # the same MaxText forward against transformers' own logits: the declared figure
             np.save(tmp_path / kind / "plain.npy", plain)

@@ -129,6 +129,7 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
 
     file_tensors = _file_tensors(src)
     torch_runs = _torch_runs(src, config, input_ids, passes)
+    conventional: dict[str, Any] = {}  # the target's conventional reference, computed once when first needed
     exact = next((ld for ld in loads if ld.label == target.exact_load), None)
     findings: list[Finding] = []
     figures["loads"] = {}
@@ -152,16 +153,62 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
         runs = dict(torch_runs)
         for dtype, outputs in record["outputs"].items():
             runs["flax:fp32" if dtype == "F32" else "flax:stored"] = {k: read_array(v, tmp) for k, v in outputs.items()}
-        comparisons = compare_runs(runs, {"torch": stored, "flax": stored}, layers=int(config["num_hidden_layers"]))
+        layers = int(config["num_hidden_layers"])
+        comparisons = compare_runs(runs, {"torch": stored, "flax": stored}, layers=layers)
+        conventions = _conventions_comparison(target, comparisons[0], runs, layers,
+                                              lambda: _conventional(conventional, target, src, config, input_ids))
         for comp in comparisons:  # a failing one names what the library is known to do differently there
             causes = (target.forward_causes(config, load.options, (comp["tolerance"] or {}).get("dtype", ""))
                       if target.forward_causes else ())
-            findings += [make_finding(f.code, where, "; ".join((f"{who} forward: {f.message}", *causes)))
-                         for f in comparison_findings([comp], where=where)]
+            for f in comparison_findings([comp], where=where):
+                finding = make_finding(f.code, where, "; ".join((f"{who} forward: {f.message}", *causes)))
+                findings.append(_judged_by_conventions(finding, conventions, target)
+                                if comp is comparisons[0] and conventions is not None else finding)
+        if conventions is not None:
+            comparisons.insert(1, conventions)
         for comp in comparisons:  # one report holds every load's comparisons
             comp["name"] = f"{load.label}: {comp['name']}"
         figures["comparisons"] += comparisons
     return findings
+
+
+def _conventional(cache: dict[str, Any], target: Target, src: Path, config: dict[str, Any],
+                  input_ids: Any) -> dict[str, Any] | None:
+    if "outputs" not in cache:
+        cache["outputs"] = target.conventional_reference(src, config, input_ids)  # type: ignore[misc]
+    return cache["outputs"]
+
+
+def _conventions_comparison(target: Target, fp32: dict[str, Any], runs: dict[str, dict[str, Any]], layers: int,
+                            reference: Any) -> dict[str, Any] | None:
+    """A failed fp32 comparison, made again against transformers' forward with the target's declared
+    conventions in it (``Target.conventional_reference``); None where the target has none or none apply."""
+    from guard.parity import metrics as pm
+    from guard.parity.verdict import fixed_comparison
+
+    if target.conventional_reference is None or fp32["passed"] or "flax:fp32" not in runs:
+        return None
+    ref = reference()
+    if ref is None:
+        return None
+    tol, other = pm.tolerance_for(layers=layers), runs["flax:fp32"]
+    outputs = {name: pm.compare_output(name, ref[name], other[name], tie=tol.max_rel) for name in ref if name in other}
+    return fixed_comparison(f"fp32 with {target.name}'s conventions", "torch:fp32+conventions", "flax:fp32",
+                            outputs, tol)
+
+
+def _judged_by_conventions(finding: Finding, conventions: dict[str, Any], target: Target) -> Finding:
+    """The fp32 miss, judged again: within the bound of the conventional reference, it is the target's declared
+    conventions only (a warning, as the conversion's declared roundings are); beyond it, something else too."""
+    figures = conventions["outputs"].get("logits") or next(iter(conventions["outputs"].values()), {})
+    value, bound = figures.get("max_rel", float("inf")), conventions["tolerance"]["max_rel"]
+    if conventions["passed"]:
+        return finding._replace(severity=Severity.warning, message=(
+            f"{finding.message}; with those conventions in transformers' fp32 forward it agrees (max_rel = "
+            f"{value:.3g} <= {bound:.3g}): {target.name}'s declared conventions, nothing else"))
+    return finding._replace(message=(
+        f"{finding.message}; it misses transformers' fp32 forward with those conventions in it too (max_rel = "
+        f"{value:.3g} > {bound:.3g}): something else differs"))
 
 
 def token_ids(config: dict[str, Any], seed: int) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from guard.against import easydel_causes, maxtext_causes
@@ -54,6 +55,10 @@ class Target:
     # (config.json, a load's options, a failing comparison's dtype) -> what the library's forward is known to
     # do differently there, one clause each, added to that forward finding
     forward_causes: Callable[[dict[str, Any], dict[str, Any], str], tuple[str, ...]] | None = None
+    # (file, config.json, input ids) -> transformers' fp32 outputs with the library's declared forward
+    # conventions in them, or None where none apply: an fp32 miss that this reference does not see is the
+    # conventions only (a warning); one it sees too is something else (CG302)
+    conventional_reference: Callable[[Path, dict[str, Any], Any], dict[str, Any] | None] | None = None
 
 
 # HF name (regex, layer index as the first group) -> library name, steps.
@@ -177,7 +182,8 @@ TARGETS: dict[str, Target] = {
                     when_stored=("BF16",))),
         architectures={t: () for row in MAXTEXT_ROWS.values() for t in row.model_types},
         needs="MaxText 0.2.5 needs Python >= 3.12 and transformers >= 5.17: a venv of its own",
-        converts_to="maxtext", exact_load="defaults", forward_causes=maxtext_causes.forward_causes),
+        converts_to="maxtext", exact_load="defaults", forward_causes=maxtext_causes.forward_causes,
+        conventional_reference=maxtext_causes.conventional_reference),
 }
 
 

@@ -37,9 +37,7 @@ def compare_runs(runs: dict[str, dict[str, Any]], stored: dict[str, str], *, lay
     where = None
     if modules is not None and blocks is not None:
         where = pl.locate(pl.module_figures(modules["torch:fp32"], modules["flax:fp32"], tol=tol), blocks)
-    comparisons = [_comparison("fp32", "torch:fp32", "flax:fp32", outputs, pm.judge(outputs, tol),
-                               {"rule": "fixed", "dtype": tol.dtype, "max_rel": tol.max_rel, "source": tol.source},
-                               where)]
+    comparisons = [fixed_comparison("fp32", "torch:fp32", "flax:fp32", outputs, tol, where)]
     low = low_dtype(stored)
     if low is None or "torch:stored" not in runs or "flax:stored" not in runs:
         return comparisons
@@ -60,6 +58,15 @@ def compare_runs(runs: dict[str, dict[str, Any]], stored: dict[str, str], *, lay
                    for name in runs[a] if name in runs[b]}
         comparisons.append(_comparison(label, a, b, outputs, None, None))
     return comparisons
+
+
+def fixed_comparison(name: str, ref: str, other: str, outputs: dict[str, Any], tol: Any,
+                     located: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A comparison judged by a fixed bound (``guard.parity.metrics.Tolerance``): the fp32 passes."""
+    from guard.parity import metrics as pm
+
+    return _comparison(name, ref, other, outputs, pm.judge(outputs, tol),
+                       {"rule": "fixed", "dtype": tol.dtype, "max_rel": tol.max_rel, "source": tol.source}, located)
 
 
 def _comparison(name: str, ref: str, other: str, outputs: dict[str, Any],
