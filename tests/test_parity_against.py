@@ -190,6 +190,33 @@ def test_fp32_and_bf16_models_pass(tmp_path: Path, stack: str, arch: str, dtype:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stack", ["tunix", "keras-hub"])
+def test_drift_is_measured_in_the_stacks_worker_when_asked(tmp_path: Path, stack: str) -> None:
+    """--drift runs each load's fp32 pass again at JAX's default matmul precision in the worker: a figure per
+    load, never a verdict. On the CPU the default precision is full fp32, so it equals the 'highest' pass."""
+    from against_envs import ensure
+
+    src = save_tiny(tmp_path / "m", "qwen3", "float32")
+    ensure(stack)
+    out = tmp_path / "r.json"
+    assert main(["parity", str(src), "--against", stack, "--drift", "-f", "json", "-o", str(out)]) == 0
+    figures = json.loads(out.read_text())["extra"]["parity"]
+    assert figures["jax_backend"] == "cpu"
+    for label, load in figures["loads"].items():
+        drift = load["default_precision_drift"]
+        assert drift["precision"] == "default" and drift["output"] == "logits", label
+        assert drift["vs_highest"] == 0.0 and drift["vs_torch_fp32"] == drift["highest_vs_torch_fp32"] <= 1e-5
+    assert figures["default_precision_drift"]["load"] == next(iter(figures["loads"]))
+    assert not any(c["name"].endswith("default") for c in figures["comparisons"])  # not judged
+    plain = tmp_path / "plain.json"  # not asked, on a CPU: not run
+    assert main(["parity", str(src), "--against", stack, "-f", "json", "-o", str(plain)]) == 0
+    assert "default_precision_drift" not in json.loads(plain.read_text())["extra"]["parity"]
+    text = tmp_path / "r.txt"
+    assert main(["parity", str(src), "--against", stack, "--drift", "-o", str(text)]) == 0
+    assert "JAX on cpu" in text.read_text() and "load) logits drifts" in text.read_text()
+
+
+@pytest.mark.slow
 def test_tunix_default_loader_reinterprets_fp16_norms(tmp_path: Path) -> None:
     src = save_tiny(tmp_path / "m", "qwen3", "bfloat16", f16_norms=True)
     code, report = against(src, "tunix", tmp_path / "r.json")

@@ -196,11 +196,12 @@ def test_maxtext_tied_logit_conventions_named_where_they_apply() -> None:
 def test_an_fp32_gemma3_misses_only_by_maxtexts_declared_conventions(tmp_path: Path) -> None:
     """A tiny fp32 Gemma 3: every leaf MaxText holds is exact (its embedding after the declared bf16 scale,
     CG301); its fp32 forward misses transformers' plain logits by ~2e-3, and agrees with transformers' forward
-    carrying MaxText's two conventions: a warning naming them, and the run passes."""
+    carrying MaxText's two conventions: a warning naming them, and the run passes. With --drift, MaxText's
+    fp32 forward at its default matmul precision is a figure."""
     needs_maxtext()
     src = build("gemma3", tmp_path / "src", torch.float32)
     report_path = tmp_path / "r.json"
-    code = main(["parity", str(src), "--against", "maxtext", "--format", "json", "-o", str(report_path)])
+    code = main(["parity", str(src), "--against", "maxtext", "--drift", "--format", "json", "-o", str(report_path)])
     report = report_of(report_path)
     assert code == 0, report["findings"]
     parity = report["extra"]["parity"]
@@ -214,6 +215,9 @@ def test_an_fp32_gemma3_misses_only_by_maxtexts_declared_conventions(tmp_path: P
     plain, conventional = by_name["defaults: fp32"], by_name["defaults: fp32 with maxtext's conventions"]
     assert not plain["passed"] and plain["outputs"]["logits"]["max_rel"] > 1e-4
     assert conventional["passed"] and conventional["outputs"]["logits"]["max_rel"] < 1e-5
+    # --drift: MaxText built again at base.yml's matmul_precision; on the CPU that computes what 'highest' does
+    drift = parity["loads"]["defaults"]["default_precision_drift"]
+    assert drift["precision"] == "default" and drift["vs_highest"] <= 1e-6
 
 
 def test_a_tied_model_that_misses_by_more_than_the_conventions_is_still_an_error(tmp_path: Path) -> None:

@@ -56,8 +56,9 @@ def environment_python(target: Target, python: Path | None) -> tuple[Path, tuple
 
 
 def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = None, converted: Path | None = None,
-                ) -> tuple[list[Finding], dict[str, Any]]:
-    """``converted``: for a target that converts first, the conversion already written (``convert --parity``)."""
+                drift: bool | None = None) -> tuple[list[Finding], dict[str, Any]]:
+    """``converted``: for a target that converts first, the conversion already written (``convert --parity``).
+    ``drift``: as ``parity --drift`` (None: where the worker's JAX sees an accelerator); a figure, not judged."""
     from guard.parity.model_dir import stored_dtype
     from guard.parity.verdict import low_dtype
 
@@ -97,7 +98,8 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
         answer = run_worker(worker_python, {"target": target.name, "checkpoint": str(checkpoint),
                                             "config": config, "loads": [{"label": ld.label, "options": ld.options}
                                                                         for ld in loads],
-                                            "inputs": {"input_ids": input_ids.tolist()}, "passes": passes},
+                                            "inputs": {"input_ids": input_ids.tolist()}, "passes": passes,
+                                            "drift": drift},
                             Path(tmp), extra_path=extra_path, env=target.env)
         figures.update(answer.get("backend", {}), library=answer.get("library"))
         from guard.parity.runs import Failed, Unavailable
@@ -124,8 +126,9 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
            where: str, checkpoint: Path) -> list[Finding]:
     from guard.against.maxtext_tree import compare_maxtext_tree
     from guard.against.tree import compare_tree
+    from guard.parity.accelerator import drift_figures
     from guard.parity.verdict import compare_runs, comparison_findings
-    from guard.worker.protocol import read_array
+    from guard.worker.protocol import DRIFT_PASS, read_array
 
     file_tensors = _file_tensors(src)
     torch_runs = _torch_runs(src, config, input_ids, passes)
@@ -152,7 +155,12 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
         figures["loads"][load.label] = {"options": load.options, "tree": tree_figures}
         runs = dict(torch_runs)
         for dtype, outputs in record["outputs"].items():
-            runs["flax:fp32" if dtype == "F32" else "flax:stored"] = {k: read_array(v, tmp) for k, v in outputs.items()}
+            label = {"F32": "flax:fp32", DRIFT_PASS: "flax:fp32:default"}.get(dtype, "flax:stored")
+            runs[label] = {k: read_array(v, tmp) for k, v in outputs.items()}
+        if "flax:fp32:default" in runs:  # a figure beside the verdict, as parity's; the first load's heads the report
+            drift = drift_figures(runs.pop("flax:fp32:default"), runs["flax:fp32"], runs["torch:fp32"])
+            figures["loads"][load.label]["default_precision_drift"] = drift
+            figures.setdefault("default_precision_drift", {**drift, "load": load.label})
         layers = int(config["num_hidden_layers"])
         comparisons = compare_runs(runs, {"torch": stored, "flax": stored}, layers=layers)
         conventions = _conventions_comparison(target, comparisons[0], runs, layers,

@@ -32,7 +32,8 @@ from guard.reporters import REPORTERS
               help="Write the report to FILE instead of stdout.")
 @click.option("--drift/--no-drift", default=None,
               help="Also run the JAX fp32 pass at JAX's default matmul precision and report its drift "
-                   "(a figure, never a failure). Default: on a TPU or GPU only.")
+                   "(a figure, never a failure; with --against, each load's, in the stack's worker). "
+                   "Default: on a TPU or GPU only.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the libraries' own warnings and log lines.")
 def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_python: Path | None, seed: int,
            fmt: str, output: Path | None, drift: bool | None, verbose: bool, flax_python: Path | None = None) -> int:
@@ -43,7 +44,7 @@ def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_
     if against is not None:
         from guard.cli.parity_against import parity_against
 
-        return parity_against(torch_dir, against, against_python, seed, fmt, output, verbose)
+        return parity_against(torch_dir, against, against_python, seed, fmt, output, verbose, drift)
     for directory in (torch_dir, flax_dir):
         if not directory.is_dir():
             raise UsageError(f"{directory}: not a directory")

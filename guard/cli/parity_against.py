@@ -11,7 +11,7 @@ from guard.errors import UsageError
 
 
 def parity_against(src: Path, against: str, python: Path | None, seed: int, fmt: str, output: Path | None,
-                   verbose: bool) -> int:
+                   verbose: bool, drift: bool | None = None) -> int:
     if not src.is_dir():
         raise UsageError(f"{src}: not a directory")
     from guard.quiet import quiet_libraries
@@ -22,7 +22,7 @@ def parity_against(src: Path, against: str, python: Path | None, seed: int, fmt:
         from guard.report import ModelSummary, Report
         from guard.reporters import render
 
-        findings, figures = run_against(src, against, seed=seed, python=python)
+        findings, figures = run_against(src, against, seed=seed, python=python, drift=drift)
         report = Report(findings=findings, policy={"fail_on": "error"}, extra={"parity": figures})
         for model in discover_models([src]):
             if Path(model.directory) == Path(src):

@@ -94,7 +94,8 @@ def drift_text(figures: dict[str, Any]) -> str | None:
     where = f"JAX on {inert_text(str(backend))} ({inert_text(str(figures.get('jax_device')), limit=40)})"
     if not drift:
         return where
-    return (f"{where}: fp32 passes ran at matmul precision 'highest'; at JAX's default precision "
+    load = f" ({inert_text(str(drift['load']), limit=40)} load)" if drift.get("load") else ""
+    return (f"{where}: fp32 passes ran at matmul precision 'highest'; at JAX's default precision{load} "
             f"{inert_text(str(drift['output']), limit=32)} drifts {_num(drift['vs_torch_fp32'])} from PyTorch fp32 "
             f"({_num(drift['vs_highest'])} from 'highest'; reported, not judged)")
 

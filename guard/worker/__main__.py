@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from guard.worker.protocol import PROTOCOL, write_array
+from guard.parity.accelerator import wants_drift
+from guard.worker.protocol import DRIFT_PASS, PROTOCOL, write_array
 
 # target -> the module holding its library's code (load, parameters, forward, version)
 SIDES = {"tunix": "guard.worker.tunix_side", "keras-hub": "guard.worker.keras_hub_side",
@@ -45,12 +46,26 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
                 with jax.default_matmul_precision("highest" if dtype == "F32" else "default"):
                     logits = side.forward(handle, dtype, input_ids)
                 record["outputs"][dtype] = {"logits": write_array(logits, out_dir, f"l{number}{dtype}")}
+            if "F32" in request["passes"] and wants_drift(request.get("drift")):
+                logits = _fp32_at_default_precision(side, handle, input_ids)
+                record["outputs"][DRIFT_PASS] = {"logits": write_array(logits, out_dir, f"l{number}drift")}
         except LIBRARY_FAILURES as exc:
             record["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
     devices = jax.devices()
     backend = {"jax_backend": jax.default_backend(), "jax_device": devices[0].device_kind if devices else None}
     return {"protocol": PROTOCOL, "library": {"name": side.LIBRARY, "version": side.version()}, "backend": backend,
             "loads": loads}
+
+
+def _fp32_at_default_precision(side: Any, handle: Any, input_ids: list[list[int]]) -> Any:
+    """The fp32 pass again at JAX's default matmul precision (what users' own code runs): the drift figure.
+    A side whose library sets its own precision (MaxText's ``matmul_precision`` flag) runs it its way."""
+    import jax
+
+    if hasattr(side, "forward_at_default_precision"):
+        return side.forward_at_default_precision(handle, input_ids)
+    with jax.default_matmul_precision("default"):
+        return side.forward(handle, "F32", input_ids)
 
 
 def main() -> int:

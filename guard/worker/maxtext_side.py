@@ -25,7 +25,9 @@ _COMMON = ["per_device_batch_size=1", "enable_checkpointing=false", "skip_jax_di
            "tokenizer_type=huggingface", "tokenizer_path=none", "attention=dot_product"]
 _LENGTH = 64  # max_target_length: at least the seeded inputs' length (guard.against.run.SEQ_LEN)
 _PASS = {"F32": ["dtype=float32", "matmul_precision=highest", "float32_logits=true", "float32_qk_product=true"],
-         "BF16": ["dtype=bfloat16"], "F16": ["dtype=float16"]}
+         "BF16": ["dtype=bfloat16"], "F16": ["dtype=float16"],
+         # the drift pass: fp32 at base.yml's matmul_precision (default), what MaxText's users run
+         "F32:default": ["dtype=float32", "float32_logits=true", "float32_qk_product=true"]}
 
 
 class Loaded:
@@ -84,6 +86,11 @@ def parameters(handle: Loaded) -> dict[str, Any]:
     flat = jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param).to_pure_dict())[0]
     return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): np.asarray(leaf)
             for path, leaf in flat}
+
+
+def forward_at_default_precision(handle: Loaded, input_ids: list[list[int]]) -> Any:
+    """MaxText sets its matmuls' precision from its own flag, not JAX's default: a model built without it."""
+    return forward(handle, "F32:default", input_ids)
 
 
 def forward(handle: Loaded, dtype: str, input_ids: list[list[int]]) -> Any:

@@ -4,7 +4,7 @@ Request::
 
     {"protocol": 1, "target": "tunix", "checkpoint": DIR, "config": {config.json},
      "loads": [{"label": "defaults", "options": {...}}, ...],
-     "inputs": {"input_ids": [[...]]}, "passes": ["F32", "BF16"], "out_dir": TMP}
+     "inputs": {"input_ids": [[...]]}, "passes": ["F32", "BF16"], "drift": bool | null, "out_dir": TMP}
 
 Answer::
 
@@ -12,6 +12,9 @@ Answer::
      "loads": [{"label", "options", "error": str | null,
                 "parameters": [{"name", "dtype", "shape", "npy", "sha256"}],
                 "outputs": {"F32": {"logits": {"dtype", "shape", "npy", "sha256"}}, ...}}]}
+
+``"drift"``: as ``parity --drift`` (null: on an accelerator only); when on, each load's outputs also hold
+``"F32:default"``, the fp32 pass at JAX's default matmul precision.
 
 parity's Flax side (target ``flax``, ``guard.worker.flax_side``) has a request of its own; its answer
 is the same envelope with ``"loads": []`` and a ``"parity"`` object.
@@ -29,6 +32,7 @@ from typing import Any
 
 PROTOCOL = 1
 PASSES = ("F32", "BF16", "F16")
+DRIFT_PASS = "F32:default"  # the fp32 pass again at JAX's default matmul precision (``"drift"`` in the request)
 _UINT_OF_WIDTH = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
 
 
