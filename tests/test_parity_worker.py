@@ -150,6 +150,33 @@ def test_changed_weights_fail_through_the_worker(tmp_path: Path, converted: tupl
 
 
 @pytest.mark.slow
+def test_both_sides_stream_and_a_miss_is_located_to_its_block_through_the_worker(
+        tmp_path: Path, converted: tuple[Path, Path]) -> None:
+    """Each side streams block by block (the PyTorch side here on transformers 5, the Flax side in the worker on
+    transformers 4, by the blocks of its own PyTorch twin), and the worker sends each block's output back: a
+    weight changed in the last layer's MLP after the conversion is CG302 naming that module, the first block
+    agreeing."""
+    src, flax_dir = copies(converted, tmp_path)
+    code, data = parity_report(tmp_path, src, flax_dir)
+    parity = data["extra"]["parity"]
+    assert code == 0 and parity["streamed"] is True and parity["blocks"] == 2, parity.get("not_streamed")
+    assert parity["leaves_streamed"] == ["flax", "torch"]
+    fp32 = next(c for c in parity["comparisons"] if c["name"] == "fp32")
+    assert fp32["located"]["blocks_compared"] == 2 and fp32["located"]["failing_blocks"] == 0
+    tensors = load_file(src / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = tensors[name] * 1.05
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    code, data = parity_report(tmp_path, src, flax_dir)
+    fp32 = next(c for c in data["extra"]["parity"]["comparisons"] if c["name"] == "fp32")
+    assert code == 1 and fp32["located"]["first"]["module"] == "model.layers.1.mlp", fp32["located"]
+    per_block = {b["block"]: b for b in fp32["located"]["per_block"]}
+    assert per_block["model.layers.0"]["max_rel"] <= per_block["model.layers.0"]["bound"]
+    [finding] = data["findings"]
+    assert finding["code"] == "CG302" and "model.layers.1" in finding["message"]
+
+
+@pytest.mark.slow
 def test_convert_parity_runs_the_flax_side_where_it_is_named(tmp_path: Path, converted: tuple[Path, Path]) -> None:
     """In this process, whatever its transformers: --flax-python sends the Flax side to the worker."""
     src = converted[0]
@@ -158,7 +185,7 @@ def test_convert_parity_runs_the_flax_side_where_it_is_named(tmp_path: Path, con
                    "-f", "json", "-o", report) == 0
     parity = json.loads(report.read_text())["extra"]["parity"]
     assert parity["passed"] is True and parity["flax_side"]["transformers"].startswith("4.")
-    assert parity["streamed"] is False
+    assert parity["streamed"] is True and parity["blocks"] == 2, parity.get("not_streamed")
 
 
 @pytest.mark.slow

@@ -7,8 +7,11 @@ found, through the worker protocol (``guard.worker.flax_side``): one subprocess,
 
 Order: the config first (what the source means, read here; what the Flax side reads, read there: a
 difference is CG302 and no output is compared), then the worker's seeded inputs through this side's
-PyTorch class, fp32 and the stored dtype, judged as ``guard.parity.run`` judges them.  Each side loads
-its model whole here: the worker's outputs come back as arrays, not block by block.
+PyTorch class, fp32 and the stored dtype, judged as ``guard.parity.run`` judges them.  Each side streams
+block by block where it can, as in one process (``guard.parity.stream_torch`` here, ``stream_flax`` in the
+worker, with the blocks of its own PyTorch twin): memory one block deep on both sides.  The worker sends
+each block's output back, so a miss is located to the block where it starts.  A side that cannot stream
+runs whole, and then nothing is located.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def run_parity_in_worker(torch_dir: Path, flax_dir: Path, python: Path, *, seed:
         stored = {"torch": stored_dtype(torch_dir), "flax": stored_dtype(flax_dir)}
         figures.update(model_type=config["model_type"], stored_dtype=stored)
         with quiet_transformers():
-            findings, runs = _both_sides(torch_dir, flax_dir, python, config, stored, seed, drift, figures, where)
+            findings, runs, streaming = _both_sides(torch_dir, flax_dir, python, config, stored, seed, drift, figures,
+                                                    where)
     except Unavailable as exc:
         figures.update(available=False, reason=str(exc))
         return [make_finding("CG303", where, f"parity unavailable: {exc}")], figures
@@ -57,7 +61,8 @@ def run_parity_in_worker(torch_dir: Path, flax_dir: Path, python: Path, *, seed:
         from guard.parity.accelerator import drift_figures
 
         figures["default_precision_drift"] = drift_figures(default, runs["flax:fp32"], runs["torch:fp32"])
-    figures["comparisons"] = compare_runs(runs, stored, layers=layer_count(config))
+    modules, blocks = streaming.get("modules"), streaming.get("blocks")
+    figures["comparisons"] = compare_runs(runs, stored, layers=layer_count(config), modules=modules, blocks=blocks)
     findings = comparison_findings(figures["comparisons"], where=where)
     figures["passed"] = not any(f.severity is Severity.error for f in findings)
     return findings, figures
@@ -65,7 +70,8 @@ def run_parity_in_worker(torch_dir: Path, flax_dir: Path, python: Path, *, seed:
 
 def _both_sides(torch_dir: Path, flax_dir: Path, python: Path, config: dict[str, Any], stored: dict[str, str],
                 seed: int, drift: bool | None, figures: dict[str, Any], where: str,
-                ) -> tuple[list[Finding], dict[str, dict[str, Any]]]:
+                ) -> tuple[list[Finding], dict[str, dict[str, Any]], dict[str, Any]]:
+    """(config findings, runs, {"modules", "blocks"} where both sides streamed alike, else {})."""
     import transformers
 
     from guard.parity.config_check import config_disagreements, meant_values, read_values
@@ -77,8 +83,6 @@ def _both_sides(torch_dir: Path, flax_dir: Path, python: Path, config: dict[str,
     meant = meant_values(config, hf_config)
     low = low_dtype(stored)
     passes = [("flax:fp32", "F32"), *([("flax:stored", low)] if low else [])]
-    figures["streamed"] = False
-    figures["not_streamed"] = "the Flax side runs in another environment: each side loads its model whole"
     with tempfile.TemporaryDirectory(prefix="ckpt-guard-flax-side-") as tmp:
         answer = run_worker(python, {"target": "flax", "flax_dir": str(flax_dir.resolve()), "torch_config": config,
                                      "meant": meant, "same_weights_dtype": stored["torch"] == stored["flax"],
@@ -95,36 +99,87 @@ def _both_sides(torch_dir: Path, flax_dir: Path, python: Path, config: dict[str,
         disagreements = config_disagreements(meant, sides, where=where,
                                              same_weights_dtype=stored["torch"] == stored["flax"])
         if disagreements:
-            return disagreements, {}
+            return disagreements, {}, {}
         try:
             inputs = {name: read_array(record, Path(tmp)) for name, record in side["inputs"].items()}
             runs = {label: {name: read_array(record, Path(tmp)) for name, record in outputs.items()}
                     for label, outputs in side["runs"].items()}
-        except (ProtocolError, KeyError, TypeError) as exc:
+            flax_modules = {label: {str(name): read_array(record, Path(tmp)) for name, record in pairs}
+                            for label, pairs in side.get("modules", {}).items()}
+            flax_streaming = dict(side.get("streaming") or {"streamed": False, "not_streamed": "not said"})
+        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
             from guard.worker.client import WorkerFailed
 
             raise WorkerFailed(f"{python} -m guard.worker: {exc}") from None
     figures["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
-    runs.update(_torch_runs(side["torch_class"], torch_dir, inputs, low))
-    return [], runs
+    torch_runs, torch_modules, torch_streaming = _torch_runs(side["torch_class"], hf_config, torch_dir, inputs, low)
+    runs.update(torch_runs)
+    return [], runs, _streaming(figures, torch_streaming, flax_streaming, torch_modules, flax_modules)
 
 
-def _torch_runs(pt_name: str, torch_dir: Path, inputs: dict[str, Any], low: str | None) -> dict[str, dict[str, Any]]:
-    """This transformers' PyTorch twin of the worker's Flax class, fp32 and the stored dtype, TF32 off."""
+def _streaming(figures: dict[str, Any], torch_side: dict[str, Any], flax_side: dict[str, Any],
+               torch_modules: dict[str, Any], flax_modules: dict[str, Any]) -> dict[str, Any]:
+    """How each side ran, into the figures; the module outputs to locate a miss by, where both streamed over the
+    same blocks (transformers 4's and 5's PyTorch classes of an architecture name their layers alike)."""
+    blocks = torch_side.get("blocks")
+    if not torch_side["streamed"] or not flax_side.get("streamed"):
+        reasons = [f"{who}: {how.get('not_streamed')}" for who, how in (("PyTorch", torch_side), ("Flax", flax_side))
+                   if not how.get("streamed")]
+        figures.update(streamed=False, not_streamed="; ".join(reasons))
+        return {}
+    figures.update(streamed=True, blocks=len(blocks),
+                   leaves_streamed=[s for s, how in (("flax", flax_side), ("torch", torch_side))
+                                    if how.get("leaves_streamed")])
+    for who, how in (("flax", flax_side), ("torch", torch_side)):
+        if how.get("leaves_resident"):
+            figures["leaves_resident"] = f"{who}: {how['leaves_resident']}"
+    if list(flax_side.get("blocks") or []) != list(blocks):
+        figures["not_located"] = "the two sides' PyTorch classes name their blocks differently"
+        return {}
+    return {"modules": {**torch_modules, **flax_modules}, "blocks": blocks}
+
+
+def _torch_runs(pt_name: str, hf_config: Any, torch_dir: Path, inputs: dict[str, Any], low: str | None,
+                ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], dict[str, Any]]:
+    """This transformers' PyTorch twin of the worker's Flax class, fp32 and the stored dtype, TF32 off: streamed
+    block by block (``guard.parity.stream_torch``), else whole.  (runs, module outputs, how it ran)"""
     import torch
     import transformers
-
-    from guard.parity.runs import run_torch
 
     pt_cls = getattr(transformers, pt_name, None)
     if pt_cls is None:
         raise Unavailable(f"transformers {transformers.__version__} has no {pt_name} (the Flax side's twin)")
+    passes = [("torch:fp32", "F32"), *([("torch:stored", low)] if low is not None else [])]
+    # PyTorch's own error in the stored dtype is the yardstick for Flax's
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        runs = {"torch:fp32": run_torch(pt_cls, torch_dir, "F32", inputs)}
-        if low is not None:  # PyTorch's own error in the stored dtype is the yardstick for Flax's
-            runs["torch:stored"] = run_torch(pt_cls, torch_dir, low, inputs)
+        return _torch_passes(pt_cls, hf_config, torch_dir, inputs, passes)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-    return runs
+
+
+def _torch_passes(pt_cls: Any, hf_config: Any, torch_dir: Path, inputs: dict[str, Any], passes: list[tuple[str, str]],
+                  ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], dict[str, Any]]:
+    from guard.parity.runs import run_torch
+    from guard.parity.stream_torch import stream_torch
+    from guard.parity.weights import NotStreamable
+
+    runs: dict[str, dict[str, Any]] = {}
+    modules: dict[str, dict[str, Any]] = {}
+    how: dict[str, Any] = {"streamed": True, "leaves_streamed": True}
+    try:
+        for label, dtype in passes:
+            try:
+                runs[label], modules[label], how["blocks"], _ = stream_torch(
+                    pt_cls, hf_config, torch_dir, dtype, inputs, leaves=how["leaves_streamed"])
+            except NotStreamable as exc:
+                if not how["leaves_streamed"]:
+                    raise
+                how.update(leaves_streamed=False, leaves_resident=str(exc))
+                runs[label], modules[label], how["blocks"], _ = stream_torch(
+                    pt_cls, hf_config, torch_dir, dtype, inputs, leaves=False)
+        return runs, modules, how
+    except NotStreamable as exc:
+        whole = {label: run_torch(pt_cls, torch_dir, dtype, inputs) for label, dtype in passes}
+        return whole, {}, {"streamed": False, "not_streamed": str(exc)}

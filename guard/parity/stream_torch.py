@@ -32,7 +32,7 @@ def stream_torch(cls: Any, config: Any, directory: Path, dtype: str, inputs: dic
     (embeddings, head: ``leaf_units``) stream too, so no vocabulary-sized matrix stays resident."""
     torch_dtype = torch_dtype_of(dtype)
     weights = CheckpointWeights(directory, "torch", separator=".")
-    model = _skeleton(cls, config, torch_dtype)
+    model = skeleton(cls, config, torch_dtype)
     blocks = find_blocks(model)
     if not blocks:
         raise NotStreamable("no repeated blocks (nn.ModuleList) to stream")
@@ -125,8 +125,11 @@ def _params_on_meta() -> Iterator[None]:
         torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
-def _skeleton(cls: Any, config: Any, torch_dtype: Any) -> Any:
-    from transformers.modeling_utils import no_init_weights
+def skeleton(cls: Any, config: Any, torch_dtype: Any) -> Any:
+    try:  # transformers 5 moved it out of modeling_utils
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights
 
     try:
         with _params_on_meta(), no_init_weights():

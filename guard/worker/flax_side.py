@@ -46,7 +46,6 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    import jax
     from transformers.utils import logging as hf_logging
 
     from guard.parity.accelerator import wants_drift
@@ -54,7 +53,7 @@ def _run(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     from guard.parity.inputs import make_inputs
     from guard.parity.needs import has_flax_models
     from guard.parity.run import find_pair
-    from guard.parity.runs import Unavailable, run_flax
+    from guard.parity.runs import Unavailable
 
     if not has_flax_models(version()):
         raise Unavailable(f"the Flax side's environment has transformers {version()}, which has no Flax models")
@@ -81,11 +80,81 @@ def _run(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     passes = [tuple(p) for p in request["passes"]]
     if wants_drift(request.get("drift")):
         passes.append(("flax:fp32:default", "F32"))
-    for number, (label, dtype) in enumerate(passes):
-        # fp32 as PyTorch on a CPU computes it; the drift pass at what JAX users run by default
-        precision = "default" if label.endswith(":default") else "highest"
-        with jax.default_matmul_precision(precision):
-            outputs = run_flax(flax_cls, flax_dir, dtype, inputs)
+    runs, modules, result["streaming"] = _passes(flax_cls, getattr(transformers, pt_name, None), flax_config,
+                                                 flax_dir, passes, inputs)
+    for number, (label, outputs) in enumerate(runs.items()):
         result["runs"][label] = {name: write_array(value, out_dir, f"run{number}-{i}") for i, (name, value) in
                                  enumerate(sorted(outputs.items()))}
+    # each block's output (and its direct children's), for the parent's located verdict; names are the
+    # model class's modules, the files numbered
+    result["modules"] = {label: [[name, write_array(value, out_dir, f"mod{number}-{i}")]
+                                 for i, (name, value) in enumerate(recorded.items())]
+                         for number, (label, recorded) in enumerate(modules.items())}
     return result
+
+
+def _passes(flax_cls: Any, pt_cls: Any, config: Any, flax_dir: Path, passes: list[tuple[str, str]],
+            inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(outputs by pass, module outputs by pass, how it ran).  Streamed block by block as parity streams in one
+    process (``guard.parity.stream_flax``), the blocks those of the PyTorch twin of this transformers (the
+    names the parent's PyTorch side streams by), so memory stays one block deep; else the whole model."""
+    import jax
+
+    from guard.parity.runs import run_flax
+    from guard.parity.weights import NotStreamable
+
+    runs: dict[str, Any] = {}
+    modules: dict[str, Any] = {}
+    try:
+        blocks, leaves = _units(pt_cls, config)
+        resident = None
+        for label, dtype in passes:
+            # fp32 as PyTorch on a CPU computes it; the drift pass at what JAX users run by default
+            with jax.default_matmul_precision("default" if label.endswith(":default") else "highest"):
+                runs[label], recorded, resident = _streamed(flax_cls, config, flax_dir, dtype, inputs, blocks,
+                                                            leaves if resident is None else [])
+            if not label.endswith(":default"):  # the drift pass is a figure: no located verdict
+                modules[label] = recorded
+        tied = getattr(config, "tie_word_embeddings", False)  # as in one process: a tied head's leaves stay
+        how: dict[str, Any] = {"streamed": True, "blocks": blocks, "leaves_streamed": not tied and not resident}
+        if resident:
+            how["leaves_resident"] = resident
+        return runs, modules, how
+    except NotStreamable as exc:
+        runs, reason = {}, str(exc)
+    for label, dtype in passes:
+        with jax.default_matmul_precision("default" if label.endswith(":default") else "highest"):
+            runs[label] = run_flax(flax_cls, flax_dir, dtype, inputs)
+    return runs, {}, {"streamed": False, "not_streamed": reason}
+
+
+def _units(pt_cls: Any, config: Any) -> tuple[list[str], list[str]]:
+    """The blocks and large leaves (embeddings, head) of the PyTorch twin, built on the meta device (no
+    memory).  Flax's tied head reads the embedding's variables outside its own call: no leaves then."""
+    import torch
+
+    from guard.parity.stream_torch import find_blocks, leaf_units, skeleton
+    from guard.parity.weights import NotStreamable
+
+    if pt_cls is None:
+        raise NotStreamable("this transformers has no PyTorch twin to take the blocks from")
+    model = skeleton(pt_cls, config, torch.float32)
+    blocks = find_blocks(model)
+    if not blocks:
+        raise NotStreamable("no repeated blocks (nn.ModuleList) to stream")
+    tied = getattr(config, "tie_word_embeddings", False)
+    return blocks, [] if tied else leaf_units(model, blocks)
+
+
+def _streamed(flax_cls: Any, config: Any, flax_dir: Path, dtype: str, inputs: dict[str, Any], blocks: list[str],
+              leaves: list[str]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """One pass, streamed; with its leaves resident where streaming them fails (the reason returned)."""
+    from guard.parity.stream_flax import stream_flax
+    from guard.parity.weights import NotStreamable
+
+    if leaves:
+        try:
+            return (*stream_flax(flax_cls, config, flax_dir, dtype, inputs, blocks, leaves), None)
+        except NotStreamable as exc:
+            return (*stream_flax(flax_cls, config, flax_dir, dtype, inputs, blocks, []), str(exc))
+    return (*stream_flax(flax_cls, config, flax_dir, dtype, inputs, blocks, []), None)
