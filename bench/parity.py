@@ -200,27 +200,90 @@ WIDE = {
 SHAPES = {"narrow": NARROW, **{f"wide-{k}": v for k, v in WIDE.items()}}
 
 
+def flax_python() -> str:
+    """Where transformers' Flax classes are: this Python under transformers 4, else the transformers-4
+    environment `make test` builds (.venv-tf4), where parity's Flax side runs too."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return sys.executable
+    from legacy_env import legacy_python
+
+    return str(legacy_python())
+
+
+def run_tree(argv: list[str]) -> tuple[float, int]:
+    """Wall seconds and the peak of the summed RSS of the child and its descendants (parity's Flax-side
+    worker runs beside its parent, which keeps its own memory meanwhile), sampled every 20 ms; at least the
+    child's own rusage peak."""
+    import os
+    import threading
+
+    from convert import run_child
+
+    peak, done = [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            peak[0] = max(peak[0], _tree_rss(os.getpid()))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        wall, own = run_child(argv)
+    finally:
+        done.set()
+        thread.join()
+    return wall, max(own, peak[0])
+
+
+def _tree_rss(root: int) -> int:
+    """The RSS (bytes) of every descendant of ``root`` (not ``root`` itself: the bench's own memory)."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            parents[int(entry.name)], rss[int(entry.name)] = int(fields[1]), int(fields[21]) * 4096
+        except (OSError, ValueError, IndexError):
+            continue
+    total, frontier = 0, [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        total += sum(rss[pid] for pid in children)
+        frontier = children
+    return total
+
+
 def memory(layers: list[int], rounds: int, theirs_layers: int = 12) -> None:
     """Whole processes, alternating, after one untimed import of the libraries (the first process
-    after a pause pays the page cache for torch, jax and transformers); the median of ``rounds``."""
+    after a pause pays the page cache for torch, jax and transformers); the median of ``rounds``.
+    Under transformers 5, parity's Flax side runs in the transformers-4 worker and the transformers path
+    (which needs FlaxLlamaForCausalLM) in that environment; memory is the process tree's."""
     from convert import ensure_model, load_average, median_run, run_child
 
+    theirs_python = flax_python()
     sources = {n: ensure_model(n) for n in layers}
     flaxes = {n: converted(src, OUT / f"llama-bf16-{n}l-flax") for n, src in sources.items()}
     run_child([sys.executable, "-c", "import torch, jax, flax, transformers"])
+    run_child([theirs_python, "-c", "import torch, jax, flax, transformers"])
+    print(f"ckpt-guard: {sys.executable}; transformers path: {theirs_python}", flush=True)
     print(f"load average before: {load_average()}", flush=True)
     samples: dict[str, list[tuple[float, int]]] = {}
     work = OUT / "memory-convert"
     for _ in range(rounds):
         for n, src in sources.items():
             samples.setdefault(f"parity {n}l", []).append(
-                run_child([sys.executable, "-m", "guard", "parity", str(src), str(flaxes[n])]))
+                run_tree([sys.executable, "-m", "guard", "parity", str(src), str(flaxes[n])]))
             shutil.rmtree(work, ignore_errors=True)
-            samples.setdefault(f"convert {n}l", []).append(run_child(
+            samples.setdefault(f"convert {n}l", []).append(run_tree(
                 [sys.executable, "-m", "guard", "convert", str(src), "--to", "flax", "--out", str(work), "--parity"]))
             shutil.rmtree(work, ignore_errors=True)
             if n == theirs_layers:
-                samples.setdefault(f"theirs {n}l", []).append(run_child([sys.executable, "-c", THEIRS, str(src)]))
+                samples.setdefault(f"theirs {n}l", []).append(run_tree([theirs_python, "-c", THEIRS, str(src)]))
     rows = {key: median_run(runs) for key, runs in samples.items()}
     labels = {"parity": "ckpt-guard parity", "convert": "ckpt-guard convert --parity", "theirs": "transformers path"}
     for key, row in rows.items():
