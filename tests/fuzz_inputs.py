@@ -352,8 +352,10 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     # Never silent: storages that no tensor of the pickle uses are CG001 when no tensor is read at
     # all; torch.load returns the object without them (an empty dict, a number).
     Known("storages-without-tensors", _TORCH, False, r"storage\(s\) but no tensor"),
-    # The legacy magic is checked byte for byte (the sniffer), torch parses it as a pickle.
-    Known("stricter-magic", ("torch-legacy",), False, r"not a safetensors, torch|magic number"),
+    # The legacy magic is checked byte for byte, pickle protocol 2-5 (the sniffer); torch parses it
+    # as a pickle whatever its PROTO byte says, so a mangled one is not a weight file to us.
+    Known("stricter-magic", ("torch-legacy",), False,
+          r"not a safetensors, torch|not a weight file of a format read here|magic number"),
     # msgpack decodes any value; a flax state dict is a map of str keys with array leaves.
     Known("not-a-flax-tree", ("flax-msgpack",), False,
           r"top level is|map key|duplicate key|shape is not a list"),

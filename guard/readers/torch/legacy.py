@@ -15,18 +15,22 @@ from guard.errors import MalformedCheckpoint
 from guard.readers.torch.pickle import (
     ITEMSIZES,
     MAX_PICKLE_BYTES,
-    DictDesc,
     PickleWalker,
     StorageRef,
+    TensorRef,
     Unsafe,
+    is_hashable,
+    kind_of,
 )
 from guard.readers.torch.tensors import (
     CountingSource,
+    storage_dtype,
     storage_from_pid,
     torch_file_scan,
     unsafe_and_unreadable,
 )
 from guard.readers.binary.window import WindowStream
+from guard.findings import shown
 from guard.sources import ByteSource
 from guard.tensors import FileScan
 
@@ -38,24 +42,22 @@ def read_torch_legacy(source: ByteSource) -> FileScan:
     counted = CountingSource(source)
     if source.size >= 262 and counted.read_at(257, 5) == b"ustar":
         raise MalformedCheckpoint("legacy tar-format torch checkpoint is not supported")
-    storages: dict[str, str] = {}  # key -> torch dtype of its elements
-    declared: dict[str, int] = {}  # key -> bytes of the root storage, as its persistent id says
-    views: dict[object, StorageRef] = {}  # view key -> the view torch.load made the first time
+    roots: dict[str, StorageRef] = {}  # root key -> the storage its first persistent id made
+    made: dict[object, StorageRef] = {}  # torch.load's table: root and view keys alike
+    zip_form_ids = 0
 
     def persistent_load(pid: object) -> object:
+        nonlocal zip_form_ids
         if isinstance(pid, tuple) and len(pid) >= 2 and pid[0] in ("module", b"module"):
             # torch.save(model) before 1.6: ('module', class, source file, source) per nn.Module
             # class; torch.load returns the class (CG003 already names it), weights_only refuses it
             return pid[1]
-        ref = storage_from_pid(pid)
-        if isinstance(ref, StorageRef):
-            storages.setdefault(ref.key, ref.dtype)
-            declared.setdefault(ref.key, pid[4] * ITEMSIZES[ref.dtype])  # type: ignore[index]
-            view = pid[5] if len(pid) == 6 else None  # type: ignore[arg-type]
-            if isinstance(view, tuple) and isinstance(view[0], (str, bytes, int)):
-                # torch.load keeps the first view it made under a view key
-                ref = views.setdefault(view[0], ref)
-        return ref
+        if isinstance(pid, tuple) and len(pid) == 5:
+            # the zip form: torch.load's legacy loader refuses it ("not enough values to unpack"),
+            # and so does the scan, once the walk has gone on to name any global after it (CG003)
+            zip_form_ids += 1
+            return Unsafe("a 5-tuple persistent id")
+        return _legacy_storage(pid, roots, made)
 
     walker = PickleWalker(persistent_load)
     limit = min(source.size, MAX_PICKLE_BYTES)
@@ -65,10 +67,14 @@ def read_torch_legacy(source: ByteSource) -> FileScan:
             raise MalformedCheckpoint("legacy torch magic number is wrong")
         if walker.walk(stream) != LEGACY_PROTOCOL:
             raise MalformedCheckpoint("legacy torch protocol version is not 1001")
-        if not isinstance(walker.walk(stream), DictDesc):
-            raise MalformedCheckpoint("legacy torch sys_info is not a dict")
+        walker.walk(stream)  # sys_info: torch.load reads it and looks at nothing in it
         root = walker.walk(stream)
+        if zip_form_ids:
+            raise MalformedCheckpoint(f"{zip_form_ids} persistent id(s) of 5 items, the zip form: "
+                                      "a legacy storage id has 6 (its view last)")
         keys = walker.walk(stream)
+        storages = {key: ref.dtype for key, ref in roots.items()}
+        declared = {key: ref.nbytes for key, ref in roots.items()}
         spans = _declared_spans(counted, stream.tell(), _key_list(keys), storages, declared) \
             or _storage_spans(counted, stream.tell(), _key_list(keys), storages)
         return torch_file_scan(source, "torch-legacy", walker, root, lambda storage: _span(spans, storage),
@@ -77,6 +83,65 @@ def read_torch_legacy(source: ByteSource) -> FileScan:
         if not walker.unsafe:
             raise
         return unsafe_and_unreadable(source, "torch-legacy", walker, exc, counted.bytes_read)
+
+
+def _legacy_storage(pid: object, roots: dict[str, StorageRef], made: dict[object, StorageRef]
+                    ) -> StorageRef | Unsafe:
+    """torch.load's legacy ``persistent_load``, described: ``('storage', class, root key, location,
+    element count, view)``, the view None or ``(view key, offset, size)`` in elements.
+
+    The first id of a root key makes its storage; a later id of that key gets the same storage
+    back whatever count it states (torch.load still multiplies it, unused); the first view made
+    under a view key is the one every later id of that key gets.
+    """
+    if not isinstance(pid, tuple) or len(pid) != 6:
+        raise MalformedCheckpoint("persistent id is not a 6-tuple ('storage', class, key, location, count, view)")
+    if pid[0] not in ("storage", b"storage"):
+        kind = shown(pid[0]) if isinstance(pid[0], str) else kind_of(pid[0])
+        raise MalformedCheckpoint(f"persistent id of kind {kind}: torch loads only storages")
+    key, count, view = pid[2], pid[4], pid[5]
+    if not is_hashable(key):
+        raise MalformedCheckpoint(f"storage key is {kind_of(key)}, which is unhashable")
+    storage = made.get(key)
+    if storage is None:
+        if type(key) is not str:
+            # the storage list holds strings: torch.load leaves this storage uninitialised memory
+            raise MalformedCheckpoint(
+                f"storage keyed by {kind_of(key)}, not a string, is missing from the storage list")
+        first = storage_from_pid(pid[:5])
+        if isinstance(first, Unsafe):
+            return first
+        storage = roots[key] = made[key] = first
+    dtype = storage_dtype(pid[1])
+    if isinstance(dtype, Unsafe):
+        return dtype
+    if not _multipliable(count):
+        raise MalformedCheckpoint("persistent id has a bad storage key or element count")
+    if roots[storage.key].nbytes == 0:  # torch.load gives an empty storage a fresh one of this id's class
+        storage = StorageRef(storage.key, dtype, 0)
+    return storage if view is None else _legacy_view(view, storage, dtype, made)
+
+
+def _legacy_view(view: object, root: StorageRef, dtype: str, made: dict[object, StorageRef]) -> StorageRef:
+    """torch.load slices the root's bytes ``[offset : offset + size]`` (elements of this id's class)
+    as Python slices: a slice past the end is shorter or empty, a negative bound counts from the end."""
+    if not (isinstance(view, tuple) and len(view) == 3 and is_hashable(view[0])
+            and all(_multipliable(v) for v in view[1:])):
+        raise MalformedCheckpoint("persistent id has a malformed storage view")
+    view_key, offset, size = view
+    if view_key in made:
+        return made[view_key]
+    if not all(isinstance(v, int) for v in (offset, size)):
+        raise MalformedCheckpoint("persistent id has a malformed storage view")
+    itemsize = ITEMSIZES[dtype]
+    start, stop, _ = slice(offset * itemsize, (offset + size) * itemsize).indices(root.nbytes)
+    made[view_key] = StorageRef(root.key, dtype, max(0, stop - start), root.view_offset + start)
+    return made[view_key]
+
+
+def _multipliable(value: object) -> bool:
+    # torch.load computes ``count * element_size`` and ``offset * element_size`` on every id
+    return isinstance(value, (int, float, str, bytes, list, tuple, TensorRef))
 
 
 def _key_list(keys: object) -> list[str]:

@@ -255,6 +255,7 @@ class PickleWalker:
             return stack[-1]
 
         read, opcodes = stream.read, _OPCODES
+        hashed_keys = not self.torchscript  # torch.load's dicts hash their keys (TorchScript's C++ dicts: not modelled)
         while True:
             code = read(1)
             if not code:
@@ -306,7 +307,7 @@ class PickleWalker:
                 elif name == "LIST":
                     stack.append(items)
                 elif name == "DICT":
-                    stack.append(_dict_from(items))
+                    stack.append(_dict_from(items, hashed_keys=hashed_keys))
                 elif name == "FROZENSET":
                     frozen = SetDesc()
                     frozen.items.extend(items)
@@ -332,10 +333,10 @@ class PickleWalker:
                 _append(top(), items)
             elif name == "SETITEM":
                 value, key = pop(), pop()
-                _setitems(top(), [key, value])
+                _setitems(top(), [key, value], hashed_keys=hashed_keys)
             elif name == "SETITEMS":
                 items = pop_mark()
-                _setitems(top(), items)
+                _setitems(top(), items, hashed_keys=hashed_keys)
             elif name == "ADDITEMS":
                 items = pop_mark()
                 target = top()
@@ -407,6 +408,11 @@ class PickleWalker:
         """BUILD's state on a description (a walker for another allow-list keeps it on its own records)."""
         if isinstance(target, Unsafe):
             target.parts.append(state)
+        elif isinstance(target, TensorRef) and not self.torchscript:
+            # torch.load runs ``tensor.set_(*state)`` (pre-0.4 pickles), which fails on almost any
+            # state and would rebuild the tensor on the rest; torch.save has not written it since
+            raise _bad("pickle BUILDs a state onto a tensor, which torch.save does not write "
+                       "(torch.load would reset the tensor with set_)")
 
     def _line(self, stream: PickleStream) -> str:
         line = stream.readline(MAX_LINE)
@@ -453,15 +459,20 @@ class PickleWalker:
         if not isinstance(args, tuple):
             if isinstance(args, Unsafe):
                 return args
-            raise _bad(f"arguments to {func.dotted} are not a tuple")
+            elements = None if self.torchscript else _elements(args)  # torch.load: any iterable does
+            if elements is None:
+                raise _bad(f"arguments to {func.dotted} are not a tuple")
+            args = tuple(elements)
         dotted = func.dotted
         if dotted in ("torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2",
                       "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_qtensor"):
             if func.name == "_rebuild_qtensor":
                 self.quantized += 1
-            return _rebuild_tensor(func.name, args)
+            return _rebuild_tensor(func.name, args, torch_load=not self.torchscript)
         if dotted in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
                       "torch.nn.parameter.Parameter"):
+            if len(args) >= 2 and not self.torchscript:  # Parameter(data, requires_grad): a bool alone
+                _check_requires_grad(func.name, args[1], args[0].storage if isinstance(args[0], TensorRef) else None)
             return args[0] if args else Call(dotted)
         if dotted == "torch._tensor._rebuild_from_type_v2":
             if len(args) != 4:
@@ -474,12 +485,8 @@ class PickleWalker:
             shape, stride = _ints(args[1], "size"), _ints(args[2], "stride")
             return TensorRef(None, 0, shape, stride, dtype)
         if dotted in ("collections.OrderedDict", "collections.Counter"):
-            out = DictDesc()
-            if args and isinstance(args[0], list):
-                for pair in args[0]:  # Python 2's OrderedDict pickles its pairs as lists
-                    if isinstance(pair, (tuple, list)) and len(pair) == 2:
-                        out.items.append((pair[0], pair[1]))
-            return out
+            # torch.jit.load's unpickler drops an OrderedDict's arguments (backward hooks, never used)
+            return DictDesc() if self.torchscript else _mapping_from(func.name, args)
         if dotted == "builtins.set" and args and isinstance(args[0], list):  # protocol 2's sets
             out_set = SetDesc()
             out_set.items.extend(args[0])
@@ -496,9 +503,94 @@ class PickleWalker:
         return Call(dotted)
 
 
-def _dict_from(items: list[object]) -> DictDesc:
+def _mapping_from(kind: str, args: tuple[object, ...]) -> DictDesc | Unsafe:
+    """``OrderedDict(arg)`` or ``Counter(arg)``, as the weights-only unpickler calls it: from a
+    mapping, its items; OrderedDict from any other iterable, one (key, value) pair per element
+    (Python 2 pickled its pairs as lists); Counter from one, each element a key counted once."""
+    if len(args) > 1:
+        raise _bad(f"{kind} takes at most 1 argument, got {len(args)}")
     out = DictDesc()
-    _setitems(out, items)
+    source = args[0] if args else None
+    if isinstance(source, Unsafe):
+        return source  # already reported as CG003; torch.load refuses the file
+    if isinstance(source, DictDesc):
+        out.items.extend(source.items)
+        return out
+    if not args or (source is None and kind == "Counter"):  # Counter(None) is an empty Counter
+        return out
+    elements = _elements(source)
+    if elements is None:
+        raise _bad(f"{kind} is built from {kind_of(source)}, which is not iterable")
+    for element in elements:
+        if kind == "OrderedDict":
+            pair = _elements(element)
+            if pair is None or len(pair) != 2:  # torch.load: "too many values to unpack (expected 2)"
+                raise _bad(f"OrderedDict is built from {kind_of(element)} that is not a (key, value) pair")
+            key, value = pair
+        else:
+            key, value = element, 1
+        if not is_hashable(key):
+            raise _bad(f"{kind} key is {kind_of(key)}, which is unhashable")
+        out.items.append((key, value))
+    return out
+
+
+def _elements(value: object) -> list[object] | None:
+    """What iterating ``value`` yields, where Python's iteration of the built object is known; None: not iterable."""
+    if isinstance(value, (list, tuple, str, bytes)):
+        return list(value)  # bytes: ints, as Python 3 iterates them
+    if isinstance(value, DictDesc):
+        return [key for key, _ in value.items]
+    if isinstance(value, SetDesc):
+        return list(value.items)
+    return None
+
+
+def is_hashable(value: object) -> bool:
+    """Whether the object a description stands for can be a dict key (lists, dicts, sets cannot)."""
+    if isinstance(value, (list, DictDesc, SetDesc)):
+        return False
+    return all(is_hashable(v) for v in value) if isinstance(value, tuple) else True
+
+
+def kind_of(value: object) -> str:
+    """A description named, with its article, as the type torch.load would have built: "a dict", "an int"."""
+    names = {DictDesc: "dict", SetDesc: "set", TensorRef: "tensor", StorageRef: "storage"}
+    name = names.get(type(value), type(value).__name__)
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _truthy(value: object) -> bool:
+    """``bool()`` of the object a description stands for (an empty container is false)."""
+    if isinstance(value, (DictDesc, SetDesc)):
+        return bool(value.items)
+    if isinstance(value, (Global, Call, TensorRef, StorageRef, Unsafe)):
+        return True
+    return bool(value)
+
+
+def _check_requires_grad(kind: str, value: object, storage: StorageRef | None) -> None:
+    # torch sets ``tensor.requires_grad = value``, which takes a bool alone ("requires_grad must be a bool")
+    if type(value) is not bool and not isinstance(value, Unsafe):
+        where = f" (storage {storage.key!r})" if storage else ""
+        raise _bad(f"{kind}: requires_grad is {kind_of(value)}, not a bool{where}")
+
+
+def _check_metadata(kind: str, metadata: object, storage: StorageRef) -> None:
+    """torch calls ``set_tensor_metadata`` when the argument is true: a dict of str (or bytes)
+    keys to flags (None, bool, int or float); anything else fails as torch.load runs it."""
+    if not _truthy(metadata):
+        return
+    if not isinstance(metadata, DictDesc):
+        raise _bad(f"{kind}: tensor metadata is {kind_of(metadata)}, not a dict (storage {storage.key!r})")
+    for key, value in metadata.items:
+        if not isinstance(key, (str, bytes)) or not (value is None or type(value) in (bool, int, float)):
+            raise _bad(f"{kind}: tensor metadata is not a dict of names to flags (storage {storage.key!r})")
+
+
+def _dict_from(items: list[object], *, hashed_keys: bool = False) -> DictDesc:
+    out = DictDesc()
+    _setitems(out, items, hashed_keys=hashed_keys)
     return out
 
 
@@ -511,10 +603,16 @@ def _append(target: object, items: list[object]) -> None:
         raise _bad(f"APPEND on a {type(target).__name__}, not a list")
 
 
-def _setitems(target: object, items: list[object]) -> None:
+def _setitems(target: object, items: list[object], *, hashed_keys: bool = False) -> None:
+    """``hashed_keys``: refuse a key the built dict could not hold, as torch.load's unpickler does
+    ("unhashable type: 'dict'"); a description itself keeps any key."""
     if len(items) % 2:
         raise _bad("SETITEMS with an odd number of items")
     if isinstance(target, DictDesc):
+        if hashed_keys:
+            for key in items[::2]:
+                if type(key) is not str and not is_hashable(key):  # str first: state dict keys
+                    raise _bad(f"dict key is {kind_of(key)}, which is unhashable")
         target.items.extend(zip(items[::2], items[1::2]))
     elif isinstance(target, Unsafe):
         target.parts.append(_dict_from(items))
@@ -536,7 +634,9 @@ def _torch_dtype(value: object) -> str:
     raise _bad("tensor dtype is not a torch dtype")
 
 
-def _rebuild_tensor(kind: str, args: tuple[object, ...]) -> TensorRef | Unsafe:
+def _rebuild_tensor(kind: str, args: tuple[object, ...], *, torch_load: bool = True) -> TensorRef | Unsafe:
+    """The tensor a rebuild call describes; ``torch_load``: also the arguments torch.load's Python
+    rebuild functions refuse as they run (requires_grad, metadata), which a description never uses."""
     need = {"_rebuild_tensor": 4, "_rebuild_tensor_v2": 6, "_rebuild_tensor_v3": 7,
             "_rebuild_qtensor": 7}[kind]
     if len(args) < need:
@@ -553,6 +653,11 @@ def _rebuild_tensor(kind: str, args: tuple[object, ...]) -> TensorRef | Unsafe:
     if len(shape) != len(stride):
         raise _bad(f"{kind}: size has {len(shape)} dims but stride has {len(stride)}")
     dtype = _torch_dtype(args[6]) if kind == "_rebuild_tensor_v3" else storage.dtype
+    if torch_load and kind != "_rebuild_tensor":
+        _check_requires_grad(kind, args[5 if kind == "_rebuild_qtensor" else 4], storage)
+        metadata_at = {"_rebuild_tensor_v2": 6, "_rebuild_tensor_v3": 7}.get(kind)
+        if metadata_at is not None and len(args) > metadata_at:
+            _check_metadata(kind, args[metadata_at], storage)
     itemsize = ITEMSIZES[dtype]
     extent = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
     if extent and (offset + extent) * itemsize > storage.nbytes:  # empty slices may sit anywhere

@@ -36,16 +36,9 @@ def storage_from_pid(pid: object) -> StorageRef | Unsafe:
         kind = kind.decode("latin-1")
     if kind != "storage":
         raise _bad(f"persistent id of kind {kind!r}: torch loads only storages")
-    if isinstance(cls, Unsafe):
-        return cls
-    if not isinstance(cls, Global):
-        raise _bad("persistent id names no storage class")
-    if cls.dotted in _UNTYPED_STORAGES:
-        dtype = "uint8"
-    elif cls.module in ("torch", "torch.cuda") and cls.name in STORAGE_DTYPES:
-        dtype = STORAGE_DTYPES[cls.name]
-    else:
-        raise _bad(f"persistent id names {cls.dotted}, not a storage class")
+    dtype = storage_dtype(cls)
+    if isinstance(dtype, Unsafe):
+        return dtype
     if isinstance(key, int) and not isinstance(key, bool):
         key = str(key)
     if not isinstance(key, str) or type(numel) is not int or numel < 0:
@@ -62,6 +55,19 @@ def storage_from_pid(pid: object) -> StorageRef | Unsafe:
     if view_offset + view_size > numel:
         raise _bad(f"storage view runs past its root storage {key!r}")
     return StorageRef(key, dtype, view_size * itemsize, view_offset * itemsize)
+
+
+def storage_dtype(cls: object) -> str | Unsafe:
+    """The torch dtype of the storage class a persistent id names ("uint8" for untyped storages)."""
+    if isinstance(cls, Unsafe):
+        return cls
+    if not isinstance(cls, Global):
+        raise _bad("persistent id names no storage class")
+    if cls.dotted in _UNTYPED_STORAGES:
+        return "uint8"
+    if cls.module in ("torch", "torch.cuda") and cls.name in STORAGE_DTYPES:
+        return STORAGE_DTYPES[cls.name]
+    raise _bad(f"persistent id names {cls.dotted}, not a storage class")
 
 
 def iter_named_tensors(root: object, *, budget: int,
