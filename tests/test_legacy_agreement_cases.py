@@ -178,10 +178,10 @@ def test_magic_pickled_at_another_protocol_is_not_a_weight_file_to_us() -> None:
 
 # ------------------------------------------------------------------ the zip reader walks the same way
 
-def _torch_zip(edit: tuple[bytes, bytes]) -> bytes:
+def _torch_zip(edit: tuple[bytes, bytes], tensor: object = None) -> bytes:
     """torch.save of a state dict, its data.pkl changed and the archive rewritten (CRCs valid)."""
     saved = io.BytesIO()
-    torch.save(OrderedDict(w=torch.ones(2, 2)), saved)
+    torch.save(OrderedDict(w=torch.ones(2, 2) if tensor is None else tensor), saved)
     out = io.BytesIO()
     with zipfile.ZipFile(saved) as source, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as target:
         for info in source.infolist():
@@ -220,4 +220,21 @@ def test_zip_reader_takes_the_same_calls_as_torch_load(case: str) -> None:
         assert theirs_says in str(theirs)
         assert not ours.valid
         assert ours_says in ours.reason
+    assert category == "agree"
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bool", "uint8", "float8_e4m3fn", "complex32", "bfloat16", "float32"])
+def test_requires_grad_where_torch_load_cannot_set_it_is_refused_as_torch_load_refuses(dtype: str) -> None:
+    """``requires_grad=True`` (NEWTRUE for NEWFALSE): torch.load sets the flag, and fails on an integer or bool
+    tensor ("only Tensors of floating point and complex dtype can require gradients") and on a float8 or
+    complex32 one (rebuilt in place after the flag is set); bf16 and fp32 load. Our verdict follows (the
+    first was the documented ``call-semantics`` disagreement)."""
+    tensor = torch.zeros(3, dtype=getattr(torch, dtype))
+    category, ours, theirs = _verdicts("torch-zip", _torch_zip((b"\x89h\x00)R", b"\x88h\x00)R"), tensor))
+    if dtype in ("bfloat16", "float32"):
+        assert ours.valid, ours.reason
+        assert ours.inventory == theirs
+    else:
+        assert "require" in str(theirs)
+        assert not ours.valid and f"requires_grad on a tensor of {dtype}" in ours.reason
     assert category == "agree"

@@ -472,7 +472,8 @@ class PickleWalker:
         if dotted in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
                       "torch.nn.parameter.Parameter"):
             if len(args) >= 2 and not self.torchscript:  # Parameter(data, requires_grad): a bool alone
-                _check_requires_grad(func.name, args[1], args[0].storage if isinstance(args[0], TensorRef) else None)
+                data = args[0] if isinstance(args[0], TensorRef) else None
+                _check_requires_grad(func.name, args[1], data.storage if data else None, data.dtype if data else None)
             return args[0] if args else Call(dotted)
         if dotted == "torch._tensor._rebuild_from_type_v2":
             if len(args) != 4:
@@ -569,11 +570,24 @@ def _truthy(value: object) -> bool:
     return bool(value)
 
 
-def _check_requires_grad(kind: str, value: object, storage: StorageRef | None) -> None:
-    # torch sets ``tensor.requires_grad = value``, which takes a bool alone ("requires_grad must be a bool")
+# the dtypes whose tensors torch.load can rebuild with requires_grad=True (torch 2.13); float8, float4
+# and complex32 may require gradients, but torch.load rebuilds them in place after setting the flag ("a leaf
+# Variable that requires grad is being used in an in-place operation"), and the rest may not
+_GRAD_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16", "complex64", "complex128"})
+
+
+def _check_requires_grad(kind: str, value: object, storage: StorageRef | None, dtype: str | None) -> None:
+    # torch sets ``tensor.requires_grad = value``, which takes a bool alone ("requires_grad must be a bool"),
+    # and True only on a floating point or complex tensor ("only Tensors of floating point and complex
+    # dtype can require gradients")
+    where = f" (storage {storage.key!r})" if storage else ""
     if type(value) is not bool and not isinstance(value, Unsafe):
-        where = f" (storage {storage.key!r})" if storage else ""
         raise _bad(f"{kind}: requires_grad is {kind_of(value)}, not a bool{where}")
+    if value is True and dtype is not None and dtype not in _GRAD_DTYPES:
+        why = ("torch.load rebuilds such a tensor in place after setting the flag, and fails"
+               if dtype.startswith(("float", "complex")) else
+               "torch lets only floating point and complex tensors require gradients")
+        raise _bad(f"{kind}: requires_grad on a tensor of {dtype}{where}: {why}")
 
 
 def _check_metadata(kind: str, metadata: object, storage: StorageRef) -> None:
@@ -654,7 +668,7 @@ def _rebuild_tensor(kind: str, args: tuple[object, ...], *, torch_load: bool = T
         raise _bad(f"{kind}: size has {len(shape)} dims but stride has {len(stride)}")
     dtype = _torch_dtype(args[6]) if kind == "_rebuild_tensor_v3" else storage.dtype
     if torch_load and kind != "_rebuild_tensor":
-        _check_requires_grad(kind, args[5 if kind == "_rebuild_qtensor" else 4], storage)
+        _check_requires_grad(kind, args[5 if kind == "_rebuild_qtensor" else 4], storage, dtype)
         metadata_at = {"_rebuild_tensor_v2": 6, "_rebuild_tensor_v3": 7}.get(kind)
         if metadata_at is not None and len(args) > metadata_at:
             _check_metadata(kind, args[metadata_at], storage)
