@@ -111,8 +111,9 @@ def _passes(flax_cls: Any, pt_cls: Any, config: Any, flax_dir: Path, passes: lis
         for label, dtype in passes:
             # fp32 as PyTorch on a CPU computes it; the drift pass at what JAX users run by default
             with jax.default_matmul_precision("default" if label.endswith(":default") else "highest"):
-                runs[label], recorded, resident = _streamed(flax_cls, config, flax_dir, dtype, inputs, blocks,
-                                                            leaves if resident is None else [])
+                runs[label], recorded, why = _streamed(flax_cls, config, flax_dir, dtype, inputs, blocks,
+                                                       leaves if resident is None else [])
+            resident = resident or why  # once a pass kept its leaves resident, the later ones do too
             if not label.endswith(":default"):  # the drift pass is a figure: no located verdict
                 modules[label] = recorded
         tied = getattr(config, "tie_word_embeddings", False)  # as in one process: a tied head's leaves stay
