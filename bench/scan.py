@@ -149,7 +149,7 @@ def main() -> int:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if args.generate_sharded:
         generate_sharded(Path(args.generate_sharded[0]), int(args.generate_sharded[1]), 50,
-                         spaced="spaced" in args.generate_sharded[2:])
+                         form=(args.generate_sharded[2:] or ["library"])[0])
         return 0
     sys.path.insert(0, str(ROOT / "bench"))
     import envs
@@ -244,11 +244,13 @@ def layout_per_file(out: Path, rounds: int) -> None:
     print(f"  per file, weight sets / v0.1.0: {per_new / per_old:5.2f}x  (target <= 1.0x)")
 
 
-def generate_sharded(out: Path, shards: int, per_shard: int, *, spaced: bool = False) -> Path:
+def generate_sharded(out: Path, shards: int, per_shard: int, *, form: str = "library") -> Path:
     """A sharded bf16 model: ``shards`` files of ``per_shard`` small tensors, its index, config.json, each
     written as its library writes it (compact safetensors headers; transformers' indented, sorted index).
-    ``spaced``: the headers as hand-rolled writers write them, ``json.dumps`` with its default separators."""
-    root = out / f"sharded-{shards}x{per_shard}{'-spaced' if spaced else ''}"
+    ``form`` "spaced": the headers as hand-rolled writers write them, ``json.dumps`` with its default
+    separators; "sorted": ``json.dumps(sort_keys=True)``, each entry's ``data_offsets`` before its dtype (as
+    valid a header); "indented": ``json.dumps(indent=2)``, a form no pattern lists (the JSON parse's columns)."""
+    root = out / f"sharded-{shards}x{per_shard}{'' if form == 'library' else '-' + form}"
     if (root / ".built").exists():
         return root
     root.mkdir(parents=True, exist_ok=True)
@@ -266,7 +268,9 @@ def generate_sharded(out: Path, shards: int, per_shard: int, *, spaced: bool = F
             weight_map[name] = file
             offset += 64
         # as the safetensors library writes it, or json.dumps' default form (", " and ": ")
-        raw = (json.dumps(header) if spaced else json.dumps(header, separators=(",", ":"))).encode()
+        raw = (json.dumps(header) if form == "spaced" else json.dumps(header, sort_keys=True) if form == "sorted"
+               else json.dumps(header, indent=2) if form == "indented"
+               else json.dumps(header, separators=(",", ":"))).encode()
         raw += b" " * (-len(raw) % 8)
         (root / file).write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
     index = {"metadata": {"total_size": shards * per_shard * 64}, "weight_map": dict(sorted(weight_map.items()))}
@@ -296,13 +300,16 @@ def scale(out: Path, rounds: int) -> None:
     py = sys.executable
     print("scale: whole processes, alternating, median wall time and peak RSS")
     per_tensor = []
-    for shards, spaced in ((1000, False), (4000, False), (4000, True)):
+    for shards, form in ((1000, "library"), (4000, "library"), (4000, "spaced"), (4000, "sorted"), (4000, "indented")):
         # built in a child: a forked child's peak RSS starts at its parent's
-        root = out / f"sharded-{shards}x50{'-spaced' if spaced else ''}"
-        subprocess.run([py, __file__, "--generate-sharded", str(out), str(shards), *(["spaced"] if spaced else [])],
-                       check=True)
-        if spaced:
+        root = out / f"sharded-{shards}x50{'' if form == 'library' else '-' + form}"
+        subprocess.run([py, __file__, "--generate-sharded", str(out), str(shards), form], check=True)
+        if form == "spaced":
             print("  the same shards with json.dumps headers (\", \" and \": \"), as hand-rolled writers write them:")
+        if form == "sorted":
+            print("  the same shards with json.dumps(sort_keys=True) headers (data_offsets first):")
+        if form == "indented":
+            print("  the same shards with json.dumps(indent=2) headers (read through the JSON parse):")
         cmds = {
             "ckpt-guard scan": [py, "-m", "guard", "scan", "--expect", "config", "--no-summary", str(root)],
             "safe_open listing": [py, "-c", "import glob\nfrom safetensors import safe_open\n"
@@ -327,7 +334,7 @@ def scale(out: Path, rounds: int) -> None:
         ratio = wall["ckpt-guard scan"] / wall["safe_open listing"]
         cpu_ratio = cpu["ckpt-guard scan"] / cpu["safe_open listing"]
         work = (cpu["ckpt-guard scan"] - cpu["python -c pass"]) / tensors * 1e6
-        if not spaced:
+        if form == "library":
             per_tensor.append(work)
         print(f"  ckpt-guard / safe_open: wall {ratio:.2f}x, cpu {cpu_ratio:.2f}x (target <= 1.5x); "
               f"{work:.2f} us of cpu per tensor above start-up")

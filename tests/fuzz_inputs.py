@@ -323,6 +323,10 @@ KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
     Known("unknown-dtype", ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack"), True, r"^CG005$"),
     # A valid header whose dtype torch cannot build (F6_*, F4): safe_open + get_tensor fails.
     Known("torch-lacks-dtype", ("safetensors",), True, r"^get_tensor: KeyError"),
+    # A header naming a tensor twice: serde_json keeps the last entry, as json.loads does, and the Rust reader
+    # loads it if that entry's offsets tile; a reader that keeps the first would load other weights under
+    # the same name, so we refuse the file.
+    Known("duplicate-name", ("safetensors",), False, r"duplicate key .* in header"),
     # Headers, not tensors: a scan never opens the byteorder, version or data/* records
     # (nor checks their local headers and CRCs), which torch.load reads in full.
     Known("records-not-read", ("torch-zip",), True,

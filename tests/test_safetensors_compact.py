@@ -10,6 +10,7 @@ or the same one-line error.
 
 from __future__ import annotations
 
+import json
 import random
 import struct
 
@@ -20,6 +21,7 @@ from safetensors.numpy import save
 from guard.errors import MalformedCheckpoint
 from guard.readers import safetensors as reader
 from guard.sources import BytesSource
+from guard.tensors import TensorColumns
 
 _PIECES = [*'",:{}[] \n\tab0159\\-', '"dtype":"F32"', '"shape":[', '"data_offsets":[', "é", "\x01", "NaN", "-0"]
 
@@ -35,8 +37,9 @@ def _written() -> list[bytes]:
 
 def _read(data: bytes, *, compact: bool, monkeypatch: pytest.MonkeyPatch) -> object:
     with monkeypatch.context() as patch:
-        if not compact:
+        if not compact:  # the entry loop alone: neither the compact pattern nor the parsed header's columns
             patch.setattr(reader, "_read_compact", lambda *_: None)
+            patch.setattr(reader, "_read_parsed", lambda *_: None)
         try:
             return reader.read_safetensors(BytesSource(data, name="model.safetensors"))
         except MalformedCheckpoint as exc:
@@ -82,6 +85,53 @@ def test_mutated_headers_agree_with_the_json_parse(monkeypatch: pytest.MonkeyPat
         assert compact == _read(mutated, compact=False, monkeypatch=monkeypatch), header
         accepted += reader._read_compact(header, BytesSource(mutated), len(header)) is not None
     assert accepted > 10  # renamed tensors and the like still take the compact reading
+
+
+def _reformed(rng: random.Random) -> str:
+    """A library-written header written again in another valid form: ``sort_keys``, indented, each entry's
+    keys in a random order, the tensors listed out of the buffer's order, an extra key in an entry."""
+    data = rng.choice(_written()[:2])
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    entries = list(header.items())
+    rng.shuffle(entries)
+    entries = [(name, dict(rng.sample(sorted(entry.items()), len(entry))) if isinstance(entry, dict) else entry)
+               for name, entry in entries]
+    if rng.random() < 0.2:
+        entries[-1][1]["note"] = [1, 2]  # a key the reference ignores
+    form = rng.choice(["sort_keys", "sort_keys compact", "indent", "compact", "shuffled"])
+    if form.startswith("sort_keys"):
+        return json.dumps(dict(entries), sort_keys=True, separators=(",", ":") if form.endswith("compact") else None)
+    return json.dumps(dict(entries), indent=2 if form == "indent" else None,
+                      separators=(",", ":") if form == "compact" else None)
+
+
+def test_headers_of_any_form_read_in_columns_agree_with_the_entry_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parsed header's columns (``_read_parsed``) against the entry loop, on valid headers of other forms
+    and on their mutations: the same tensors, findings or one-line error."""
+    rng = random.Random(20261206)
+    columns = sorted_form = 0
+    for round_ in range(3000):
+        text = list(_reformed(rng))
+        body = _written()[0][8 + struct.unpack("<Q", _written()[0][:8])[0]:]
+        for _ in range(rng.randint(0, 2) if round_ % 4 else 0):
+            at = rng.randrange(len(text) + 1)
+            roll = rng.random()
+            if roll < 0.4:
+                text.insert(at, rng.choice(_PIECES))
+            elif text:
+                text[min(at, len(text) - 1):min(at, len(text) - 1) + 1] = [] if roll < 0.8 else [rng.choice(_PIECES)]
+        header = "".join(text).encode()
+        header += b" " * (-len(header) % 8)
+        for size in {len(body), 16}:  # the first file's buffer, or the second's (2 + 3 floats, 20 bytes: short)
+            mutated = struct.pack("<Q", len(header)) + header + (body + bytes(24))[:size]
+            result = _read(mutated, compact=True, monkeypatch=monkeypatch)
+            assert result == _read(mutated, compact=False, monkeypatch=monkeypatch), header
+            columns += not isinstance(result, str) and type(result.tensors) is TensorColumns  # type: ignore[attr-defined]
+            sorted_form += reader._read_compact(header, BytesSource(mutated), len(header)) is not None and \
+                b'{"data_offsets"' in header.replace(b" ", b"")
+    assert columns > 300  # valid headers of every form take the columns
+    assert sorted_form > 100  # ``sort_keys`` headers, out of the buffer's order, by the pattern
 
 
 @pytest.mark.parametrize("joint", ["}{", "},{{", "}}{", "}{,", "} ,", "}, "])

@@ -29,13 +29,13 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import chain, islice
-from operator import itemgetter, lt
+from itertools import chain
+from operator import itemgetter
 
 from guard import jsonload
 from guard.errors import MalformedCheckpoint
 from guard.sources import ByteSource
-from guard.tensors import FileScan, TENSOR_FILE, TENSOR_NAME
+from guard.tensors import FileScan, TENSOR_FILE, TENSOR_NAME, column
 
 # the map's opening line and the first entry's indentation (json.dumps(indent=N) puts each on its own line)
 _OPENER = re.compile(rb'\n( *)"weight_map": \{\n( +)"')
@@ -63,25 +63,26 @@ def _proven(source: ByteSource, scans: Sequence[FileScan]) -> bool:
         return False  # two shards of one name (in two folders): an index's file names cannot tell them apart
     if any(scan.format is None or not scan.tensors for scan in scans):
         return False  # unreadable (CG001) or empty: the parse and CG004 say what is wrong
-    rows = list(chain.from_iterable(scan.tensors for scan in scans))
-    rows.sort(key=TENSOR_NAME)
-    names = list(map(TENSOR_NAME, rows))
-    if not all(map(lt, names, islice(names, 1, None))):
-        return False  # a name twice (in two shards): the map could hold it only once
+    # each name's shard, read from the files' columns (no record is made); a name twice (in two shards)
+    # leaves the map shorter than the tensors: the index could hold it only once
+    owner = dict(zip(chain.from_iterable(column(TENSOR_NAME, scan.tensors) for scan in scans),
+                     chain.from_iterable(column(TENSOR_FILE, scan.tensors) for scan in scans)))
+    if len(owner) != sum(map(len, (scan.tensors for scan in scans))):
+        return False
+    names = sorted(owner)
     # Entry i is ``indent"name_i": "file_i"``; the text between two names, ``": "file",\n indent"``,
     # depends on the shard alone: the document's entries are the names and those links, alternating.
     indent = opener.group(2).decode("ascii")
     link = {path: f'": "{base}",\n{indent}"' for path, base in bases.items()}
     start = at = opener.start(2)
     lead = indent + '"'
-    for first in range(0, len(rows), _CHUNK):
-        chunk = rows[first:first + _CHUNK]
+    for first in range(0, len(names), _CHUNK):
         chunk_names = names[first:first + _CHUNK]
         if not _plain("".join(chunk_names)):
             return False
-        text = lead + "".join(chain.from_iterable(zip(chunk_names, map(link.__getitem__, map(TENSOR_FILE, chunk)))))
+        text = lead + "".join(chain.from_iterable(zip(chunk_names, map(link.__getitem__, map(owner.__getitem__, chunk_names)))))
         lead = ""
-        if first + _CHUNK >= len(rows):  # the last entry closes with its quote alone
+        if first + _CHUNK >= len(names):  # the last entry closes with its quote alone
             text = text[:len(text) - len(indent) - 3]
         data = text.encode("utf-8")
         if at + len(data) > source.size or source.read_at(at, len(data)) != data:

@@ -29,7 +29,7 @@ from guard.inventory.quant_conventions import (
 )
 from guard.inventory.sets import WeightSet
 from guard.records import record
-from guard.tensors import TENSOR_DTYPE, TENSOR_NAME, TENSOR_SHAPE, TensorInfo
+from guard.tensors import TENSOR_DTYPE, TENSOR_NAME, TENSOR_SHAPE, TensorInfo, column, select
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the inventory and its Quantization import this module (inside functions): no import back
@@ -372,7 +372,7 @@ def unroled_tensors(ws: WeightSet, roles: Mapping[str, str]) -> list[TensorInfo]
         left = [t for t in ws.tensors if t.name not in roles]
     else:
         has = roles.__contains__
-        left = list(chain.from_iterable(compress(scan.tensors, map(not_, map(has, map(TENSOR_NAME, scan.tensors))))
+        left = list(chain.from_iterable(select(scan.tensors, map(not_, map(has, column(TENSOR_NAME, scan.tensors))))
                                         for scan in ws.files))
     ws.memo[_UNROLED] = (roles, left)
     return left

@@ -24,7 +24,7 @@ from guard.inventory.quant_conventions import (
     UNQUANTIZED_KEYS,
 )
 from guard.records import record
-from guard.tensors import TENSOR_DTYPE, TENSOR_NAME, TENSOR_SHAPE
+from guard.tensors import TENSOR_DTYPE, TENSOR_NAME, TENSOR_SHAPE, column, select
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # guard.inventory.model imports this module: no import back
@@ -252,7 +252,7 @@ def _name_candidates(ws: WeightSet, known: Mapping[str, str]) -> Iterator[Tensor
         return compress(left, map(str.endswith, map(TENSOR_NAME, left), repeat(_ENDINGS)))
     if ws.layout == "lightning":  # ``tensors`` leaves training state out
         return (t for t in ws.tensors if t.name.endswith(_ENDINGS))
-    return chain.from_iterable(compress(scan.tensors, map(str.endswith, map(TENSOR_NAME, scan.tensors), repeat(_ENDINGS)))
+    return chain.from_iterable(select(scan.tensors, map(str.endswith, column(TENSOR_NAME, scan.tensors), repeat(_ENDINGS)))
                                for scan in ws.files)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator, Sequence
-from itertools import compress
 from math import prod
 
 from guard import dtypes
@@ -19,7 +18,8 @@ from guard.inventory.conventions import DTYPE_VARIANTS, FORMAT_ORDER, LAYOUT_ORD
 from guard.inventory.names import FileRole, claimed_dtype, classify
 from guard.inventory.stats import DtypeStats, ShardIndex, dtype_summary, grouped_dtype_summary
 from guard.records import record
-from guard.tensors import FileScan, TENSOR_DTYPE, TENSOR_SHAPE, TENSOR_STORAGE, TensorInfo
+from guard.tensors import FileScan, TENSOR_DTYPE, TENSOR_SHAPE, TENSOR_STORAGE, TensorInfo, joined, select
+from guard.tensors import column as columns
 
 # What a reader's file format means for the set's format family (names that say nothing).
 _READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "torchscript": "torch", "torch-export": "torch",
@@ -62,6 +62,13 @@ class WeightSet:
                 yield tensor
 
     @property
+    def has_tensors(self) -> bool:
+        """Whether ``tensors`` yields any: a file's length where no tensor is left out (no record made)."""
+        if self.layout == "lightning":
+            return next(iter(self.tensors), None) is not None
+        return any(map(len, (scan.tensors for scan in self.files)))
+
+    @property
     def counted_tensors(self) -> Iterator[TensorInfo]:
         """Tied aliases counted once: a .bin keeps both names of a tied weight on one storage."""
         seen: set[tuple[object, ...]] = set()
@@ -73,7 +80,7 @@ class WeightSet:
                 seen.add(key)
             yield tensor
 
-    def by_dtype(self) -> dict[str, tuple[TensorInfo, ...]]:
+    def by_dtype(self) -> dict[str, Sequence[TensorInfo]]:
         """The set's tensors by dtype code, codes in order of first appearance, tensors in file order.
 
         Built once per set: every rule asks for some dtypes of the set, and most ask for a few
@@ -97,50 +104,58 @@ class WeightSet:
             self.memo["dtype_summary"] = summary
         return summary  # type: ignore[return-value]
 
-    def _tally(self) -> tuple[dict[str, tuple[TensorInfo, ...]], dict[str, int], bool]:
-        """One walk of the set's tensors: the groups by dtype, their elements, whether any has a storage."""
+    def _tally(self) -> tuple[dict[str, Sequence[TensorInfo]], dict[str, int], bool]:
+        """One walk of the set's tensors: the groups by dtype, their elements, whether any has a storage.
+
+        A group is its files' parts joined (``guard.tensors.joined``): a file's columns where it keeps
+        them, so a sharded set's groups hold no record the reader did not make."""
         tally = self.memo.get("tally")
         if tally is None:
-            groups: dict[str, list[TensorInfo]] = {}
+            groups: dict[str, list[Sequence[TensorInfo]]] = {}
             totals: dict[str, int] = {}
             shared = False
             lightning = self.layout == "lightning"
             for scan in self.files:
-                column = list(map(TENSOR_DTYPE, scan.tensors)) if not lightning else []  # each tensor's dtype, once
+                tensors = scan.tensors
+                column = list(columns(TENSOR_DTYPE, tensors)) if not lightning else []  # each tensor's dtype, once
                 codes = set(column)
                 if len(codes) == 1:  # one dtype in the file (a shard of most models): the sums run in C
                     code = codes.pop()
                     if code not in groups:
                         groups[code] = []
                         totals[code] = 0
-                    groups[code].extend(scan.tensors)
-                    totals[code] += sum(map(prod, map(TENSOR_SHAPE, scan.tensors)))
+                    groups[code].append(tensors)
+                    totals[code] += sum(map(prod, columns(TENSOR_SHAPE, tensors)))
                     shared = shared or (scan.format not in _UNSHARED
-                                        and any(storage is not None for storage in set(map(TENSOR_STORAGE, scan.tensors))))
+                                        and any(storage is not None for storage in set(columns(TENSOR_STORAGE, tensors))))
                     continue
                 if 1 < len(codes) <= 4:  # a few dtypes (a quantized shard: I32 and F16): one C pass a dtype
                     for code in dict.fromkeys(column):  # in order of first appearance
-                        picked = list(compress(scan.tensors, map(code.__eq__, column)))
+                        picked = select(tensors, map(code.__eq__, column))
                         if code not in groups:
                             groups[code] = []
                             totals[code] = 0
-                        groups[code].extend(picked)
+                        groups[code].append(picked)
                         totals[code] += sum(map(prod, map(TENSOR_SHAPE, picked)))
-                    shared = shared or any(storage is not None for storage in set(map(TENSOR_STORAGE, scan.tensors)))
+                    shared = shared or any(storage is not None for storage in set(columns(TENSOR_STORAGE, tensors)))
                     continue
-                for tensor in scan.tensors:
+                loose: dict[str, list[TensorInfo]] = {}  # this file's tensors by dtype, one part each
+                for tensor in tensors:
                     if lightning and tensor.name.split(".", 1)[0] in LIGHTNING_STATE_KEYS:
                         continue  # what ``tensors`` leaves out
                     code = tensor.dtype
-                    group = groups.get(code)
+                    group = loose.get(code)
                     if group is None:
-                        group = groups[code] = []
-                        totals[code] = 0
+                        group = loose[code] = []
+                        if code not in groups:
+                            groups[code] = []
+                            totals[code] = 0
+                        groups[code].append(group)
                     group.append(tensor)
                     totals[code] += prod(tensor.shape)
                     if tensor.storage is not None:
                         shared = True
-            tally = self.memo["tally"] = ({code: tuple(group) for code, group in groups.items()}, totals, shared)
+            tally = self.memo["tally"] = ({code: joined(parts) for code, parts in groups.items()}, totals, shared)
         return tally  # type: ignore[return-value]
 
     @property

@@ -6,15 +6,15 @@ import functools
 import re
 import struct
 from collections.abc import Callable
-from itertools import accumulate, repeat
-from operator import itemgetter
+from itertools import accumulate
+from operator import itemgetter, sub
 
 from guard import dtypes, jsonload
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
 from guard.sources import ByteSource
-from guard.tensors import FileScan, TensorInfo
+from guard.tensors import FileScan, TensorColumns, TensorInfo
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
 if TYPE_CHECKING:
@@ -117,9 +117,12 @@ def _parse_unique(raw: bytes, text: str) -> tuple[object, bool]:
     except (ValueError, RecursionError):
         pass
     else:
-        if type(header) is dict and raw.count(b":") == len(header) + sum(
-                [len(entry) for entry in header.values() if type(entry) is dict]):
-            return header, True
+        if type(header) is dict:
+            values = header.values()  # every value an object (a valid header's): their keys counted in C
+            keys = sum(map(len, values)) if set(map(type, values)) == {dict} else sum(
+                [len(entry) for entry in values if type(entry) is dict])
+            if raw.count(b":") == len(header) + keys:
+                return header, True
     import json
 
     return json.loads(text, object_pairs_hook=_unique_keys), False
@@ -181,6 +184,10 @@ def read_safetensors(source: ByteSource) -> FileScan:
         return fast
     header, plain = _parse(raw)
     metadata = _metadata(header.pop("__metadata__", None))
+    if plain:
+        fast = _read_parsed(header, metadata, source, length)
+        if fast is not None:
+            return fast
     buffer_start = 8 + length
     buffer_len = source.size - buffer_start
     file = source.name
@@ -282,33 +289,48 @@ _COMPACT = (r'([,{])"([^"]*)":\{"dtype":"([^"]+","shape":\[[^\]]{0,255})\],'
 # compact form before it is judged, so both forms share one table of spans.
 _SPACED = (r'(, |\{)"([^"]*)": \{"dtype": "([^"]+", "shape": \[[^\]]{0,255})\], '
            r'"data_offsets": \[([^,]{1,20}), ([^\]]{1,20})\]\}')
-_splits: dict[bool, Callable[[str], list[str]]] = {}  # compiled on first use: a hook may read no safetensors
+# Both again with each entry's keys sorted (``json.dumps(sort_keys=True)``: the offsets first), as valid a
+# header again.  The dtype and the shape are still one span of text, the key of the same table.
+_COMPACT_SORTED = (r'([,{])"([^"]*)":\{"data_offsets":\[([^,]{1,20}),([^\]]{1,20})\],'
+                   r'"dtype":"([^"]+","shape":\[[^\]]{0,255})\]\}')
+_SPACED_SORTED = (r'(, |\{)"([^"]*)": \{"data_offsets": \[([^,]{1,20}), ([^\]]{1,20})\], '
+                  r'"dtype": "([^"]+", "shape": \[[^\]]{0,255})\]\}')
+_splits: dict[tuple[bool, bool], Callable[[str], list[str]]] = {}  # compiled on first use: a hook may read none
 
 
-def _compile_split(spaced: bool) -> Callable[[str], list[str]]:
-    split = _splits[spaced] = re.compile(_SPACED if spaced else _COMPACT, re.ASCII).split
+def _compile_split(spaced: bool, offsets_first: bool = False) -> Callable[[str], list[str]]:
+    pattern = ((_SPACED_SORTED if spaced else _COMPACT_SORTED) if offsets_first
+               else _SPACED if spaced else _COMPACT)
+    split = _splits[spaced, offsets_first] = re.compile(pattern, re.ASCII).split
     return split
 
 
+# how an entry opens in each form: a header without it is in none of them (its first entry is in the head)
+_OPENERS = {(False, False): b'":{"dtype":"', (True, False): b'": {"dtype": "',
+            (False, True): b'":{"data_offsets":[', (True, True): b'": {"data_offsets": ['}
 _METADATA = '{"__metadata__":'
 _METADATA_SPACED = '{"__metadata__": '
 _ASCII_CONTROL = bytes([*range(0x20), 0x7F])  # the ASCII characters str.isprintable turns away
 _SPANS: dict[str, tuple[str, tuple[int, ...], int] | None] = {}  # ``BF16","shape":[8,4`` -> (code, shape, bytes)
 _SPANS_HELD = 1 << 14  # bounded: a hostile file's distinct shapes
-_CODE, _SHAPE, _BYTES = itemgetter(0), itemgetter(1), itemgetter(2)
+_BYTES = itemgetter(2)
 
 
 def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | None:
     """The scan of a header in the library's own compact form, or None for the general parse.
 
     What this accepts the general parse accepts with the same result: unique names, known dtypes,
-    dims >= 1, offsets that tile the buffer in header order with each span exactly its tensor's
-    size.  Anything else (a finding, an error to word) is left to the general parse.
+    dims >= 1, offsets that tile the buffer (in header order, or sorted) with each span exactly its
+    tensor's size.  Anything else (a finding, an error to word) is left to the general parse.
     """
     head = raw[:4096]
     spaced = b'"dtype":"' not in head
-    if (spaced and b'"dtype": "' not in head) or b"\\" in raw or _needs_exact_parse(raw):
+    dtype_at = head.find(b'"dtype": "' if spaced else b'"dtype":"')
+    if dtype_at < 0 or b"\\" in raw or _needs_exact_parse(raw):
         return None  # neither the library's compact form nor json.dumps', or escapes, constants, signs
+    offsets_first = -1 < head.find(b'"data_offsets"') < dtype_at  # each entry's keys sorted
+    if _OPENERS[spaced, offsets_first] not in head:
+        return None  # another layout of the entries (indented, say): the pattern would match none of them
     tail = raw[-8:]
     close = len(raw) - len(tail) + len(tail.rstrip(b" ")) - 1  # the library pads the header to 8 bytes
     if close < 0 or raw[close] != 0x7D:  # "}"
@@ -332,7 +354,7 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     # split: the text between matches, then each match's five groups, alternating in one flat list (no
     # tuple per entry, no copy of the header); the entries tile the header between its metadata and its
     # closing brace when every text between them is empty and only the first opens with the brace
-    parts = (_splits.get(spaced) or _compile_split(spaced))(text)
+    parts = (_splits.get((spaced, offsets_first)) or _compile_split(spaced, offsets_first))(text)
     count = len(parts) // 6
     if not count or parts[0] != text[:start] or parts[-1] != text[close:] or any(parts[6:-1:6]):
         return None  # no tensor (the general parse judges an empty header), or something between the entries
@@ -350,7 +372,7 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     if len(set(names)) != count or not (len(joined.encode().translate(None, _ASCII_CONTROL)) == len(joined)
                                         if joined.isascii() else joined.isprintable()):
         return None
-    keys = parts[3::6]
+    keys = parts[5::6] if offsets_first else parts[3::6]
     spans = _SPANS
     # all(): every span is a non-empty tuple, so a None is the only false item (a truth test per item
     # where ``None in infos`` made a rich comparison of each tuple with None)
@@ -368,21 +390,86 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     # offsets tile the buffer in header order: each begin the previous end, compared as the text itself,
     # and each end the sum of the sizes up to its tensor, spelled as JSON spells it (str of the int: only
     # digits, no leading zero, no sign): one comparison checks the form and the value of every offset
-    begins = parts[4::6]
-    ends_text = parts[5::6]
-    if begins[0] != "0" or begins[1:] != ends_text[:-1]:
-        return None
-    ends = list(accumulate(map(_BYTES, infos)))  # every size is a byte or more: no end is 0, none repeats
+    begins_text = parts[3::6] if offsets_first else parts[4::6]
+    ends_text = parts[4::6] if offsets_first else parts[5::6]
     buffer_start = 8 + length
-    if ends[-1] != source.size - buffer_start or list(map(str, ends)) != ends_text:
-        return None
-    stops = list(map(buffer_start.__add__, ends))
-    starts = [buffer_start, *stops[:-1]]  # each tensor starts where the previous one ended: shared ints
-    tensors = tuple(map(_new_record, repeat(TensorInfo, count), zip(
-        names, map(_CODE, infos), map(_SHAPE, infos), repeat(source.name, count), starts, stops,
-        repeat(None, count), repeat(None, count), repeat(None, count))))
+    begins = None  # the offsets tile the buffer in header order
+    if begins_text[0] == "0" and begins_text[1:] == ends_text[:-1]:
+        ends = list(accumulate(map(_BYTES, infos)))  # every size is a byte or more: no end is 0, none repeats
+        if ends[-1] != source.size - buffer_start or list(map(str, ends)) != ends_text:
+            return None
+    else:  # in another order (as valid): each offset in JSON's own spelling, each span its size, tiling sorted
+        try:
+            begins, ends = list(map(int, begins_text)), list(map(int, ends_text))
+        except ValueError:
+            return None
+        if list(map(str, begins)) != begins_text or list(map(str, ends)) != ends_text \
+                or list(map(sub, ends, begins)) != list(map(_BYTES, infos)) or not _tiles(begins, ends, source.size - buffer_start):
+            return None
+    # the tensors in columns (guard.tensors.TensorColumns): the names and the spans shared with every header
+    # of the same dtype and shape (the offsets follow from them where they are in header order); records are
+    # made only for a caller that walks them
+    tensors = TensorColumns(names, infos, source.name, buffer_start, begins)
     # positional, all eight fields: the record's fast path (a scan of 4,000 shards builds 4,000 of these)
     return FileScan(source.name, "safetensors", source.size, tensors, (), metadata, 8 + length, ())
+
+
+_DTYPE_OF, _SHAPE_OF, _OFFSETS_OF = itemgetter("dtype"), itemgetter("shape"), itemgetter("data_offsets")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_PARSED_SPANS: dict[tuple[str, tuple[object, ...]], tuple[str | None, tuple[int, ...], int | None]] = {}
+
+
+def _read_parsed(header: dict[str, object], metadata: dict[str, str], source: ByteSource,
+                 length: int) -> FileScan | None:
+    """The scan of a parsed plain header (every number an int) in columns, or None for the entry loop.
+
+    Any valid header, whatever its form (another key order, ``sort_keys``, indentation): each field
+    is taken and checked a column at a time, in C.  It accepts what the loop accepts with no finding
+    and no error, with the same records: a known dtype with dims >= 1 on each tensor, each span exactly
+    its size, the spans tiling the buffer in any order.  Anything else is the loop's to word.
+    """
+    entries = list(header.values())
+    if not entries:
+        return None
+    # each step raises TypeError or KeyError on what the loop would not pass as it is: an entry that is no
+    # object, a missing key, offsets that are not a pair of ints (only ints subtract: the parse is plain, no
+    # float, no true or false), an unhashable dtype or dim.  A shape that is no list (a string, an object)
+    # gives dims that are strings, which no span passes: the loop words all of these
+    try:
+        offsets = list(map(_OFFSETS_OF, entries))
+        if set(map(len, offsets)) != {2}:
+            return None
+        begins, ends = list(map(_FIRST, offsets)), list(map(_SECOND, offsets))
+        sizes_given = list(map(sub, ends, begins))
+        keys = list(zip(map(_DTYPE_OF, entries), map(tuple, map(_SHAPE_OF, entries))))  # hashable, checked once a pair
+        infos = list(map(_PARSED_SPANS.get, keys))
+    except (TypeError, KeyError):
+        return None
+    spans = _PARSED_SPANS
+    if None in infos:
+        fresh = {key: _span_of(key[0], list(key[1])) for key in set(keys).difference(spans)}
+        if len(spans) + len(fresh) > _SPANS_HELD:
+            spans.clear()
+        spans.update(fresh)
+        infos = [fresh.get(key) if info is None else info for key, info in zip(keys, infos)]
+        if None in infos:
+            return None
+    if sizes_given != list(map(_BYTES, infos)):  # a size of None: a span the loop judges (an unknown dtype, a zero dim)
+        return None
+    buffer_start = 8 + length
+    if not _tiles(begins, ends, source.size - buffer_start):
+        return None
+    in_order = begins == [0, *ends[:-1]]
+    tensors = TensorColumns(list(header), infos, source.name, buffer_start, None if in_order else begins)
+    return FileScan(source.name, "safetensors", source.size, tensors, (), metadata, 8 + length, ())
+
+
+def _tiles(begins: list[int], ends: list[int], buffer_len: int) -> bool:
+    """Whether spans of a byte or more tile the buffer, in any order: the sorted begins are 0 and then the
+    sorted ends but the last, which is the buffer's length (the span with the least end is the one at 0,
+    the next starts at its end, and so on: no gap, no overlap, nothing past the end)."""
+    first_to_last, last_to_first = sorted(begins), sorted(ends)
+    return first_to_last[0] == 0 and last_to_first[-1] == buffer_len and first_to_last[1:] == last_to_first[:-1]
 
 
 _DIM_CHARACTERS = frozenset("0123456789,")  # a shape's text in the compact form: digits and commas

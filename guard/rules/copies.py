@@ -60,7 +60,7 @@ def check_copies_agree(inv: ModelInventory, policy: Policy) -> Iterator[Finding]
 
 def _copies(inv: ModelInventory) -> list[WeightSet]:
     return [ws for ws in inv.sets if ws.role == "weights" and ws.layout in COPY_LAYOUTS
-            and any(True for _ in ws.tensors) and inv.quantization(ws) is None]
+            and ws.has_tensors and inv.quantization(ws) is None]
 
 
 def copy_pairs(inv: ModelInventory) -> Iterator[tuple[WeightSet, WeightSet]]:

@@ -8,8 +8,8 @@ set written again in that dtype, keep-fp32 tensors left in fp32 ("set-cast", whi
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
-from itertools import compress
+from collections.abc import Iterator, Sequence
+
 from math import prod
 from operator import not_
 
@@ -23,7 +23,7 @@ from guard.inventory import ModelInventory, WeightSet
 from guard.inventory.quantization import component_roles
 from guard.rules.dtype_fixes import relative  # noqa: F401  (guard.rules.variants imports it from here)
 from guard.rules.dtype_fixes import quantized_no_fix, set_cast_params, set_writes
-from guard.tensors import TENSOR_FILE, TENSOR_NAME, TENSOR_SHAPE, TensorInfo
+from guard.tensors import TENSOR_FILE, TENSOR_NAME, TENSOR_SHAPE, TensorInfo, column, select
 
 
 def judged_sets(inv: ModelInventory) -> Iterator[WeightSet]:
@@ -61,21 +61,28 @@ def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tu
         if not dtypes.is_float(code) or code in dtypes.QUANTIZED_CODES:
             continue
         if roles:  # in C: a quantized set holds 80,000 tensors
-            group = tuple(compress(group, map(not_, map(roles.__contains__, map(TENSOR_NAME, group)))))
+            group = _kept(group, map(not_, map(roles.__contains__, column(TENSOR_NAME, group))))
         if code == "F32" and gguf_files:
             group = tuple(t for t in group if not ((t.file in gguf_files and len(t.shape) <= 1) or keeps_fp32(t.name)))
         elif code == "F32":  # the common case: keep-fp32 alone decides, each name tested in C
-            group = tuple(compress(group, map(not_, match_flags(policy.keep_fp32, list(map(TENSOR_NAME, group))))))
+            group = _kept(group, map(not_, match_flags(policy.keep_fp32, list(column(TENSOR_NAME, group)))))
         if group:
             policed[code] = group
     whole = ws.by_dtype()
-    if any(group[0] is not whole[code][0] for code, group in policed.items()):
+    if any(group is not whole[code] and group[0] != whole[code][0] for code, group in policed.items()):
         # a left-out tensor led its dtype: order the codes by their first policed tensor, as a walk
-        # of the set's tensors would meet them (ties in CG102's ranking and the dominant dtype go by it)
-        firsts = {id(group[0]): code for code, group in policed.items()}
-        order = [firsts[id(t)] for t in ws.tensors if id(t) in firsts]
+        # of the set's tensors would meet them (ties in CG102's ranking and the dominant dtype go by it);
+        # records are compared by value (a columnar file's picked records are fresh ones)
+        firsts = {group[0]: code for code, group in policed.items()}
+        order = [firsts[t] for t in ws.tensors if t in firsts]
         policed = {code: policed[code] for code in order}
     return policed
+
+
+def _kept(group: Sequence[TensorInfo], flags: Iterator[bool]) -> Sequence[TensorInfo]:
+    """The group's tensors whose flag is true; the group itself when every flag is (no record made)."""
+    flags = list(flags)
+    return group if all(flags) else tuple(select(group, flags))
 
 
 def policed_parameters(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, int]:
@@ -85,7 +92,7 @@ def policed_parameters(inv: ModelInventory, ws: WeightSet, policy: Policy) -> di
     if cached is None:
         whole, totals = ws.by_dtype(), ws.parameters_by_dtype()
         cached = ws.memo[key] = {
-            code: totals[code] if len(group) == len(whole[code]) else sum(map(prod, map(TENSOR_SHAPE, group)))
+            code: totals[code] if len(group) == len(whole[code]) else sum(map(prod, column(TENSOR_SHAPE, group)))
             for code, group in policed_float_tensors(inv, ws, policy).items()}
     return cached  # type: ignore[return-value]
 
@@ -134,7 +141,7 @@ def check_unexpected_dtype(inv: ModelInventory, policy: Policy) -> Iterator[Find
         fix = quantized_no_fix(inv, ws, "CG101") or _cast_fix(inv, ws, policy, to=to)
         # One finding per dtype for the whole set, on its first file holding it: one per shard, each
         # carrying the set's fix (every shard's name), made a sharded set's report quadratic in its shards.
-        files = {code: sorted(set(map(TENSOR_FILE, tensors))) for code, tensors in groups.items()}
+        files = {code: sorted(set(column(TENSOR_FILE, tensors))) for code, tensors in groups.items()}
         for code in sorted(groups, key=lambda c: (files[c][0], c)):
             tensors, first = groups[code], files[code][0]
             example = next(t for t in tensors if t.file == first)

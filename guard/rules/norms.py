@@ -11,7 +11,7 @@ from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory
 from guard.rules.dtype_policy import judged_sets, spread
-from guard.tensors import TENSOR_DTYPE, TENSOR_FILE, TENSOR_NAME
+from guard.tensors import TENSOR_DTYPE, TENSOR_FILE, TENSOR_NAME, column
 
 _HALVES = ("BF16", "F16")
 
@@ -27,17 +27,20 @@ def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[F
         # the half-precision tensors in file order: the first norm is the example; with one half dtype
         # (the common case) its group is already in file order and holds nothing else
         tensors = groups[held[0]] if len(held) == 1 else [t for t in ws.tensors if t.dtype in _HALVES]
-        norms = list(compress(tensors, match_flags(NORM_PATTERNS, list(map(TENSOR_NAME, tensors)))))
-        if not norms:
+        # read from the columns: a sharded set's norms are tens of thousands, and no record is made for them
+        flags = match_flags(NORM_PATTERNS, list(column(TENSOR_NAME, tensors)))
+        count = sum(flags)
+        if not count:
             continue
         # One finding for the set, on the first file holding a norm: one per shard made a sharded
         # model's report as long as its shard list, saying the same thing 4,000 times.
-        files = sorted(set(map(TENSOR_FILE, norms)))
-        example = next(t for t in norms if t.file == files[0])
-        kinds = "/".join(sorted({dn(code) for code in set(map(TENSOR_DTYPE, norms))}))
+        files = sorted(set(compress(column(TENSOR_FILE, tensors), flags)))
+        example = next(name for name, file in compress(zip(column(TENSOR_NAME, tensors), column(TENSOR_FILE, tensors)),
+                                                       flags) if file == files[0])
+        kinds = "/".join(sorted({dn(code) for code in set(compress(column(TENSOR_DTYPE, tensors), flags))}))
         yield make_finding(
             "CG104", files[0],
-            f"{len(norms)} normalization parameter(s){spread(files, ws)} stored in {kinds}; "
-            f"e.g. {shown(example.name)}. Many recipes keep norms in fp32",
-            tensor=example.name,
+            f"{count} normalization parameter(s){spread(files, ws)} stored in {kinds}; "
+            f"e.g. {shown(example)}. Many recipes keep norms in fp32",
+            tensor=example,
         )._replace(set=ws.name)

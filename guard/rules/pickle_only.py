@@ -37,7 +37,7 @@ def check_pickle_only(inv: ModelInventory, policy: Policy) -> Iterator[Finding]:
         if (stem is None or ws.format != "torch" or ws.layout not in ("hf", "peft")
                 or (ws.role, stem, ws.variant) in copies or not ws.files
                 or not all(scan.format in PICKLE_FORMATS or scan.format is None for scan in ws.files)
-                or next(iter(ws.tensors), None) is None):  # nothing read to copy: CG001 or CG007 says why
+                or not ws.has_tensors):  # nothing read to copy: CG001 or CG007 says why
             continue
         where = ws.indexes[0].path if ws.indexes else ws.files[0].path
         what = (f"{ws.name} and its {len(ws.files)} shard(s) are stored only as torch pickles" if ws.sharded

@@ -139,7 +139,7 @@ def _method_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, fo
             f"{quant.declared_by} declares {quant.method}, but tensors are packed by "
             f"{'gptq or awq' if named.method == 'gptq' else named.method}; e.g. "
             f"{shown(example)}", tensor=example or None)
-    elif (found.fallback or not found.kinds) and any(True for _ in ws.tensors):
+    elif (found.fallback or not found.kinds) and ws.has_tensors:
         floats = sorted(code for code in ws.by_dtype() if dtypes.is_float(code))
         yield make_finding(
             "CG112", where,

@@ -17,7 +17,7 @@ from guard.config import Policy
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory, WeightSet, line_in_json
 from guard.inventory.model import UNUSABLE
-from guard.tensors import TENSOR_NAME
+from guard.tensors import TENSOR_NAME, column
 
 _SAMPLE = 3
 
@@ -70,7 +70,7 @@ def _check_set(ws: WeightSet, inv: ModelInventory, owner: dict[str, WeightSet]) 
             scan = by_name.get(shard)
             if scan is None or scan.format is None:
                 continue  # missing (above) or unreadable (CG001 already)
-            names = list(map(TENSOR_NAME, scan.tensors))
+            names = list(column(TENSOR_NAME, scan.tensors))
             # the common case, decided without inverting the map: every name in the shard is unique and
             # mapped to it, and the index maps no more names to it than that (so the two sets are equal);
             # a safetensors header's names are unique already (its reader refuses a duplicate key)
