@@ -57,7 +57,31 @@ TENSOR_NAME, TENSOR_DTYPE, TENSOR_SHAPE, TENSOR_FILE, TENSOR_STORAGE = (
 _new_tensor = tuple.__new__  # a record from its nine fields in order, without a Python call
 
 
-class TensorColumns(Sequence[TensorInfo]):
+class _AsTuple(Sequence[TensorInfo]):
+    """What a tuple of records does beyond a sequence: equal to the tuple of the same records, hashed, added
+    and shown as it."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (tuple, _AsTuple)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __add__(self, other: object) -> tuple[TensorInfo, ...]:
+        return tuple(self) + tuple(other)  # type: ignore[arg-type]
+
+    def __radd__(self, other: object) -> tuple[TensorInfo, ...]:
+        return tuple(other) + tuple(self)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+class TensorColumns(_AsTuple):
     """One file's tensors kept in columns: what a safetensors header in its usual form gives.
 
     A sharded model's scan holds 200,000 tensors; a record each (a nine-field tuple and its end offset,
@@ -136,28 +160,11 @@ class TensorColumns(Sequence[TensorInfo]):
     def __contains__(self, value: object) -> bool:
         return value in (self._records or self.records())
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (tuple, TensorColumns, TensorChain)):
-            return tuple(self) == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __add__(self, other: object) -> tuple[TensorInfo, ...]:
-        return tuple(self) + tuple(other)  # type: ignore[arg-type]
-
-    def __radd__(self, other: object) -> tuple[TensorInfo, ...]:
-        return tuple(other) + tuple(self)  # type: ignore[arg-type]
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
-
     def __reduce__(self) -> tuple[object, ...]:
         return TensorColumns, (self.names, self.spans, self.file, self.base, self.begins)
 
 
-class TensorChain(Sequence[TensorInfo]):
+class TensorChain(_AsTuple):
     """Several files' tensors as one sequence (a set's tensors of one dtype), columns kept where a part has
     them: ``by_dtype`` of a sharded set is 4,000 files' columns, not 200,000 records."""
 
@@ -187,23 +194,6 @@ class TensorChain(Sequence[TensorInfo]):
 
         part = bisect_right(self._starts, index) - 1
         return self.parts[part][index - self._starts[part]]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (tuple, TensorColumns, TensorChain)):
-            return tuple(self) == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __add__(self, other: object) -> tuple[TensorInfo, ...]:
-        return tuple(self) + tuple(other)  # type: ignore[arg-type]
-
-    def __radd__(self, other: object) -> tuple[TensorInfo, ...]:
-        return tuple(other) + tuple(self)  # type: ignore[arg-type]
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
 
     def __reduce__(self) -> tuple[object, ...]:
         return TensorChain, (self.parts,)

@@ -268,3 +268,39 @@ def test_a_full_span_cache_loses_none_of_a_files_spans(monkeypatch: pytest.Monke
 def _parts(data: bytes) -> tuple[bytes, BytesSource, int]:
     (length,) = struct.unpack("<Q", data[:8])
     return data[8:8 + length], BytesSource(data, name="model.safetensors"), length
+
+
+@pytest.mark.parametrize("spelling", ["08", "008", "8", "+8", " 8", "8 ", "8_0", "٨", "0", "00", "8.0", "1e1"])
+def test_offsets_out_of_the_buffers_order_in_json_spelling_only(spelling: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``sort_keys`` header whose tensors are listed out of the buffer's order: the pattern takes the offsets as
+    text; only JSON's own spelling of each (ASCII digits, no leading zero) is read by it, as the parse reads it."""
+    entries = {"b": {"data_offsets": [0, 8], "dtype": "F32", "shape": [2]},
+               "a": {"data_offsets": [8, 20], "dtype": "F32", "shape": [3]}}  # "a" first in the text, second in bytes
+    header = json.dumps(entries, sort_keys=True, separators=(",", ":")).replace('"data_offsets":[8,', f'"data_offsets":[{spelling},')
+    raw = header.encode()
+    raw += b" " * (-len(raw) % 8)
+    data = struct.pack("<Q", len(raw)) + raw + bytes(20)
+    compact = reader._read_compact(raw, BytesSource(data, name="model.safetensors"), len(raw))
+    general = _read(data, compact=False, monkeypatch=monkeypatch)
+    assert _read(data, compact=True, monkeypatch=monkeypatch) == general
+    if spelling == "8":
+        assert compact is not None and compact == general and type(compact.tensors) is TensorColumns
+        assert [(t.name, t.data_start - 8 - len(raw), t.data_end - 8 - len(raw)) for t in compact.tensors] == [
+            ("a", 8, 20), ("b", 0, 8)]
+    else:
+        assert compact is None or compact == general
+
+
+def test_a_known_tiling_is_checked_against_this_headers_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ends' text of a header read before (a shard's twin) is looked up, not worked out again: a header with
+    the same offsets and another size for a tensor must still be refused as the parse refuses it."""
+    data = _written()[0]
+    (length,) = struct.unpack("<Q", data[:8])
+    first = reader.read_safetensors(BytesSource(data, name="model.safetensors"))  # its tiling is now known
+    assert type(first.tensors) is TensorColumns
+    header = data[8:8 + length].replace(b'"shape":[2,3]', b'"shape":[2,4]', 1)  # 32 bytes, still spanning 24
+    mutated = struct.pack("<Q", len(header)) + header + data[8 + length:]
+    assert reader._read_compact(header, BytesSource(mutated, name="model.safetensors"), len(header)) is None
+    result = _read(mutated, compact=True, monkeypatch=monkeypatch)
+    assert result == _read(mutated, compact=False, monkeypatch=monkeypatch)
+    assert isinstance(result, str) and "needs 32 bytes but spans 24" in result

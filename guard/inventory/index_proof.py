@@ -63,24 +63,29 @@ def _proven(source: ByteSource, scans: Sequence[FileScan]) -> bool:
         return False  # two shards of one name (in two folders): an index's file names cannot tell them apart
     if any(scan.format is None or not scan.tensors for scan in scans):
         return False  # unreadable (CG001) or empty: the parse and CG004 say what is wrong
-    # each name's shard, read from the files' columns (no record is made); a name twice (in two shards)
-    # leaves the map shorter than the tensors: the index could hold it only once
-    owner = dict(zip(chain.from_iterable(column(TENSOR_NAME, scan.tensors) for scan in scans),
-                     chain.from_iterable(column(TENSOR_FILE, scan.tensors) for scan in scans)))
-    if len(owner) != sum(map(len, (scan.tensors for scan in scans))):
-        return False
-    names = sorted(owner)
     # Entry i is ``indent"name_i": "file_i"``; the text between two names, ``": "file",\n indent"``,
     # depends on the shard alone: the document's entries are the names and those links, alternating.
     indent = opener.group(2).decode("ascii")
     link = {path: f'": "{base}",\n{indent}"' for path, base in bases.items()}
+    # each name's link, read from the files' columns (no record is made); a name twice (in two shards)
+    # leaves the map shorter than the tensors: the index could hold it only once
+    owner = dict(zip(chain.from_iterable(column(TENSOR_NAME, scan.tensors) for scan in scans),
+                     map(link.__getitem__, chain.from_iterable(column(TENSOR_FILE, scan.tensors) for scan in scans))))
+    if len(owner) != sum(map(len, (scan.tensors for scan in scans))):
+        return False
+    names = sorted(owner)
     start = at = opener.start(2)
     lead = indent + '"'
+    entries: list[str] = []
     for first in range(0, len(names), _CHUNK):
         chunk_names = names[first:first + _CHUNK]
         if not _plain("".join(chunk_names)):
             return False
-        text = lead + "".join(chain.from_iterable(zip(chunk_names, map(link.__getitem__, map(owner.__getitem__, chunk_names)))))
+        if len(entries) != 2 * len(chunk_names):
+            entries = [""] * (2 * len(chunk_names))
+        entries[0::2] = chunk_names  # names and links alternating, put in place in C
+        entries[1::2] = map(owner.__getitem__, chunk_names)
+        text = lead + "".join(entries)
         lead = ""
         if first + _CHUNK >= len(names):  # the last entry closes with its quote alone
             text = text[:len(text) - len(indent) - 3]

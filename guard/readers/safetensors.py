@@ -313,6 +313,8 @@ _METADATA_SPACED = '{"__metadata__": '
 _ASCII_CONTROL = bytes([*range(0x20), 0x7F])  # the ASCII characters str.isprintable turns away
 _SPANS: dict[str, tuple[str, tuple[int, ...], int] | None] = {}  # ``BF16","shape":[8,4`` -> (code, shape, bytes)
 _SPANS_HELD = 1 << 14  # bounded: a hostile file's distinct shapes
+_TILINGS: dict[str, tuple[tuple[int, ...], int]] = {}  # a header's ends as text -> the sizes that spell them, the last end
+_TILINGS_HELD, _TILING_CHARS = 256, 8192  # bounded: 256 headers' offsets of up to 8,192 characters (2 MB)
 _BYTES = itemgetter(2)
 
 
@@ -395,16 +397,34 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     buffer_start = 8 + length
     begins = None  # the offsets tile the buffer in header order
     if begins_text[0] == "0" and begins_text[1:] == ends_text[:-1]:
-        ends = list(accumulate(map(_BYTES, infos)))  # every size is a byte or more: no end is 0, none repeats
-        if ends[-1] != source.size - buffer_start or list(map(str, ends)) != ends_text:
+        # each end the sum of the sizes up to it, in JSON's spelling: worked out once per tiling, which the
+        # shards of a model share (the same layers' shapes), then looked up by the ends' text
+        sizes = tuple(map(_BYTES, infos))
+        spelled = ",".join(ends_text)
+        known = _TILINGS.get(spelled)
+        if known is None or known[0] != sizes:
+            ends = list(accumulate(sizes))  # every size is a byte or more: no end is 0, none repeats
+            if list(map(str, ends)) != ends_text:
+                return None
+            known = (sizes, ends[-1])
+            if len(spelled) <= _TILING_CHARS:  # a shard's few hundred tensors; a file of thousands is its own
+                if len(_TILINGS) >= _TILINGS_HELD:
+                    _TILINGS.clear()
+                _TILINGS[spelled] = known
+        if known[1] != source.size - buffer_start:
             return None
     else:  # in another order (as valid): each offset in JSON's own spelling, each span its size, tiling sorted
-        try:
-            begins, ends = list(map(int, begins_text)), list(map(int, ends_text))
-        except ValueError:
+        # JSON's spelling of an unsigned int: ASCII digits only (no sign, space, underscore or other script's
+        # digit, all of which int() takes), and no leading zero.  With each text after a comma, a text that
+        # starts with "0" but is not "0" is a ",0" with no comma after it (two "0"s in a row, never valid
+        # offsets, can count as one such and go to the JSON parse: a miss of the shortcut, never a wrong read)
+        digits = "".join(begins_text) + "".join(ends_text)
+        listed = f",{','.join(begins_text)},{','.join(ends_text)}"
+        if not (digits.isascii() and digits.isdigit()) or \
+                listed.count(",0") != listed.count(",0,") + listed.endswith(",0"):
             return None
-        if list(map(str, begins)) != begins_text or list(map(str, ends)) != ends_text \
-                or list(map(sub, ends, begins)) != list(map(_BYTES, infos)) or not _tiles(begins, ends, source.size - buffer_start):
+        begins, ends = list(map(int, begins_text)), list(map(int, ends_text))
+        if list(map(sub, ends, begins)) != list(map(_BYTES, infos)) or not _tiles(begins, ends, source.size - buffer_start):
             return None
     # the tensors in columns (guard.tensors.TensorColumns): the names and the spans shared with every header
     # of the same dtype and shape (the offsets follow from them where they are in header order); records are
