@@ -35,6 +35,19 @@ def _written() -> list[bytes]:
     ]
 
 
+def _mutated(rng: random.Random, header: str, edits: int) -> str:
+    """``edits`` seeded edits of a header's text: a piece inserted, a character dropped or replaced."""
+    text = list(header)
+    for _ in range(edits):
+        at = rng.randrange(len(text) + 1)
+        roll = rng.random()
+        if roll < 0.4:
+            text.insert(at, rng.choice(_PIECES))
+        elif text:
+            text[min(at, len(text) - 1):min(at, len(text) - 1) + 1] = [] if roll < 0.8 else [rng.choice(_PIECES)]
+    return "".join(text)
+
+
 def _read(data: bytes, *, compact: bool, monkeypatch: pytest.MonkeyPatch) -> object:
     with monkeypatch.context() as patch:
         if not compact:  # the entry loop alone: neither the compact pattern nor the parsed header's columns
@@ -68,15 +81,8 @@ def test_mutated_headers_agree_with_the_json_parse(monkeypatch: pytest.MonkeyPat
     for _ in range(3000):
         data = rng.choice(_written())
         (length,) = struct.unpack("<Q", data[:8])
-        text, body = list(data[8:8 + length].decode()), data[8 + length:]
-        for _ in range(rng.randint(1, 3)):
-            at = rng.randrange(len(text) + 1)
-            roll = rng.random()
-            if roll < 0.4:
-                text.insert(at, rng.choice(_PIECES))
-            elif text:
-                text[min(at, len(text) - 1):min(at, len(text) - 1) + 1] = [] if roll < 0.8 else [rng.choice(_PIECES)]
-        header = "".join(text).encode()
+        body = data[8 + length:]
+        header = _mutated(rng, data[8:8 + length].decode(), rng.randint(1, 3)).encode()
         if rng.random() < 0.5:
             header += b" " * (-len(header) % 8)
         size = max(len(body) + rng.choice([0, 0, 0, -1, 1, 4]), 0)
@@ -111,17 +117,11 @@ def test_headers_of_any_form_read_in_columns_agree_with_the_entry_loop(monkeypat
     and on their mutations: the same tensors, findings or one-line error."""
     rng = random.Random(20261206)
     columns = sorted_form = 0
+    first = _written()[0]
+    body = first[8 + struct.unpack("<Q", first[:8])[0]:]
     for round_ in range(3000):
-        text = list(_reformed(rng))
-        body = _written()[0][8 + struct.unpack("<Q", _written()[0][:8])[0]:]
-        for _ in range(rng.randint(0, 2) if round_ % 4 else 0):
-            at = rng.randrange(len(text) + 1)
-            roll = rng.random()
-            if roll < 0.4:
-                text.insert(at, rng.choice(_PIECES))
-            elif text:
-                text[min(at, len(text) - 1):min(at, len(text) - 1) + 1] = [] if roll < 0.8 else [rng.choice(_PIECES)]
-        header = "".join(text).encode()
+        text = _reformed(rng)
+        header = _mutated(rng, text, rng.randint(0, 2) if round_ % 4 else 0).encode()
         header += b" " * (-len(header) % 8)
         for size in {len(body), 16}:  # the first file's buffer, or the second's (2 + 3 floats, 20 bytes: short)
             mutated = struct.pack("<Q", len(header)) + header + (body + bytes(24))[:size]
