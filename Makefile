@@ -140,8 +140,8 @@ LATEST_TORCH := torch==2.13.0
 # transformers no longer has; the fixer hook's pre-commit tests install torch into pre-commit's own
 # venv: minutes.)  ~3 min on 2 CPUs, plus ~20 s reinstalling the tree.
 LATEST_TESTS := tests/test_scan_cli.py tests/test_scan_hot_path.py tests/test_safetensors_reader.py \
-	tests/test_safetensors_compact.py tests/test_precommit.py tests/test_values.py tests/test_values_chunks.py \
-	tests/test_values_minifloats.py tests/test_convert_stream.py -k 'not fixer_hook'
+	tests/test_safetensors_compact.py tests/test_safetensors_templates.py tests/test_precommit.py tests/test_values.py \
+	tests/test_values_chunks.py tests/test_values_minifloats.py tests/test_convert_stream.py -k 'not fixer_hook'
 # what those tests import beyond ".[all]" (the dev extra's heavy writers are not needed by them)
 LATEST_TEST_TOOLS := pytest pytest-timeout hypothesis pre-commit
 

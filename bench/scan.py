@@ -249,12 +249,15 @@ def generate_sharded(out: Path, shards: int, per_shard: int, *, form: str = "lib
     written as its library writes it (compact safetensors headers; transformers' indented, sorted index).
     ``form`` "spaced": the headers as hand-rolled writers write them, ``json.dumps`` with its default
     separators; "sorted": ``json.dumps(sort_keys=True)``, each entry's ``data_offsets`` before its dtype (as
-    valid a header); "indented": ``json.dumps(indent=2)``, a form no pattern lists (the JSON parse's columns)."""
+    valid a header); "indented": ``json.dumps(indent=2)``, a form no pattern lists (the JSON parse's columns);
+    "distinct": the library's form, each shard's first tensor a width of its own, so no two shards share a
+    layout (no template applies: every header is read in full)."""
     root = out / f"sharded-{shards}x{per_shard}{'' if form == 'library' else '-' + form}"
     if (root / ".built").exists():
         return root
     root.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
+    total = 0
     names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
              "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm", "rotary")
     for shard in range(shards):
@@ -264,16 +267,18 @@ def generate_sharded(out: Path, shards: int, per_shard: int, *, form: str = "lib
         for i in range(per_shard):
             layer = shard * (per_shard // len(names) + 1) + i // len(names)
             name = f"model.layers.{layer}.{names[i % len(names)]}.weight"
-            header[name] = {"dtype": "BF16", "shape": [8, 4], "data_offsets": [offset, offset + 64]}
+            width = 4 + shard if form == "distinct" and i == 0 else 4
+            header[name] = {"dtype": "BF16", "shape": [8, width], "data_offsets": [offset, offset + 16 * width]}
             weight_map[name] = file
-            offset += 64
+            offset += 16 * width
         # as the safetensors library writes it, or json.dumps' default form (", " and ": ")
         raw = (json.dumps(header) if form == "spaced" else json.dumps(header, sort_keys=True) if form == "sorted"
                else json.dumps(header, indent=2) if form == "indented"
                else json.dumps(header, separators=(",", ":"))).encode()
         raw += b" " * (-len(raw) % 8)
         (root / file).write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
-    index = {"metadata": {"total_size": shards * per_shard * 64}, "weight_map": dict(sorted(weight_map.items()))}
+        total += offset
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")  # as transformers does
     (root / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
     (root / ".built").touch()
@@ -300,7 +305,8 @@ def scale(out: Path, rounds: int) -> None:
     py = sys.executable
     print("scale: whole processes, alternating, median wall time and peak RSS")
     per_tensor = []
-    for shards, form in ((1000, "library"), (4000, "library"), (4000, "spaced"), (4000, "sorted"), (4000, "indented")):
+    for shards, form in ((1000, "library"), (4000, "library"), (4000, "spaced"), (4000, "sorted"), (4000, "indented"),
+                         (4000, "distinct")):
         # built in a child: a forked child's peak RSS starts at its parent's
         root = out / f"sharded-{shards}x50{'' if form == 'library' else '-' + form}"
         subprocess.run([py, __file__, "--generate-sharded", str(out), str(shards), form], check=True)
@@ -310,6 +316,8 @@ def scale(out: Path, rounds: int) -> None:
             print("  the same shards with json.dumps(sort_keys=True) headers (data_offsets first):")
         if form == "indented":
             print("  the same shards with json.dumps(indent=2) headers (read through the JSON parse):")
+        if form == "distinct":
+            print("  library headers, no two shards of one layout (each header read in full, no template):")
         cmds = {
             "ckpt-guard scan": [py, "-m", "guard", "scan", "--expect", "config", "--no-summary", str(root)],
             "safe_open listing": [py, "-c", "import glob\nfrom safetensors import safe_open\n"

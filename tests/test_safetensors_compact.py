@@ -53,6 +53,7 @@ def _read(data: bytes, *, compact: bool, monkeypatch: pytest.MonkeyPatch) -> obj
         if not compact:  # the entry loop alone: neither the compact pattern nor the parsed header's columns
             patch.setattr(reader, "_read_compact", lambda *_: None)
             patch.setattr(reader, "_read_parsed", lambda *_: None)
+            patch.setattr(reader, "_from_template", lambda *_: None)
         try:
             return reader.read_safetensors(BytesSource(data, name="model.safetensors"))
         except MalformedCheckpoint as exc:

@@ -179,14 +179,24 @@ def _json_int(text: str) -> int | float:
 
 def read_safetensors(source: ByteSource) -> FileScan:
     length, raw = _framed(source)
-    fast = _read_compact(raw, source, length)
+    frame = _frame(raw)
+    cut = _cut(raw, frame)
+    if cut is not None:
+        fast = _from_template(cut, source, length)
+        if fast is not None:
+            return fast
+    fast = None if frame is None else _read_compact(raw, source, length, frame)
     if fast is not None:
+        if cut is not None:
+            _remember(cut, fast)
         return fast
     header, plain = _parse(raw)
     metadata = _metadata(header.pop("__metadata__", None))
     if plain:
         fast = _read_parsed(header, metadata, source, length)
         if fast is not None:
+            if cut is not None:
+                _remember(cut, fast)
             return fast
     buffer_start = 8 + length
     buffer_len = source.size - buffer_start
@@ -308,8 +318,6 @@ def _compile_split(spaced: bool, offsets_first: bool = False) -> Callable[[str],
 # how an entry opens in each form: a header without it is in none of them (its first entry is in the head)
 _OPENERS = {(False, False): b'":{"dtype":"', (True, False): b'": {"dtype": "',
             (False, True): b'":{"data_offsets":[', (True, True): b'": {"data_offsets": ['}
-_METADATA = '{"__metadata__":'
-_METADATA_SPACED = '{"__metadata__": '
 _ASCII_CONTROL = bytes([*range(0x20), 0x7F])  # the ASCII characters str.isprintable turns away
 _SPANS: dict[str, tuple[str, tuple[int, ...], int] | None] = {}  # ``BF16","shape":[8,4`` -> (code, shape, bytes)
 _SPANS_HELD = 1 << 14  # bounded: a hostile file's distinct shapes
@@ -318,41 +326,28 @@ _TILINGS_HELD, _TILING_CHARS = 256, 8192  # bounded: 256 headers' offsets of up 
 _BYTES = itemgetter(2)
 
 
-def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | None:
+def _read_compact(raw: bytes, source: ByteSource, length: int,
+                  frame: tuple[str, dict[str, str], int, int] | None = None) -> FileScan | None:
     """The scan of a header in the library's own compact form, or None for the general parse.
 
     What this accepts the general parse accepts with the same result: unique names, known dtypes,
     dims >= 1, offsets that tile the buffer (in header order, or sorted) with each span exactly its
     tensor's size.  Anything else (a finding, an error to word) is left to the general parse.
+    ``frame``: the header's ``_frame``, where the caller has it.
     """
     head = raw[:4096]
     spaced = b'"dtype":"' not in head
     dtype_at = head.find(b'"dtype": "' if spaced else b'"dtype":"')
-    if dtype_at < 0 or b"\\" in raw or _needs_exact_parse(raw):
-        return None  # neither the library's compact form nor json.dumps', or escapes, constants, signs
+    if dtype_at < 0:
+        return None  # neither the library's compact form nor json.dumps'
     offsets_first = -1 < head.find(b'"data_offsets"') < dtype_at  # each entry's keys sorted
     if _OPENERS[spaced, offsets_first] not in head:
         return None  # another layout of the entries (indented, say): the pattern would match none of them
-    tail = raw[-8:]
-    close = len(raw) - len(tail) + len(tail.rstrip(b" ")) - 1  # the library pads the header to 8 bytes
-    if close < 0 or raw[close] != 0x7D:  # "}"
-        return None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    close -= len(raw) - len(text)  # the same place in characters: the padding is ASCII
-    metadata: dict[str, str] = {}
-    start = 0  # where the entries begin: after the metadata object, or at the opening brace
-    prefix = _METADATA_SPACED if spaced else _METADATA
-    if text.startswith(prefix):
-        try:
-            value, start = _raw_decode_metadata(text, len(prefix))
-        except (ValueError, StopIteration):  # StopIteration: no value there (raw_decode's "Expecting value")
+    if frame is None:
+        frame = _frame(raw)
+        if frame is None:
             return None
-        if type(value) is not dict or not all(type(v) is str for v in value.values()):
-            return None
-        metadata = value
+    text, metadata, start, close = frame
     # split: the text between matches, then each match's five groups, alternating in one flat list (no
     # tuple per entry, no copy of the header); the entries tile the header between its metadata and its
     # closing brace when every text between them is empty and only the first opens with the brace
@@ -365,14 +360,7 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     if openers[0] != (comma if start else "{") or openers.count(comma) != count - (not start):
         return None
     names = parts[2::6]
-    # a duplicate, or a control character (not allowed in a JSON string; isprintable also turns away
-    # DEL and non-printing code points, which the general parse then judges): the general parse.
-    # ASCII names (the usual ones) are printable when their bytes hold no C0 control and no DEL: the same
-    # verdict as str.isprintable, found by a table lookup per byte where isprintable looks up each
-    # character's Unicode category (about 1 % of a hook's call on a 20-component pipeline commit).
-    joined = "".join(names)
-    if len(set(names)) != count or not (len(joined.encode().translate(None, _ASCII_CONTROL)) == len(joined)
-                                        if joined.isascii() else joined.isprintable()):
+    if not _plain_names(names, "".join(names)):
         return None
     keys = parts[5::6] if offsets_first else parts[3::6]
     spans = _SPANS
@@ -432,6 +420,174 @@ def _read_compact(raw: bytes, source: ByteSource, length: int) -> FileScan | Non
     tensors = TensorColumns(names, infos, source.name, buffer_start, begins)
     # positional, all eight fields: the record's fast path (a scan of 4,000 shards builds 4,000 of these)
     return FileScan(source.name, "safetensors", source.size, tensors, (), metadata, 8 + length, ())
+
+
+def _plain_names(names: list[str], joined: str) -> bool:
+    """Whether names read from a header's text are each its own JSON string, once, and none the metadata's key.
+
+    A duplicate, a tensor named ``__metadata__`` (a second metadata key, or one the general parse takes for
+    the metadata), or a control character (not allowed in a JSON string; isprintable also turns away DEL and
+    non-printing code points, which the general parse then judges): the general parse.  ASCII names (the
+    usual ones) are printable when their bytes hold no C0 control and no DEL: the same verdict as
+    str.isprintable, found by a table lookup per byte where isprintable looks up each character's Unicode
+    category (about 1 % of a hook's call on a 20-component pipeline commit)."""
+    unique = set(names)
+    return len(unique) == len(names) and "__metadata__" not in unique and (
+        len(joined.encode().translate(None, _ASCII_CONTROL)) == len(joined) if joined.isascii()
+        else joined.isprintable())
+
+
+# A model's shards repeat a layout: the same dtypes, shapes and offsets in the same order under other names
+# (layers 0-3 in one shard, 4-7 in the next).  Once a header has been read in columns (by the pattern or the
+# parse), its text between the names is kept as a template with the spans and offsets it gave.  A later header
+# with a buffer as long, cut at the same entry opener into as many pieces, each piece the template's text and
+# then a plain name, is that header with other names: the same verdict, read with one ``str.split`` and no
+# field taken apart.  Only the names are judged again (``_plain_names``; no quote in them, so each is one JSON
+# string).  A template is kept for a (form, buffer length) met before, so shards that share no layout pay a
+# dict lookup each; the templates' number and size are bounded.
+_ENTRY_OPEN = (rb'":[ \t\n\r]*\{[ \t\n\r]*"(?:dtype"[ \t\n\r]*:[ \t\n\r]*"'
+               rb'|data_offsets"[ \t\n\r]*:[ \t\n\r]*\[)')  # from a name's closing quote to its first value
+_METADATA_OPEN = r'\{[ \t\n\r]*"__metadata__"[ \t\n\r]*:[ \t\n\r]*'
+_Template = tuple[list[str], str, int, list[tuple[str, tuple[int, ...], int]], "list[int] | None"]
+# (entry opener, buffer length) -> templates, latest first: (the text before each name, the last piece, the
+# characters before the names, spans, begins or None)
+_TEMPLATES: dict[tuple[str, int], list[_Template]] = {}
+_MET: dict[tuple[str, int], None] = {}  # (entry opener, buffer length) met once, no template kept yet
+_TEMPLATES_HELD, _TEMPLATES_PER_KEY, _TEMPLATE_BYTES = 256, 4, 1 << 19  # 512 KB: a shard's few thousand tensors
+_TEMPLATE_CHARS = 1 << 24  # the text all templates hold together (16 M characters): a long-lived process's bound
+_held = [0]  # the characters kept since the templates were last emptied
+# headers in a row that a key's templates did not read: past _TEMPLATES_PER_KEY (buffers as long, laid out
+# otherwise), one template is kept in _RETRY, not one per header (the split it costs, a fifth of the read)
+_MISSES: dict[tuple[str, int], int] = {}
+_RETRY = 64
+_cutters: list[tuple[Callable[..., object], Callable[..., object]]] = []  # the two searches, compiled on first use
+
+
+def _frame(raw: bytes) -> tuple[str, dict[str, str], int, int] | None:
+    """A plain header's text, its metadata, where its entries start (after a metadata object that opens it, or at
+    its opening brace) and where its closing brace is; None for what the fast readings leave to the general parse:
+    escapes, constants, signs, no closing brace before the padding, not UTF-8, metadata not all strings."""
+    if b"\\" in raw or _needs_exact_parse(raw):
+        return None
+    tail = raw[-8:]
+    close = len(raw) - len(tail) + len(tail.rstrip(b" ")) - 1  # the library pads the header to 8 bytes
+    if close < 0 or raw[close] != 0x7D:  # "}"
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    close -= len(raw) - len(text)  # the same place in characters: the padding is ASCII
+    metadata: dict[str, str] = {}
+    start = 0
+    opened = 16 if text.startswith('{"__metadata__":{') else None  # the library's form: no search
+    if opened is None:
+        match = _searches()[1](text)
+        opened = None if match is None else match.end()  # type: ignore[attr-defined]
+    if opened is not None:
+        try:
+            value, start = _raw_decode_metadata(text, opened)
+        except (ValueError, StopIteration, RecursionError):  # StopIteration: no value there ("Expecting value")
+            return None
+        if type(value) is not dict or not all(type(v) is str for v in value.values()):
+            return None
+        metadata = value
+    return text, metadata, start, close
+
+
+def _searches() -> tuple[Callable[..., object], Callable[..., object]]:
+    if not _cutters:
+        _cutters.append((re.compile(_ENTRY_OPEN).search, re.compile(_METADATA_OPEN).match))
+    return _cutters[0]
+
+
+def _cut(raw: bytes, frame: tuple[str, dict[str, str], int, int] | None) -> tuple[str, dict[str, str], int, int,
+                                                                                 str] | None:
+    """The header's frame and the text that opens each entry (the first one's, from its name's closing quote to
+    its first value); None for a header no template could read."""
+    if frame is None or len(raw) > _TEMPLATE_BYTES:
+        return None
+    head = raw[:4096]
+    if b'":{"dtype":"' in head:  # the library's form, then json.dumps': no search
+        return (*frame, '":{"dtype":"')
+    if b'": {"dtype": "' in head:
+        return (*frame, '": {"dtype": "')
+    opener = _searches()[0](head)
+    return None if opener is None else (*frame, opener.group().decode("ascii"))  # type: ignore[attr-defined]
+
+
+def _from_template(cut: tuple[str, dict[str, str], int, int, str], source: ByteSource,
+                   length: int) -> FileScan | None:
+    """The scan of a header that is a kept template's with other names, or None."""
+    text, metadata, start, close, sep = cut
+    key = (sep, source.size - 8 - length)
+    templates = _TEMPLATES.get(key)
+    if not templates:
+        return None
+    # the last piece first: a layout that differs mostly differs there too (no split)
+    last = text[text.rfind(sep, start, close + 1) + len(sep):close + 1]
+    pieces: list[str] = []
+    for leads, closing, chars, spans, begins in templates:
+        if last != closing:
+            continue
+        pieces = pieces or text[start:close + 1].split(sep)
+        if len(pieces) != len(leads) + 1:
+            continue
+        # each piece but the last is its lead and then a name: removeprefix leaves a piece whole where its
+        # lead differs, so the names come out longer than the text between the leads by that lead
+        names = list(map(str.removeprefix, pieces, leads))
+        joined = "".join(names)
+        if len(joined) != close + 1 - start - len(leads) * len(sep) - len(last) - chars:
+            continue
+        if '"' in joined or not _plain_names(names, joined):
+            return None
+        _MISSES.pop(key, None)
+        tensors = TensorColumns(names, spans, source.name, 8 + length, begins)
+        return FileScan(source.name, "safetensors", source.size, tensors, (), metadata, 8 + length, ())
+    _MISSES[key] = _MISSES.get(key, 0) + 1
+    return None
+
+
+def _remember(cut: tuple[str, dict[str, str], int, int, str], scan: FileScan) -> None:
+    """Keep a header just read in columns as a template, the second time its (form, buffer length) is met."""
+    text, _, start, close, sep = cut
+    tensors = scan.tensors
+    if type(tensors) is not TensorColumns:
+        return
+    key = (sep, scan.size - tensors.base)
+    templates = _TEMPLATES.get(key)
+    if templates is None:
+        if key not in _MET:
+            if len(_MET) >= _TEMPLATES_HELD * 16:
+                _MET.clear()
+            _MET[key] = None
+            return
+        if len(_TEMPLATES) >= _TEMPLATES_HELD or _held[0] > _TEMPLATE_CHARS:
+            _forget()
+        templates = _TEMPLATES[key] = []
+    misses = _MISSES.get(key, 0)
+    if misses >= _TEMPLATES_PER_KEY and misses % _RETRY:
+        return  # the layouts kept were not met again: no template per header
+    if text.find('"__metadata__"', start) >= 0:
+        return  # a metadata key among the entries: a template holds no metadata
+    pieces = text[start:close + 1].split(sep)
+    names = tensors.names
+    if len(pieces) != len(names) + 1 or not all(map(str.endswith, pieces, names)):
+        return  # another cut than the entries'
+    leads = list(map(str.__getitem__, pieces, map(slice, map(sub, map(len, pieces), map(len, names)))))
+    chars = sum(map(len, leads))
+    if _held[0] > _TEMPLATE_CHARS:
+        _forget()
+        templates = _TEMPLATES[key] = []
+    _held[0] += chars + len(pieces[-1]) + 8 * len(leads)  # the text and the list's slots
+    templates.insert(0, (leads, pieces[-1], chars, tensors.spans, tensors.begins))
+    del templates[_TEMPLATES_PER_KEY:]
+
+
+def _forget() -> None:
+    _TEMPLATES.clear()
+    _MISSES.clear()
+    _held[0] = 0
 
 
 _DTYPE_OF, _SHAPE_OF, _OFFSETS_OF = itemgetter("dtype"), itemgetter("shape"), itemgetter("data_offsets")
