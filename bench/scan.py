@@ -251,7 +251,11 @@ def generate_sharded(out: Path, shards: int, per_shard: int, *, form: str = "lib
     separators; "sorted": ``json.dumps(sort_keys=True)``, each entry's ``data_offsets`` before its dtype (as
     valid a header); "indented": ``json.dumps(indent=2)``, a form no pattern lists (the JSON parse's columns);
     "distinct": the library's form, each shard's first tensor a width of its own, so no two shards share a
-    layout (no template applies: every header is read in full)."""
+    layout (no template applies: every header is read in full, each with a shape and a tiling never met);
+    "rotated": the library's form, each tensor of a layer a width of its own and each shard starting ten
+    layers' worth of tensors at another place in the layer (as equal shards cut a model): ten layouts in
+    turn, with shapes and tilings met before and buffers as long (the templates kept per buffer length read
+    all but the first few)."""
     root = out / f"sharded-{shards}x{per_shard}{'' if form == 'library' else '-' + form}"
     if (root / ".built").exists():
         return root
@@ -265,9 +269,10 @@ def generate_sharded(out: Path, shards: int, per_shard: int, *, form: str = "lib
         header: dict[str, object] = {"__metadata__": {"format": "pt"}}
         offset = 0
         for i in range(per_shard):
-            layer = shard * (per_shard // len(names) + 1) + i // len(names)
-            name = f"model.layers.{layer}.{names[i % len(names)]}.weight"
-            width = 4 + shard if form == "distinct" and i == 0 else 4
+            at = i + shard % len(names) if form == "rotated" else i  # where in the layer this shard starts
+            layer = shard * (per_shard // len(names) + 1) + at // len(names)
+            name = f"model.layers.{layer}.{names[at % len(names)]}.weight"
+            width = 4 + shard if form == "distinct" and i == 0 else 4 + at % len(names) if form == "rotated" else 4
             header[name] = {"dtype": "BF16", "shape": [8, width], "data_offsets": [offset, offset + 16 * width]}
             weight_map[name] = file
             offset += 16 * width
@@ -306,7 +311,7 @@ def scale(out: Path, rounds: int) -> None:
     print("scale: whole processes, alternating, median wall time and peak RSS")
     per_tensor = []
     for shards, form in ((1000, "library"), (4000, "library"), (4000, "spaced"), (4000, "sorted"), (4000, "indented"),
-                         (4000, "distinct")):
+                         (4000, "rotated"), (4000, "distinct")):
         # built in a child: a forked child's peak RSS starts at its parent's
         root = out / f"sharded-{shards}x50{'' if form == 'library' else '-' + form}"
         subprocess.run([py, __file__, "--generate-sharded", str(out), str(shards), form], check=True)
@@ -316,6 +321,8 @@ def scale(out: Path, rounds: int) -> None:
             print("  the same shards with json.dumps(sort_keys=True) headers (data_offsets first):")
         if form == "indented":
             print("  the same shards with json.dumps(indent=2) headers (read through the JSON parse):")
+        if form == "rotated":
+            print("  library headers, ten layouts in turn (each shard starts at another place in its layer):")
         if form == "distinct":
             print("  library headers, no two shards of one layout (each header read in full, no template):")
         cmds = {

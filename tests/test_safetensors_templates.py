@@ -220,10 +220,9 @@ def test_templates_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
             _read(save(tensors))
         assert len(reader._TEMPLATES) <= 3
     taken = _hits(monkeypatch)
-    for layout in range(8):  # buffers as long, eight layouts: four kept, the latest first
+    for layout in range(24):  # buffers as long, 24 layouts: 16 kept, the latest first
         for copy in range(2):
-            data = save({f"t{copy}.a": np.zeros((layout + 1,), np.float32),
-                         f"t{copy}.b": np.zeros((8 - layout,), np.float32)})
+            data = _same_length(layout, copy)
             assert _read(data) == _loop(data, monkeypatch)
     assert taken[-1] and len(reader._TEMPLATES) <= 3
     assert all(len(templates) <= reader._TEMPLATES_PER_KEY for templates in reader._TEMPLATES.values())
@@ -237,6 +236,31 @@ def test_templates_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     (length,) = struct.unpack("<Q", data[:8])
     assert length > reader._TEMPLATE_BYTES
     assert reader._cut(data[8:8 + length], reader._frame(data[8:8 + length])) is None
+
+
+def _same_length(layout: int, copy: int) -> bytes:
+    """Two tensors whose widths sum to 25 floats: a layout of its own per ``layout``, one buffer length for all."""
+    return save({f"t{copy}.a": np.zeros((layout + 1,), np.float32), f"t{copy}.b": np.zeros((24 - layout,), np.float32)})
+
+
+def test_layouts_not_met_again_stop_being_kept_until_one_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past as many misses in a row as a buffer length keeps templates, a header no longer leaves one (its split
+    is a fifth of its read); a header read from a template again starts keeping them again."""
+    taken = _hits(monkeypatch)
+    for copy in range(2):
+        _read(_same_length(0, copy))  # met, then kept
+    for layout in range(1, reader._TEMPLATES_PER_KEY + 1):
+        _read(_same_length(layout, 0))  # each a miss: kept while the misses are fewer than the bound
+    assert reader._MISSES[next(iter(reader._TEMPLATES))] == reader._TEMPLATES_PER_KEY
+    fresh = reader._TEMPLATES_PER_KEY + 1
+    for copy in range(2):
+        _read(_same_length(fresh, copy))
+    assert taken[-2:] == [False, False]  # not kept: its second header is read in full too
+    _read(_same_length(1, 1))
+    assert taken[-1]  # a kept layout met again
+    for copy in range(2):
+        _read(_same_length(fresh, copy))
+    assert taken[-2:] == [False, True]  # kept again
 
 
 def test_a_tensor_named_like_the_metadata_is_not_read_as_a_tensor(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -453,11 +453,12 @@ _Template = tuple[list[str], str, int, list[tuple[str, tuple[int, ...], int]], "
 # characters before the names, spans, begins or None)
 _TEMPLATES: dict[tuple[str, int], list[_Template]] = {}
 _MET: dict[tuple[str, int], None] = {}  # (entry opener, buffer length) met once, no template kept yet
-_TEMPLATES_HELD, _TEMPLATES_PER_KEY, _TEMPLATE_BYTES = 256, 4, 1 << 19  # 512 KB: a shard's few thousand tensors
+_TEMPLATES_HELD, _TEMPLATES_PER_KEY, _TEMPLATE_BYTES = 256, 16, 1 << 19  # 512 KB: a shard's few thousand tensors
 _TEMPLATE_CHARS = 1 << 24  # the text all templates hold together (16 M characters): a long-lived process's bound
 _held = [0]  # the characters kept since the templates were last emptied
 # headers in a row that a key's templates did not read: past _TEMPLATES_PER_KEY (buffers as long, laid out
-# otherwise), one template is kept in _RETRY, not one per header (the split it costs, a fifth of the read)
+# otherwise: equal shards cycle through a few layouts, fewer than 16), one template is kept in _RETRY, not one
+# per header (the split it costs, a fifth of the read)
 _MISSES: dict[tuple[str, int], int] = {}
 _RETRY = 64
 _cutters: list[tuple[Callable[..., object], Callable[..., object]]] = []  # the two searches, compiled on first use
