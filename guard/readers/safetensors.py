@@ -318,6 +318,7 @@ def _compile_split(spaced: bool, offsets_first: bool = False) -> Callable[[str],
 # how an entry opens in each form: a header without it is in none of them (its first entry is in the head)
 _OPENERS = {(False, False): b'":{"dtype":"', (True, False): b'": {"dtype": "',
             (False, True): b'":{"data_offsets":[', (True, True): b'": {"data_offsets": ['}
+_OPENER_TEXTS = tuple((opener, opener.decode("ascii")) for opener in _OPENERS.values())
 _ASCII_CONTROL = bytes([*range(0x20), 0x7F])  # the ASCII characters str.isprintable turns away
 _SPANS: dict[str, tuple[str, tuple[int, ...], int] | None] = {}  # ``BF16","shape":[8,4`` -> (code, shape, bytes)
 _SPANS_HELD = 1 << 14  # bounded: a hostile file's distinct shapes
@@ -509,10 +510,9 @@ def _cut(raw: bytes, frame: tuple[str, dict[str, str], int, int] | None) -> tupl
     if frame is None or len(raw) > _TEMPLATE_BYTES:
         return None
     head = raw[:4096]
-    if b'":{"dtype":"' in head:  # the library's form, then json.dumps': no search
-        return (*frame, '":{"dtype":"')
-    if b'": {"dtype": "' in head:
-        return (*frame, '": {"dtype": "')
+    for opener_bytes, opener_text in _OPENER_TEXTS:  # the pattern's forms (the library's first): no search
+        if opener_bytes in head:
+            return (*frame, opener_text)
     opener = _searches()[0](head)
     return None if opener is None else (*frame, opener.group().decode("ascii"))  # type: ignore[attr-defined]
 
