@@ -1,0 +1,59 @@
+"""The environments targets run in when their pins clash with ours: one literal row each.
+
+A row says what an environment holds and why it is apart; the target table (``guard.targets``) names a
+row by its name.  The constraints file is package data beside this module (``guard/envs/<name>.txt``),
+the same file ``make test`` builds from; every pin in it is what the target's tests ran with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Environment:
+    name: str
+    constraints: str  # package data: guard/envs/<constraints>
+    python: str  # "3.12": that minor version; "": any Python ckpt-guard runs on (>= 3.10)
+    requirements: tuple[str, ...]  # what `ckpt-guard env install NAME` asks pip for, under the constraints
+    module: str  # the import name whose presence says the library is there
+    distribution: str  # the library's distribution, whose version is checked
+    checked: tuple[str, ...]  # the library versions the target was checked with (another one runs, warned)
+    # "venv": a virtual environment of its own; "lib": a --no-deps --target folder put on this Python's path
+    # (beside a Python that has its dependencies); "overlay": a venv holding only the pins that differ from
+    # the Python that runs ckpt-guard, whose site-packages a .pth file adds after its own
+    kind: str
+    why: str  # one line: why it cannot run in ckpt-guard's own environment
+    # a version of ``distribution`` the target cannot run on at all, whatever the warning ("5": transformers 5
+    # removed the Flax models); such a process or named Python is not used
+    refuses_major: tuple[int, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # the worker's environment variables
+
+
+ENVIRONMENTS: dict[str, Environment] = {
+    "tf4": Environment(
+        name="tf4", constraints="tf4.txt", python="", requirements=("transformers",),
+        module="transformers", distribution="transformers", checked=("4.57.6",), kind="overlay",
+        why="transformers 5 removed its Flax models (parity's Flax side, --to flax's reference): 4.57 is the last "
+            "line that has them",
+        refuses_major=(5, 6, 7, 8, 9)),
+    "tunix": Environment(
+        name="tunix", constraints="tunix.txt", python="", requirements=("google-tunix", "jax", "flax", "torch"),
+        module="tunix", distribution="google-tunix", checked=("0.1.7",), kind="venv",
+        why="google-tunix 0.1.7 pins safetensors < 0.8 (ours is 0.8)"),
+    "keras-hub": Environment(
+        name="keras-hub", constraints="keras-hub.txt", python="", requirements=("keras-hub",),
+        module="keras_hub", distribution="keras-hub", checked=("0.32.0",), kind="lib",
+        why="keras-hub's tensorflow-text would install a second TensorFlow: keras-hub alone, --no-deps, beside "
+            "a Python that has keras and jax",
+        env={"KERAS_BACKEND": "jax"}),
+    "easydel": Environment(
+        name="easydel", constraints="easydel.txt", python="", requirements=("easydel", "Pillow", "torch"),
+        module="easydel", distribution="easydel", checked=("0.3.0",), kind="venv",
+        why="easydel 0.3.0 pins jax ~= 0.9, flax == 0.12.3 and transformers ~= 5.5, and imports Pillow without "
+            "declaring it"),
+    "maxtext": Environment(
+        name="maxtext", constraints="maxtext.txt", python="3.12", requirements=("maxtext[tpu]",),
+        module="maxtext", distribution="maxtext", checked=("0.2.5",), kind="venv",
+        why="MaxText 0.2.5 needs Python >= 3.12 and transformers >= 5.17"),
+}
