@@ -228,8 +228,8 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
         f"Environment: {f.get('environment', 'pinned')}.", "",
         f"`python bench/convert.py --rounds {f['rounds']} --write-docs`: random bf16 Llama-style models "
         "(LlamaConfig hidden 2048, vocab 32000; one model.safetensors; largest tensor the 131 MB embedding) at "
-        f"{len(f['sizes'])} size(s), converted without `--parity`. Whole processes, alternating within each round, page cache "
-        f"warm, median of {f['rounds']} rounds; peak RSS from each child's own rusage; {f['cpus']} CPUs. "
+        f"{len(f['sizes'])} size(s), converted without `--parity`. Whole processes, alternating within each round, "
+        f"page cache warm, median of {f['rounds']} rounds; peak RSS from each child's own rusage; {f['cpus']} CPUs. "
         "The `--to torch` rows start from ckpt-guard's own msgpack / Orbax output of the same model. "
         "ckpt-guard ran exactly as installed (`python -m guard convert`, no transformers imported).", "",
         "| model | command | wall | x `cp` | x `cp + sync` | peak RSS | RSS target |",

@@ -119,7 +119,8 @@ def main() -> int:
             shutil.rmtree(theirs)
     (t_ours, m_ours), (t_theirs, m_theirs) = median_run(ours_runs), median_run(theirs_runs)
     scanned = scan_bytes(ckpt)  # after the children: the parent's pages would count in their peak RSS
-    figures = {"scan_bytes": scanned, "parameters": parameters, "checkpoint_bytes": size, "largest_tensor": largest, "rounds": args.rounds,
+    figures = {"scan_bytes": scanned, "parameters": parameters, "checkpoint_bytes": size, "largest_tensor": largest,
+               "rounds": args.rounds,
                "ours": [t_ours, m_ours], "dcp_to_torch_save": [t_theirs, m_theirs],
                "time_ratio": t_ours / t_theirs, "memory_ratio": m_ours / m_theirs,
                "memory_bound": 2 * largest + 300 * 2**20}

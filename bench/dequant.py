@@ -35,7 +35,8 @@ QUANTIZE_BNB = """
 import sys, torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
-AutoModelForCausalLM.from_pretrained(sys.argv[1], quantization_config=q, dtype=torch.bfloat16).save_pretrained(sys.argv[2])
+AutoModelForCausalLM.from_pretrained(sys.argv[1], quantization_config=q,
+                                     dtype=torch.bfloat16).save_pretrained(sys.argv[2])
 """
 THEIRS = """
 import sys, torch

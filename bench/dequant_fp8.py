@@ -49,7 +49,8 @@ for name, value in state.items():
     if name.endswith(".weight_scale_inv"):
         continue
     scale = state.get(name + "_scale_inv")
-    result[name] = dequantize(x_q=value, scale=scale, args=args, dtype=torch.bfloat16).contiguous() if scale is not None else value
+    result[name] = (dequantize(x_q=value, scale=scale, args=args, dtype=torch.bfloat16).contiguous()
+                    if scale is not None else value)
 out.mkdir(parents=True, exist_ok=True)
 save_file(result, str(out / "model.safetensors"), metadata={"format": "pt"})
 config = json.loads((src / "config.json").read_text())

@@ -82,7 +82,7 @@ VARIANTS = {"base": ("bf16", {}), "finetune": ("bf16", {layer: 1000 + layer for 
 def ensure_models() -> dict[str, Path]:
     """Generated in child processes: a forked child's peak RSS starts at its parent's."""
     paths = {name: OUT / name for name in ("base", "finetune", "copy", "recast")}
-    for name, (dtype, seeds) in VARIANTS.items():
+    for name in VARIANTS:
         if not (paths[name] / "config.json").is_file():
             print(f"generating {name} ...", flush=True)
             subprocess.run([sys.executable, __file__, "--generate", name], check=True)

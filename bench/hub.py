@@ -150,8 +150,8 @@ def exported_files() -> dict[str, bytes]:
             if path.is_file():
                 files[path.relative_to(root).as_posix()] = path.read_bytes()
     try:  # paddle2onnx's layout: every weight a Constant node's value, none an initializer
-        from onnx import TensorProto, helper, numpy_helper
         import numpy as np
+        from onnx import TensorProto, helper, numpy_helper
 
         for name, width, depth in (("onnx-constant/model.onnx", 1024, 8), ("onnx-constant-big/model.onnx", 2048, 9)):
             nodes = [helper.make_node("Constant", [], [f"w{i}"],
@@ -194,7 +194,8 @@ def hdf5_keras_orbax_files() -> dict[str, bytes]:
             "try:\n"
             "    import orbax.checkpoint as ocp\n"
             "    rng = np.random.default_rng(0)\n"
-            "    tree = {f'layer{i}': {'kernel': rng.standard_normal((1024, 1024)).astype(np.float32)} for i in range(4)}\n"
+            "    tree = {f'layer{i}': {'kernel': rng.standard_normal((1024, 1024)).astype(np.float32)}\n"
+            "            for i in range(4)}\n"
             "    ck = ocp.StandardCheckpointer()\n"
             "    ck.save(os.path.abspath(os.path.join(out, 'orbax')), tree)\n"
             "    ck.wait_until_finished()\n"
@@ -334,8 +335,9 @@ def companions(path: str, files: dict[str, bytes]) -> list[str]:
 
 
 def audit(hub: StandinHub, repos: int, jobs: int, work: Path) -> dict[str, float]:
-    from guard.cli import main
     from hub_standin import tiny_safetensors
+
+    from guard.cli import main
 
     for i in range(repos):
         hub.add_repo(f"audit-org/model-{i:03d}", {"model.safetensors": tiny_safetensors("F32"),

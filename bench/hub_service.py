@@ -60,7 +60,6 @@ def kills(work: Path) -> list[dict[str, Any]]:
 
 def postgres() -> Any:
     import pytest
-
     from hub_postgres import PostgresServer
 
     try:

@@ -48,16 +48,15 @@ OUT = ROOT / "bench" / "out" / "parity"
 
 
 def sweep(names: list[str], dtype: str, *, bases: bool) -> None:
+    import jax.numpy as jnp
     import torch
     import transformers
+    from test_convert_families import old_clip
     from tiny_pairs import pairs, tiny_config
 
     from guard.cli import main as cli
     from guard.convert.map.families import ALIASES, FAMILIES
     from guard.parity.run import run_parity
-
-    import jax.numpy as jnp
-    from test_convert_families import old_clip
 
     jnp.clip = old_clip()  # the T5 family's Flax code calls jnp.clip(a_max=), gone from jax 0.10 (as in the tests)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -153,8 +152,7 @@ def wall(layers: int) -> None:
 
 def passes(src: Path, flax_dir: Path) -> None:
     """Each forward pass timed in this process (load + run), through run_parity itself."""
-    from guard.parity import run as parity_run
-    from guard.parity import runs
+    from guard.parity import run as parity_run, runs
 
     seen: list[tuple[str, float]] = []
 

@@ -121,7 +121,8 @@ def main() -> int:
         for i, python in enumerate(pythons):
             scan, fp16 = measured[f"scan --values #{i}"], measured[f"scan --values --target torch:fp16 #{i}"]
             cat = measured["cat"]
-            rows.append({"model": label, "bytes": size, "environment": envs.label(python), "cat": cat, "scan --values": scan, "scan --values --target torch:fp16": fp16,
+            rows.append({"model": label, "bytes": size, "environment": envs.label(python), "cat": cat,
+                         "scan --values": scan, "scan --values --target torch:fp16": fp16,
                          "ratio": scan["wall_s"] / cat["wall_s"], "cpu_ratio": scan["cpu_s"] / cat["cpu_s"],
                          "ratio_fp16_target": fp16["wall_s"] / cat["wall_s"]})
     figures = {"rounds": args.rounds, "cpus": os.cpu_count(), "models": rows,
@@ -211,14 +212,18 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
               "2x is reachable only on wall time, where two worker threads share the copy and the passes: an "
               "estimate for an idle two-CPU machine is 0.13 + 0.4 / 2 = ~0.33 s against `cat`'s ~0.17 s "
               "(~1.9x), not measured: under this machine's load (7-10 on 2 CPUs) the wall-time ratio follows "
-              "the CPU ratio (3.1-3.3x on the 1.48 GB models, the same in both environments). Two worker threads on two CPUs give a lower wall time than one and 0.02-0.1 s "
+              "the CPU ratio (3.1-3.3x on the 1.48 GB models, the same in both environments). Two worker threads on "
+              "two CPUs give a lower wall time than one and 0.02-0.1 s "
               "more CPU time (GIL handoffs between numpy calls); a loaded machine stretches the wall-time ratio "
               "toward the CPU ratio or beyond, as a process of two threads and `cat` get different shares.", ""]
     path = ROOT / "docs" / "benchmarks.md"
     text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n\n"
     section = "\n".join(lines)
     pattern = re.compile(r"^## Value scans\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _m: section + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
+    if pattern.search(text):
+        text = pattern.sub(lambda _m: section + "\n", text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
     path.write_text(text, encoding="utf-8")
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -110,7 +109,8 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
         f"`python bench/zero_consolidate.py --rounds {f['rounds']} --write-docs`: a {f['parameters'] / 1e6:.0f}M-"
         f"parameter Llama trained one step by DeepSpeed 0.19.8 (ZeRO-2, bf16, CPU, one rank); "
         f"{f['checkpoint_bytes'] / 1e9:.2f} GB of rank files, largest fp32 tensor "
-        f"{f['largest_tensor'] / 2**20:.0f} MiB. Medians of whole processes (os.wait4); both outputs equal bit for bit.",
+        f"{f['largest_tensor'] / 2**20:.0f} MiB. Medians of whole processes (os.wait4); "
+        "both outputs equal bit for bit.",
         "",
         "| consolidation | wall | peak RSS |", "|---|---|---|",
         f"| `ckpt-guard convert CKPT --to torch` | {f['ours'][0]:.2f} s | {f['ours'][1] / 2**20:.0f} MiB |",

@@ -17,6 +17,8 @@ with atheris.instrument_imports(include=["guard"]):
     import guard.training.dcp.integrity  # noqa: F401  (instrumented before the shared input imports them)
     import guard.training.dcp.layout  # noqa: F401
     import guard.training.dcp.roles  # noqa: F401
+    # the readers above are instrumented first: the shared input below imports them
+    # isort: split
     from fuzz_formats_training import read_dcp_metadata_input
 
 

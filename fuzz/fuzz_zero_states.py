@@ -19,6 +19,8 @@ with atheris.instrument_imports(include=["guard"]):
     import guard.training.deepspeed.files  # noqa: F401  (instrumented before the shared input imports them)
     import guard.training.deepspeed.records  # noqa: F401
     import guard.training.deepspeed.universal  # noqa: F401  (ds_to_universal's parameter files, same target)
+    # the readers above are instrumented first: the shared input below imports them
+    # isort: split
     from fuzz_formats_training import read_zero_input
 
 

@@ -22,9 +22,10 @@ TARGETS = {"safetensors": "safetensors", "torch_zip": "torch-zip", "torch_legacy
            "torch_export": "torch-export", "executorch": "executorch",
            "flax_msgpack": "flax-msgpack", "gguf": "gguf", "onnx": "onnx", "npy": "npy", "npz": "npz",
            "hdf5": "hdf5", "keras": "keras"}
-SUFFIX = {"safetensors": ".safetensors", "torch_zip": ".bin", "torch_legacy": ".bin", "torch_export": ".pt2", "executorch": ".pte",
-          "flax_msgpack": ".msgpack", "torch_pickle": ".pkl", "gguf": ".gguf", "onnx": ".onnx", "npy": ".npy",
-          "npz": ".npz", "hdf5": ".h5", "keras": ".keras", "orbax_metadata": ".bin", "tf_bundle": ".index", "tflite": ".tflite", "openvino": ".xml",
+SUFFIX = {"safetensors": ".safetensors", "torch_zip": ".bin", "torch_legacy": ".bin", "torch_export": ".pt2",
+          "executorch": ".pte", "flax_msgpack": ".msgpack", "torch_pickle": ".pkl", "gguf": ".gguf", "onnx": ".onnx",
+          "npy": ".npy", "npz": ".npz", "hdf5": ".h5", "keras": ".keras", "orbax_metadata": ".bin",
+          "tf_bundle": ".index", "tflite": ".tflite", "openvino": ".xml",
           "coreml": ".bin", "coreml_spec": ".mlmodel", "torchscript": ".pt"}
 
 

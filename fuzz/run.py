@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TARGETS = ("safetensors", "torch_zip", "torch_legacy", "torchscript", "torch_export", "flax_msgpack", "torch_pickle", "gguf",
-           "onnx", "npy", "npz", "hdf5", "keras", "orbax_metadata", "openvino", "coreml", "coreml_spec", "tf_bundle", "tflite",
-           "executorch", "dcp_metadata", "zero_states")
+TARGETS = ("safetensors", "torch_zip", "torch_legacy", "torchscript", "torch_export", "flax_msgpack", "torch_pickle",
+           "gguf", "onnx", "npy", "npz", "hdf5", "keras", "orbax_metadata", "openvino", "coreml", "coreml_spec",
+           "tf_bundle", "tflite", "executorch", "dcp_metadata", "zero_states")
 
 
 def run_target(target: str, seconds: int) -> tuple[int, int, int]:

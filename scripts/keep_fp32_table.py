@@ -55,6 +55,25 @@ def _wrapped(line: str, width: int = 116) -> str:
     return "\n".join([*lines, current])
 
 
+def _config_of(classes: dict[str, ast.ClassDef], name: str, seen: frozenset[str] = frozenset()) -> str | None:
+    cls = classes.get(name)
+    if cls is None or name in seen:
+        return None
+    for stmt in cls.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == "config":
+            ann = stmt.annotation
+            return ann.id if isinstance(ann, ast.Name) else ann.value if isinstance(ann, ast.Constant) else None
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "config_class"
+                                                for t in stmt.targets) and isinstance(stmt.value, ast.Name):
+            return stmt.value.id
+    for base in cls.bases:
+        if isinstance(base, ast.Name):
+            found = _config_of(classes, base.id, seen | {name})
+            if found:
+                return found
+    return None
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[0])
     models = root / "models"
@@ -66,24 +85,6 @@ def main(argv: list[str]) -> int:
             continue
         classes = {c.name: c for c in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(c, ast.ClassDef)}
 
-        def config_of(name: str, seen: frozenset[str] = frozenset()) -> str | None:
-            cls = classes.get(name)
-            if cls is None or name in seen:
-                return None
-            for stmt in cls.body:
-                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == "config":
-                    ann = stmt.annotation
-                    return ann.id if isinstance(ann, ast.Name) else ann.value if isinstance(ann, ast.Constant) else None
-                if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "config_class"
-                                                        for t in stmt.targets) and isinstance(stmt.value, ast.Name):
-                    return stmt.value.id
-            for base in cls.bases:
-                if isinstance(base, ast.Name):
-                    found = config_of(base.id, seen | {name})
-                    if found:
-                        return found
-            return None
-
         for cls in classes.values():
             for stmt in cls.body:
                 if not (isinstance(stmt, ast.Assign) or isinstance(stmt, ast.AnnAssign) and stmt.value is not None):
@@ -94,7 +95,7 @@ def main(argv: list[str]) -> int:
                                                                  "_keep_in_fp32_modules_strict")):
                         continue
                     values = _literal_strings(stmt.value)  # type: ignore[arg-type]
-                    model_type = config_types.get(config_of(cls.name) or "")
+                    model_type = config_types.get(_config_of(classes, cls.name) or "")
                     if values is None or model_type is None:
                         unread.append(f"{path.relative_to(root)}:{stmt.lineno} {cls.name}")
                         continue
