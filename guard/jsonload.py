@@ -4,9 +4,9 @@
 ~4 M instructions, 2-4 % of a pre-commit hook's call (a 20-component pipeline commit, a 20-shard
 one), which parses JSON and spells a key or two as JSON (a config dtype's line) but writes no
 document.  The work itself is done by the C functions that json calls (``_json.make_scanner``,
-``_json.encode_basestring_ascii``); this module calls them with json's own default settings.
-Anything but a clean parse (an error, a BOM, data after the value), and any interpreter without
-them, goes to json itself, which returns or raises exactly what it always does: callers see json's
+``_json.encode_basestring_ascii``, or json's pure-Python ones: ``guard._speedups`` chooses); this module
+calls them with json's own default settings.  Anything but a clean parse (an error, a BOM, data after
+the value) goes to json itself, which returns or raises exactly what it always does: callers see json's
 values and json's errors, worded as json words them.
 """
 
@@ -14,10 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-try:  # CPython's; json.scanner and json.encoder use them too when present
-    from _json import encode_basestring_ascii as _quote, make_scanner as _make_scanner
-except ImportError:  # pragma: no cover - another interpreter: json throughout
-    _make_scanner = _quote = None
+from guard._speedups import make_scanner, quote_ascii
 
 _SPACE = " \t\n\r"  # json.decoder.WHITESPACE: what may surround the value
 _CONSTANTS = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}
@@ -26,17 +23,14 @@ Scan = Callable[[str, int], tuple[object, int]]
 
 
 def scanner(*, object_pairs_hook: Callable[..., object] | None = None,
-            parse_constant: Callable[[str], object] | None = None) -> Scan | None:
+            parse_constant: Callable[[str], object] | None = None) -> Scan:
     """``json.JSONDecoder(...).scan_once`` for these settings: ``(value, end)`` of the value at an index,
-    StopIteration where none starts there.  None without the C scanner (use json.JSONDecoder then)."""
-    if _make_scanner is None:
-        return None
+    StopIteration where none starts there."""
     settings = type("Settings", (), {  # the attributes JSONDecoder's constructor sets and the scanner reads
         "strict": True, "object_hook": None, "object_pairs_hook": object_pairs_hook, "parse_float": float,
         "parse_int": int, "parse_constant": parse_constant or _CONSTANTS.__getitem__,
     })
-    scan: Scan = _make_scanner(settings)
-    return scan
+    return make_scanner(settings)
 
 
 _scan = scanner()
@@ -44,11 +38,11 @@ _scan = scanner()
 
 def loads(text: str) -> object:
     """``json.loads(text)``, for a str: the same value, or json's own error."""
-    if _scan is not None and type(text) is str and not text.startswith("\ufeff"):
+    if type(text) is str and not text.startswith("\ufeff"):
         decoded = _decode(text)
         if decoded:
             return decoded[0]
-    import json  # an error to word, or no C scanner
+    import json  # an error to word
 
     return json.loads(text)
 
@@ -67,13 +61,13 @@ def _decode(text: str) -> tuple[object, ...]:
 
 
 def _raw_decode(text: str, start: int) -> tuple[object, int]:
-    return _scan(text, start)  # type: ignore[misc]
+    return _scan(text, start)
 
 
 def quoted(text: str) -> str:
     """``json.dumps(text)`` for a str: its string literal, non-ASCII characters escaped (``ensure_ascii``)."""
-    if _quote is not None and type(text) is str:
-        return _quote(text)  # what json.dumps' default encoder returns for a str
+    if type(text) is str:
+        return quote_ascii(text)  # what json.dumps' default encoder returns for a str
     import json
 
     return json.dumps(text)

@@ -12,10 +12,10 @@ with ``__slots__ = ()``, a property per field, ``_fields``, ``_field_defaults``,
 
 from __future__ import annotations
 
-from _collections import _tuplegetter  # namedtuple's own field accessor (a C descriptor)
+from guard._speedups import tuple_field  # namedtuple's own field accessor (a C descriptor), or its fallback
 
 _SKIP = {"__dict__", "__weakref__", "__annotations__", "__qualname__", "__module__"}
-_tuple_new = tuple.__new__
+_tuple_new = tuple.__new__  # the one constructor every record shares (namedtuple compiles one per class)
 _MISSING = object()  # a field with no default, not given: compared by identity only
 
 
@@ -35,7 +35,7 @@ def record(cls: type) -> type:
         "_asdict": _asdict, "__repr__": _repr, "__getnewargs__": _getnewargs,
     }
     for index, name in enumerate(fields):
-        namespace[name] = _tuplegetter(index, f"Alias for field number {index}")
+        namespace[name] = tuple_field(index, f"Alias for field number {index}")
     for key, value in cls.__dict__.items():  # the body: methods, properties, constants
         if key not in _SKIP and key not in fields and key != "__doc__":
             namespace[key] = value

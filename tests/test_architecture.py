@@ -125,6 +125,8 @@ SCAN_MODULES = {
     "guard.inventory.stats",  # guard.jsonspan (CG103's fix) only where config.json's dtype is to be rewritten
     "guard.paths",  # local paths as strings: no pathlib (nor the urllib.parse and ipaddress it imports)
     "guard.readers", "guard.readers.lfs", "guard.readers.safetensors", "guard.records",
+    "guard.readers.safetensors.fast", "guard.readers.safetensors.pattern", "guard.readers.safetensors.reference",
+    "guard.readers.safetensors.templates", "guard._speedups",  # the header's one fast core; the private C functions
     "guard.report",
     "guard.reporters", "guard.reporters.inert", "guard.reporters.text", "guard.rules", "guard.rules.config_dtype",
     "guard.rules.copies", "guard.rules.dtype_fixes", "guard.rules.dtype_policy", "guard.rules.formats", "guard.rules.no_tensors",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from guard import jsonload
+from guard import _speedups, jsonload
 
 TEXTS = [
     '{"a": 1, "b": [1, 2.5, -0, 1e400, null, true, false, "x\\u00e9\\ud800"]}', "  \t\n[]\r\n ", '"s"', "0", "-1.5e3",
@@ -36,8 +36,9 @@ def test_loads_agrees_with_json(text: str) -> None:
 
 
 @pytest.mark.parametrize("text", TEXTS[:4])
-def test_loads_without_the_c_scanner_is_json_itself(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jsonload, "_scan", None)
+def test_loads_with_the_pure_python_scanner_is_json_itself(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsonload, "make_scanner", _speedups._py_make_scanner)  # the fallback guard._speedups has
+    monkeypatch.setattr(jsonload, "_scan", jsonload.scanner())
     assert _outcome(jsonload.loads, text) == _outcome(json.loads, text)
 
 

@@ -20,6 +20,7 @@ from safetensors.numpy import save
 
 from guard.errors import MalformedCheckpoint
 from guard.readers import safetensors as reader
+from guard.readers.safetensors import pattern, reference
 from guard.sources import BytesSource
 from guard.tensors import TensorColumns
 
@@ -49,15 +50,12 @@ def _mutated(rng: random.Random, header: str, edits: int) -> str:
 
 
 def _read(data: bytes, *, compact: bool, monkeypatch: pytest.MonkeyPatch) -> object:
-    with monkeypatch.context() as patch:
-        if not compact:  # the entry loop alone: neither the compact pattern nor the parsed header's columns
-            patch.setattr(reader, "_read_compact", lambda *_: None)
-            patch.setattr(reader, "_read_parsed", lambda *_: None)
-            patch.setattr(reader, "_from_template", lambda *_: None)
-        try:
-            return reader.read_safetensors(BytesSource(data, name="model.safetensors"))
-        except MalformedCheckpoint as exc:
-            return f"error: {exc}"
+    # compact=False: the reference alone (no template, no pattern, no parsed header's columns)
+    read = reader.read_safetensors if compact else reference.read_safetensors
+    try:
+        return read(BytesSource(data, name="model.safetensors"))
+    except MalformedCheckpoint as exc:
+        return f"error: {exc}"
 
 
 def test_a_header_of_metadata_alone_is_read_as_no_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,7 +69,7 @@ def test_library_headers_take_the_compact_reading() -> None:
     for data in _written()[:-1]:
         (length,) = struct.unpack("<Q", data[:8])
         source = BytesSource(data, name="model.safetensors")
-        scan = reader._read_compact(data[8:8 + length], source, length)
+        scan = pattern.read_compact(data[8:8 + length], source, length)
         assert scan is not None and scan.tensors
         assert scan == reader.read_safetensors(source)
 
@@ -90,7 +88,7 @@ def test_mutated_headers_agree_with_the_json_parse(monkeypatch: pytest.MonkeyPat
         mutated = struct.pack("<Q", len(header)) + header + (body + bytes(8))[:size]
         compact = _read(mutated, compact=True, monkeypatch=monkeypatch)
         assert compact == _read(mutated, compact=False, monkeypatch=monkeypatch), header
-        accepted += reader._read_compact(header, BytesSource(mutated), len(header)) is not None
+        accepted += pattern.read_compact(header, BytesSource(mutated), len(header)) is not None
     assert accepted > 10  # renamed tensors and the like still take the compact reading
 
 
@@ -129,7 +127,7 @@ def test_headers_of_any_form_read_in_columns_agree_with_the_entry_loop(monkeypat
             result = _read(mutated, compact=True, monkeypatch=monkeypatch)
             assert result == _read(mutated, compact=False, monkeypatch=monkeypatch), header
             columns += not isinstance(result, str) and type(result.tensors) is TensorColumns  # type: ignore[attr-defined]
-            sorted_form += reader._read_compact(header, BytesSource(mutated), len(header)) is not None and \
+            sorted_form += pattern.read_compact(header, BytesSource(mutated), len(header)) is not None and \
                 b'{"data_offsets"' in header.replace(b" ", b"")
     assert columns > 300  # valid headers of every form take the columns
     assert sorted_form > 100  # ``sort_keys`` headers, out of the buffer's order, by the pattern
@@ -143,7 +141,7 @@ def test_entries_must_be_joined_by_commas(joint: str, monkeypatch: pytest.Monkey
         header = data[8:8 + length].rstrip(b" ").replace(b'},"', joint.encode() + b'"', 1)
         header += b" " * (-len(header) % 8)
         mutated = struct.pack("<Q", len(header)) + header + data[8 + length:]
-        assert reader._read_compact(header, BytesSource(mutated), len(header)) is None
+        assert pattern.read_compact(header, BytesSource(mutated), len(header)) is None
         result = _read(mutated, compact=True, monkeypatch=monkeypatch)
         assert result == _read(mutated, compact=False, monkeypatch=monkeypatch)
         if joint.replace(" ", "") == "},":  # a space is still JSON: read by the general parse, with the same tensors
@@ -171,7 +169,7 @@ def test_numbers_in_json_form_only(old: str, new: str, monkeypatch: pytest.Monke
     header = header.replace(old.encode(), new.encode(), 1)
     header += b" " * (-len(header) % 8)
     mutated = struct.pack("<Q", len(header)) + header + data[8 + length:]
-    compact = reader._read_compact(header, BytesSource(mutated, name="model.safetensors"), len(header))
+    compact = pattern.read_compact(header, BytesSource(mutated, name="model.safetensors"), len(header))
     general = _read(mutated, compact=False, monkeypatch=monkeypatch)
     assert _read(mutated, compact=True, monkeypatch=monkeypatch) == general
     if compact is not None:  # taken by the pattern: exactly what the general parse reads
@@ -197,7 +195,7 @@ def test_json_dumps_headers_take_the_fast_reading() -> None:
         assert b'": {"dtype": "' in data
         (length,) = struct.unpack("<Q", data[:8])
         source = BytesSource(data, name="model.safetensors")
-        scan = reader._read_compact(data[8:8 + length], source, length)
+        scan = pattern.read_compact(data[8:8 + length], source, length)
         assert scan is not None and scan.tensors
         assert scan == reader.read_safetensors(source)
 
@@ -224,7 +222,7 @@ def test_mutated_json_dumps_headers_agree_with_the_json_parse(monkeypatch: pytes
         mutated = struct.pack("<Q", len(header)) + header + (body + bytes(8))[:size]
         assert _read(mutated, compact=True, monkeypatch=monkeypatch) == _read(mutated, compact=False,
                                                                               monkeypatch=monkeypatch), header
-        accepted += reader._read_compact(header, BytesSource(mutated), len(header)) is not None
+        accepted += pattern.read_compact(header, BytesSource(mutated), len(header)) is not None
     assert accepted > 10
 
 
@@ -244,7 +242,7 @@ def test_json_dumps_numbers_and_spacing(old: str, new: str, monkeypatch: pytest.
     header = header.replace(old.encode(), new.encode(), 1)
     header += b" " * (-len(header) % 8)
     mutated = struct.pack("<Q", len(header)) + header + data[8 + length:]
-    fast = reader._read_compact(header, BytesSource(mutated, name="model.safetensors"), len(header))
+    fast = pattern.read_compact(header, BytesSource(mutated, name="model.safetensors"), len(header))
     general = _read(mutated, compact=False, monkeypatch=monkeypatch)
     assert _read(mutated, compact=True, monkeypatch=monkeypatch) == general
     if fast is not None:
@@ -258,12 +256,12 @@ def test_a_full_span_cache_loses_none_of_a_files_spans(monkeypatch: pytest.Monke
     data = _written()[0]
     expected = _read(data, compact=False, monkeypatch=monkeypatch)
     for held in range(1, 5):
-        monkeypatch.setattr(reader, "_SPANS", {})
-        monkeypatch.setattr(reader, "_SPANS_HELD", held)
-        reader._read_compact(*_parts(_written()[1]))  # one of the cache's keys beside the file's
+        monkeypatch.setattr(pattern, "_SPANS", {})
+        monkeypatch.setattr(pattern, "_SPANS_HELD", held)
+        pattern.read_compact(*_parts(_written()[1]))  # one of the cache's keys beside the file's
         source = BytesSource(data, name="model.safetensors")
-        assert reader._read_compact(*_parts(data)) == expected == reader.read_safetensors(source)
-        assert len(reader._SPANS) <= max(held, 3)
+        assert pattern.read_compact(*_parts(data)) == expected == reader.read_safetensors(source)
+        assert len(pattern._SPANS) <= max(held, 3)
 
 
 def _parts(data: bytes) -> tuple[bytes, BytesSource, int]:
@@ -281,7 +279,7 @@ def test_offsets_out_of_the_buffers_order_in_json_spelling_only(spelling: str, m
     raw = header.encode()
     raw += b" " * (-len(raw) % 8)
     data = struct.pack("<Q", len(raw)) + raw + bytes(20)
-    compact = reader._read_compact(raw, BytesSource(data, name="model.safetensors"), len(raw))
+    compact = pattern.read_compact(raw, BytesSource(data, name="model.safetensors"), len(raw))
     general = _read(data, compact=False, monkeypatch=monkeypatch)
     assert _read(data, compact=True, monkeypatch=monkeypatch) == general
     if spelling == "8":
@@ -301,7 +299,7 @@ def test_a_known_tiling_is_checked_against_this_headers_sizes(monkeypatch: pytes
     assert type(first.tensors) is TensorColumns
     header = data[8:8 + length].replace(b'"shape":[2,3]', b'"shape":[2,4]', 1)  # 32 bytes, still spanning 24
     mutated = struct.pack("<Q", len(header)) + header + data[8 + length:]
-    assert reader._read_compact(header, BytesSource(mutated, name="model.safetensors"), len(header)) is None
+    assert pattern.read_compact(header, BytesSource(mutated, name="model.safetensors"), len(header)) is None
     result = _read(mutated, compact=True, monkeypatch=monkeypatch)
     assert result == _read(mutated, compact=False, monkeypatch=monkeypatch)
     assert isinstance(result, str) and "needs 32 bytes but spans 24" in result

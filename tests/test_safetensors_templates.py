@@ -20,6 +20,8 @@ from safetensors.numpy import save
 
 from guard.errors import MalformedCheckpoint
 from guard.readers import safetensors as reader
+from guard.readers.safetensors import fast, pattern, reference
+from guard.readers.safetensors import templates as templates_module
 from guard.sources import BytesSource, LocalFile
 from guard.tensors import TensorColumns
 
@@ -28,10 +30,10 @@ _PARTS = ("self_attn.q_proj", "self_attn.k_proj", "mlp.down_proj", "input_layern
 
 @pytest.fixture(autouse=True)
 def _fresh_templates(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reader, "_TEMPLATES", {})
-    monkeypatch.setattr(reader, "_MET", {})
-    monkeypatch.setattr(reader, "_MISSES", {})
-    monkeypatch.setattr(reader, "_held", [0])
+    monkeypatch.setattr(templates_module, "_TEMPLATES", {})
+    monkeypatch.setattr(templates_module, "_MET", {})
+    monkeypatch.setattr(templates_module, "_MISSES", {})
+    monkeypatch.setattr(templates_module, "_held", 0)
 
 
 def _layer(index: int, **kwargs: object) -> bytes:
@@ -42,11 +44,10 @@ def _layer(index: int, **kwargs: object) -> bytes:
 
 
 def _loop(data: bytes, monkeypatch: pytest.MonkeyPatch) -> object:
-    with monkeypatch.context() as patch:  # the entry loop alone
-        patch.setattr(reader, "_read_compact", lambda *_: None)
-        patch.setattr(reader, "_read_parsed", lambda *_: None)
-        patch.setattr(reader, "_from_template", lambda *_: None)
-        return _read(data)
+    try:  # the reference alone: no template, no pattern, no columns
+        return reference.read_safetensors(BytesSource(data, name="model.safetensors"))
+    except MalformedCheckpoint as exc:
+        return f"error: {exc}"
 
 
 def _read(data: bytes) -> object:
@@ -59,14 +60,14 @@ def _read(data: bytes) -> object:
 def _hits(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Whether each read from now on was answered by a template."""
     taken: list[bool] = []
-    real = reader._from_template
+    real = fast.from_template
 
     def counted(*args: object) -> object:
         scan = real(*args)  # type: ignore[arg-type]
         taken.append(scan is not None)
         return scan
 
-    monkeypatch.setattr(reader, "_from_template", counted)
+    monkeypatch.setattr(fast, "from_template", counted)
     return taken
 
 
@@ -116,20 +117,16 @@ def test_sharded_llama_written_by_save_pretrained_reads_its_repeated_shards_from
         scan = reader.read_safetensors(LocalFile(shard, name=shard.name))
         assert type(scan.tensors) is TensorColumns and len(data) == scan.size
         with monkeypatch.context() as patch:
-            patch.setattr(reader, "_read_compact", lambda *_: None)
-            patch.setattr(reader, "_read_parsed", lambda *_: None)
-            patch.setattr(reader, "_from_template", lambda *_: None)
+            patch.setattr(reader, "read_fast", lambda *_: None)  # the reference alone
             assert scan == reader.read_safetensors(LocalFile(shard, name=shard.name))
     assert sum(taken) >= 3  # the layers' shards after the first two of their layout
 
     def report(name: str, *, templates: bool) -> str:
         with monkeypatch.context() as patch:
             for cache in ("_TEMPLATES", "_MET", "_MISSES"):
-                patch.setattr(reader, cache, {})
+                patch.setattr(templates_module, cache, {})
             if not templates:
-                patch.setattr(reader, "_read_compact", lambda *_: None)
-                patch.setattr(reader, "_read_parsed", lambda *_: None)
-                patch.setattr(reader, "_from_template", lambda *_: None)
+                patch.setattr(reader, "read_fast", lambda *_: None)  # the reference alone
             main(["scan", "--expect", "config", "--format", "json", "-o", str(tmp_path / name), str(directory)])
         return (tmp_path / name).read_text(encoding="utf-8")
 
@@ -213,29 +210,29 @@ def test_mutated_headers_agree_with_the_entry_loop_once_their_layout_is_kept(mon
 def test_templates_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """No more layouts than the bound, and no more templates per layout than its own: a hostile stream of
     headers of every count and layout keeps the cache small."""
-    monkeypatch.setattr(reader, "_TEMPLATES_HELD", 3)
+    monkeypatch.setattr(templates_module, "_TEMPLATES_HELD", 3)
     for count in range(1, 12):
         for copy in range(3):
             tensors = {f"t{copy}.{i}": np.zeros((i + 1,), np.float32) for i in range(count)}
             _read(save(tensors))
-        assert len(reader._TEMPLATES) <= 3
+        assert len(templates_module._TEMPLATES) <= 3
     taken = _hits(monkeypatch)
     for layout in range(24):  # buffers as long, 24 layouts: 16 kept, the latest first
         for copy in range(2):
             data = _same_length(layout, copy)
             assert _read(data) == _loop(data, monkeypatch)
-    assert taken[-1] and len(reader._TEMPLATES) <= 3
-    assert all(len(templates) <= reader._TEMPLATES_PER_KEY for templates in reader._TEMPLATES.values())
-    monkeypatch.setattr(reader, "_TEMPLATE_CHARS", 1000)  # the text they hold together: emptied past it
+    assert taken[-1] and len(templates_module._TEMPLATES) <= 3
+    assert all(len(templates) <= templates_module._TEMPLATES_PER_KEY for templates in templates_module._TEMPLATES.values())
+    monkeypatch.setattr(templates_module, "_TEMPLATE_CHARS", 1000)  # the text they hold together: emptied past it
     for layout in range(6):  # a layout of its own each, met twice: the one before it is let go
         for copy in range(2):
             _read(save({f"layer.{copy}.{i}": np.zeros((2 + layout,), np.float32) for i in range(20)}))
-        assert len(reader._TEMPLATES) == 1 and len(next(iter(reader._TEMPLATES.values()))) == 1
+        assert len(templates_module._TEMPLATES) == 1 and len(next(iter(templates_module._TEMPLATES.values()))) == 1
     big = {f"t.{i}": np.zeros((1,), np.float32) for i in range(40_000)}  # a header past the templates' size
     data = save(big)
     (length,) = struct.unpack("<Q", data[:8])
-    assert length > reader._TEMPLATE_BYTES
-    assert reader._cut(data[8:8 + length], reader._frame(data[8:8 + length])) is None
+    assert length > templates_module._TEMPLATE_BYTES
+    assert templates_module.cut(data[8:8 + length], pattern.frame(data[8:8 + length])) is None
 
 
 def _same_length(layout: int, copy: int) -> bytes:
@@ -249,10 +246,10 @@ def test_layouts_not_met_again_stop_being_kept_until_one_is(monkeypatch: pytest.
     taken = _hits(monkeypatch)
     for copy in range(2):
         _read(_same_length(0, copy))  # met, then kept
-    for layout in range(1, reader._TEMPLATES_PER_KEY + 1):
+    for layout in range(1, templates_module._TEMPLATES_PER_KEY + 1):
         _read(_same_length(layout, 0))  # each a miss: kept while the misses are fewer than the bound
-    assert reader._MISSES[next(iter(reader._TEMPLATES))] == reader._TEMPLATES_PER_KEY
-    fresh = reader._TEMPLATES_PER_KEY + 1
+    assert templates_module._MISSES[next(iter(templates_module._TEMPLATES))] == templates_module._TEMPLATES_PER_KEY
+    fresh = templates_module._TEMPLATES_PER_KEY + 1
     for copy in range(2):
         _read(_same_length(fresh, copy))
     assert taken[-2:] == [False, False]  # not kept: its second header is read in full too
@@ -269,7 +266,7 @@ def test_a_tensor_named_like_the_metadata_is_not_read_as_a_tensor(monkeypatch: p
     header = b'{"__metadata__":{"a":"b"},"__metadata__":{"dtype":"BF16","shape":[8,4],"data_offsets":[0,64]}}'
     header += b" " * (-len(header) % 8)
     data = struct.pack("<Q", len(header)) + header + bytes(64)
-    assert reader._read_compact(header, BytesSource(data), len(header)) is None
+    assert pattern.read_compact(header, BytesSource(data), len(header)) is None
     assert _read(data) == _loop(data, monkeypatch) == "error: duplicate key '__metadata__' in header"
 
 

@@ -41,9 +41,7 @@ def _written(path: Path) -> Path:
 def _both(path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     compact = reader.read_safetensors(LocalFile(path, name=path.name))
     with monkeypatch.context() as patch:  # the entry loop alone: a record per tensor
-        patch.setattr(reader, "_read_compact", lambda *_: None)
-        patch.setattr(reader, "_read_parsed", lambda *_: None)
-        patch.setattr(reader, "_from_template", lambda *_: None)
+        patch.setattr(reader, "read_fast", lambda *_: None)  # the reference alone
         general = reader.read_safetensors(LocalFile(path, name=path.name))
     return compact, general
 
@@ -109,9 +107,7 @@ def test_a_hand_rolled_header_keeps_columns_too(monkeypatch: pytest.MonkeyPatch)
     data = len(header).to_bytes(8, "little") + header + bytes(16)
     compact = reader.read_safetensors(BytesSource(data, name="hand.safetensors"))
     with monkeypatch.context() as patch:
-        patch.setattr(reader, "_read_compact", lambda *_: None)
-        patch.setattr(reader, "_read_parsed", lambda *_: None)
-        patch.setattr(reader, "_from_template", lambda *_: None)
+        patch.setattr(reader, "read_fast", lambda *_: None)  # the reference alone
         general = reader.read_safetensors(BytesSource(data, name="hand.safetensors"))
     assert type(compact.tensors) is TensorColumns and compact == general
     assert [(t.name, t.data_start, t.data_end) for t in compact.tensors] == [("w", 8 + len(header), 16 + len(header)),
@@ -121,9 +117,7 @@ def test_a_hand_rolled_header_keeps_columns_too(monkeypatch: pytest.MonkeyPatch)
 def _report(directory: Path, out: Path, monkeypatch: pytest.MonkeyPatch, *, compact: bool) -> str:
     with monkeypatch.context() as patch:
         if not compact:
-            patch.setattr(reader, "_read_compact", lambda *_: None)
-            patch.setattr(reader, "_read_parsed", lambda *_: None)
-            patch.setattr(reader, "_from_template", lambda *_: None)
+            patch.setattr(reader, "read_fast", lambda *_: None)  # the reference alone
         main(["scan", "--expect", "config", "--keep-fp32", "*.rotary*", "--format", "json", "-o", str(out),
               str(directory)])
     return out.read_text(encoding="utf-8")
