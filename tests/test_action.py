@@ -884,11 +884,12 @@ def test_against_maxtext_without_python_312_says_so_before_installing(tmp_path):
     listing = tmp_path / "list"
     listing.write_bytes(b"")
     result = subprocess.run(["bash", str(ROOT / "scripts" / "action" / "against.sh")],
-                            env=_against_env(tmp_path, listing, CG_PARITY_AGAINST="maxtext", PATH=str(only)),
+                            env=_against_env(tmp_path, listing, CG_PARITY_AGAINST="maxtext", PATH=str(only),
+                                             CKPT_GUARD_HOME=str(tmp_path / "home")),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "::error title=ckpt-guard::parity-against maxtext needs Python >= 3.12" in result.stdout
-    assert not (tmp_path / "runner" / "ckpt-guard" / "maxtext").exists()
+    assert "::error title=ckpt-guard::parity-against maxtext: env install maxtext: needs Python 3.12" in result.stdout
+    assert not list((tmp_path / "home" / "envs").glob("*maxtext*"))
 
 
 @pytest.mark.slow
@@ -896,16 +897,16 @@ def test_against_maxtext_step_runs_maxtexts_loader_on_each_model(tmp_path):
     """The action's `parity-against: maxtext` step, with MaxText's venv already there (as a restored cache or a
     self-hosted runner's earlier run): it converts each transformers model and runs MaxText 0.2.5's own loader
     and forward on it; a model whose fp16 norm MaxText's bf16 load rounds fails the step with CG302."""
-    maxtext_python = ROOT / ".venv-maxtext" / "bin" / "python"
-    if not maxtext_python.is_file():
-        pytest.skip("MaxText's venv is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
+    from against_envs import managed_python
+
+    if managed_python("maxtext") is None:  # the step finds it under CKPT_GUARD_HOME, as a restored cache
+        pytest.skip("MaxText's environment is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
     torch = pytest.importorskip("torch")
     pytest.importorskip("tensorstore")
     from safetensors.torch import load_file, save_file
     from test_convert_maxtext import build
 
-    (tmp_path / "runner" / "ckpt-guard").mkdir(parents=True)
-    (tmp_path / "runner" / "ckpt-guard" / "maxtext").symlink_to(ROOT / ".venv-maxtext")
+    (tmp_path / "runner").mkdir(parents=True)
     good = build("qwen3", tmp_path / "repo" / "good", torch.float32)
     listing = tmp_path / "list"
     listing.write_bytes(b"\0".join([str(good / "model.safetensors").encode(), str(good).encode(), b""]))

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flax.traverse_util import flatten_dict  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
+from against_envs import managed_python  # noqa: E402
 from test_convert import _offline  # noqa: E402,F401
 
 from guard.against.maxtext_causes import tied_logits_as_maxtext  # noqa: E402
@@ -28,7 +29,8 @@ from guard.convert.maxtext.flags import rope_theta  # noqa: E402
 
 pytestmark = pytest.mark.slow
 MAXTEXT = Path(__file__).resolve().parent.parent / ".maxtext"  # gitignored; MaxText 0.2.5's wheel, unpacked
-MAXTEXT_PYTHON = Path(__file__).resolve().parent.parent / ".venv-maxtext" / "bin" / "python"  # make maxtext-venv
+# MaxText's own environment: the managed one (`ckpt-guard env install maxtext`, which `make maxtext-venv` runs)
+MAXTEXT_PYTHON = managed_python("maxtext") or Path("/nonexistent/maxtext/bin/python")
 BASE = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6)
 GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},  # as Gemma 3 4B
@@ -407,7 +409,7 @@ def test_maxtexts_own_forward_matches_transformers(tmp_path: Path) -> None:
     a tied Llama) match it once the table is rounded to bfloat16 for the logits, as MaxText does in every
     dtype; against transformers' own logits that convention costs ~1e-3 of their scale (convert's note)."""
     if not MAXTEXT_PYTHON.is_file():
-        pytest.skip("MaxText's venv is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
+        pytest.skip("MaxText's environment is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
     ids = [[3, 17, 42, 5, 88, 1, 64, 9]]
     cases = forward_cases(tmp_path, ("llama3", "llama", "mistral", "qwen3", "qwen2", "mixtral", "qwen3_moe",
                                      "gemma2", "llama_tied"), ids)
@@ -424,7 +426,7 @@ def test_maxtexts_own_gemma3_forward_matches_transformers(tmp_path: Path) -> Non
     gemma3-27b query scale (all in the remainder when scanned).  Once the reference takes MaxText's two
     conventions (the rows x bfloat16(sqrt(D)), the bf16 table for the logits) it matches to fp32 precision."""
     if not MAXTEXT_PYTHON.is_file():
-        pytest.skip("MaxText's venv is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
+        pytest.skip("MaxText's environment is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
     ids = [[3, 17, 42, 5, 88, 1, 64, 9]]
     cases = forward_cases(tmp_path, ("gemma3", "gemma3_27b"), ids)
     assert {c["name"]: next(f for f in c["flags"] if f.startswith("model_name=")) for c in cases} == {

@@ -22,7 +22,7 @@ import pytest
 from guard.against.targets import TARGETS
 from guard.against.tree import apply_steps, compare_tree, expected_tree, judge_one
 from guard.cli import main
-from guard.worker.protocol import ProtocolError, read_array, write_array
+from guard.envs.protocol import ProtocolError, read_array, write_array
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -117,12 +117,13 @@ def test_usage_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: p
     (tmp_path / "config.json").write_text(json.dumps(_tiny_config("qwen3")))
     assert main(["parity", str(tmp_path), str(tmp_path), "--against", "tunix"]) == 2
     assert main(["parity", str(tmp_path)]) == 2
-    import guard.worker.client as client
-
-    monkeypatch.setattr(client, "PACKAGE_ROOT", tmp_path)  # no environment built there
+    capsys.readouterr()
+    monkeypatch.setenv("CKPT_GUARD_HOME", str(tmp_path / "envs"))  # no environment built there
     out = tmp_path / "report.json"
     assert main(["parity", str(tmp_path), "--against", "tunix", "-o", str(out)]) == 2
-    assert "make tunix-venv" in capsys.readouterr().err
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("ckpt-guard: error: --against tunix: tunix is not installed")
+    assert line.endswith("run `ckpt-guard env install tunix`, or name its Python with --against-python")
     assert not out.exists()  # nothing written before a missing requirement is known
 
 

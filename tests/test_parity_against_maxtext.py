@@ -33,7 +33,7 @@ def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def needs_maxtext() -> None:
     if not MAXTEXT_PYTHON.is_file():
-        pytest.skip("MaxText's venv is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
+        pytest.skip("MaxText's environment is not built (make maxtext-venv: Python 3.12, maxtext[tpu]==0.2.5)")
 
 
 def report_of(path: Path) -> dict:  # type: ignore[type-arg]
@@ -80,18 +80,16 @@ def test_maxtext_tree_is_the_file_after_the_mapping(tmp_path: Path, scan: bool) 
 
 def test_requirements_are_known_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    import guard.worker.client as client
-
     src = build("qwen3", tmp_path / "src")
     out = tmp_path / "mt"
     assert main(["convert", str(src), "--to", "maxtext", "--out", str(out), "--parity", "--dtype", "fp32"]) == 2
     assert "--parity" in capsys.readouterr().err and not out.exists()
-    monkeypatch.setattr(client, "PACKAGE_ROOT", tmp_path)  # no MaxText environment there
+    monkeypatch.setenv("CKPT_GUARD_HOME", str(tmp_path / "envs"))  # no MaxText environment there
     assert main(["convert", str(src), "--to", "maxtext", "--out", str(out), "--parity"]) == 2
     err = capsys.readouterr().err
-    assert "make maxtext-venv" in err and "nothing written" in err and not out.exists()
+    assert "ckpt-guard env install maxtext" in err and "nothing written" in err and not out.exists()
     assert main(["parity", str(src), "--against", "maxtext", "-o", str(tmp_path / "r.json")]) == 2
-    assert "make maxtext-venv" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
+    assert "ckpt-guard env install maxtext" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
 
 
 def test_an_architecture_maxtext_has_no_row_for_is_cg303(tmp_path: Path) -> None:

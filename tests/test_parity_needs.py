@@ -25,9 +25,9 @@ REAL_VERSION = importlib.metadata.version
 
 @pytest.fixture(autouse=True)
 def no_flax_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No transformers-4 environment to be found: not named, and no .venv-tf4 beside the package."""
+    """No transformers-4 environment to be found: not named, and no managed one (an empty CKPT_GUARD_HOME)."""
     monkeypatch.delenv(needs.FLAX_PYTHON_ENV, raising=False)
-    monkeypatch.setattr(needs, "LEGACY_VENV", tmp_path / "no-venv-tf4")
+    monkeypatch.setenv("CKPT_GUARD_HOME", str(tmp_path / "no-envs"))
 
 
 def pretend_transformers(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
@@ -49,10 +49,10 @@ def test_convert_parity_with_transformers_5_writes_nothing(tmp_path: Path, monke
     assert convert(src, "--to", "flax", "--out", tmp_path / "f", "--parity") == 2
     captured = capsys.readouterr()
     [line] = error_lines(captured.err)
-    assert "--parity needs transformers 4.x for its Flax side" in line
-    assert "transformers 5 removed them; found 5.25.0" in line
-    assert "pip install 'ckpt-guard[parity]' 'transformers>=4.40,<5'" in line and line.endswith("nothing written")
-    assert "--flax-python PATH (or CKPT_GUARD_FLAX_PYTHON)" in line
+    assert line.startswith("ckpt-guard: error: --parity: tf4 is not installed (transformers 5.25.0 here: "
+                           "transformers 5 removed its Flax models")
+    assert "run `ckpt-guard env install tf4`, or name its Python with --flax-python" in line
+    assert line.endswith("; nothing written")
     assert "converted" not in captured.out
     assert not (tmp_path / "f").exists()
     assert not [p for p in tmp_path.iterdir() if p.name != "src"]  # no temp directory left either
@@ -72,7 +72,7 @@ def test_parity_command_with_transformers_5_is_one_line(tmp_path: Path, monkeypa
     report = tmp_path / "r.json"
     assert main(["parity", str(src), str(src), "-f", "json", "-o", str(report)]) == 2
     [line] = error_lines(capsys.readouterr().err)
-    assert "parity needs transformers 4.x for its Flax side" in line and "found 5.0.0" in line
+    assert "parity: tf4 is not installed (transformers 5.0.0 here" in line and "ckpt-guard env install tf4" in line
     assert not report.exists()
 
 
@@ -101,13 +101,3 @@ def test_convert_parity_with_transformers_hidden_writes_nothing(tmp_path: Path) 
 def test_has_flax_models(version: str, flax: bool) -> None:
     assert needs.has_flax_models(version) is flax
 
-
-def test_demo_with_transformers_5_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    from guard import demo
-
-    pretend_transformers(monkeypatch, "5.25.0")
-    assert demo.main([str(tmp_path / "demo")]) == 2
-    [line] = capsys.readouterr().err.splitlines()
-    assert line.startswith("ckpt-guard demo: the demo needs transformers 4.x") and line.endswith("nothing written")
-    assert not (tmp_path / "demo").exists()

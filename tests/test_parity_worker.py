@@ -2,7 +2,7 @@
 
 transformers 5 has no Flax models.  `parity` and `convert --parity` run the PyTorch side with the
 installed transformers, which reads the config it wrote, and the Flax side through the worker protocol
-in the environment --flax-python (or CKPT_GUARD_FLAX_PYTHON, or .venv-tf4) names.  The real cross-version
+in the environment --flax-python (or CKPT_GUARD_FLAX_PYTHON, or the managed tf4 environment) names.  The real cross-version
 run: the CLI under a transformers-5 Python, the Flax side under `legacy_python()`.  A Llama whose v5
 config means rope_theta 500000 against the Flax model that computes 10000 is CG302 on the Flax side
 alone: the v5 PyTorch side reads it right (under 4.57 both sides read 10000).
@@ -27,7 +27,7 @@ from test_convert import convert  # noqa: E402
 
 from guard.cli import main  # noqa: E402
 from guard.parity import needs  # noqa: E402
-from guard.worker.protocol import ProtocolError, check_answer  # noqa: E402
+from guard.envs.protocol import ProtocolError, check_answer  # noqa: E402
 
 LLAMA = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
@@ -196,7 +196,8 @@ def test_a_transformers_5_flax_python_is_one_line_and_nothing_written(tmp_path: 
     assert convert(src, "--to", "flax", "--out", tmp_path / "f", "--parity", "--flax-python", t5) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"ckpt-guard: error: --parity: --flax-python {t5} has transformers 5.")
-    assert "which has no Flax models" in line and line.endswith("; nothing written")
+    assert "which tf4 cannot run on (transformers 5 removed its Flax models" in line
+    assert line.endswith("; nothing written")
     assert not (tmp_path / "f").exists()
 
 
@@ -211,16 +212,18 @@ def test_the_environment_variable_names_the_flax_side(monkeypatch: pytest.Monkey
 
 
 def test_found_in_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Named > environment variable > this process when it is 4.x > .venv-tf4 beside the package > one line."""
+    """Named > environment variable > this process when it is 4.x > the managed tf4 environment > one line."""
     monkeypatch.delenv(needs.FLAX_PYTHON_ENV, raising=False)
-    monkeypatch.setattr(needs, "installed_transformers", lambda: "5.25.0")
-    monkeypatch.setattr(needs, "LEGACY_VENV", tmp_path / "none")
-    with pytest.raises(needs.UsageError, match=r"--flax-python PATH \(or CKPT_GUARD_FLAX_PYTHON\)"):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name, real=importlib.metadata.version: (
+        "5.25.0" if name == "transformers" else real(name)))
+    home = os.environ["CKPT_GUARD_HOME"]
+    monkeypatch.setenv("CKPT_GUARD_HOME", str(tmp_path / "none"))
+    with pytest.raises(needs.UsageError, match=r"run `ckpt-guard env install tf4`, or name its Python with "
+                                               r"--flax-python"):
         needs.flax_side_python(None)
-    venv = legacy_python().parent.parent
-    monkeypatch.setattr(needs, "LEGACY_VENV", venv)
+    monkeypatch.setenv("CKPT_GUARD_HOME", home)
     assert needs.flax_side_python(None) == Path(os.path.abspath(legacy_python()))
-    monkeypatch.setattr(needs, "installed_transformers", lambda: "4.57.6")
+    monkeypatch.undo()
     if importlib.metadata.version("transformers").startswith("4."):  # the Flax side can run right here
         assert needs.flax_side_python(None) is None
     assert needs.flax_side_python(legacy_python()) == Path(os.path.abspath(legacy_python()))

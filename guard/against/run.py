@@ -29,30 +29,21 @@ SEQ_LEN, BATCH = 16, 2
 
 
 def environment_python(target: Target, python: Path | None) -> tuple[Path, tuple[Path, ...]]:
-    """The Python the worker runs with, and folders to put on its path.  Missing: one line naming the make
-    target, before anything runs."""
-    from guard.worker.client import PACKAGE_ROOT
+    """The Python the worker runs with, and folders to put on its path (``guard.envs.find``).  Missing: one
+    line naming `ckpt-guard env install`, before anything runs."""
+    found = find_environment(target, python)
+    return found.python, found.path
 
-    if python is not None:
-        if not Path(python).exists():
-            raise UsageError(f"--against-python {python}: no such file")
-        # the worker runs in a folder of its own; absolute(), not resolve(): a venv's python is a link
-        return Path(python).absolute(), ()
-    place = PACKAGE_ROOT / target.environment
-    if target.runs_beside:  # a library folder on the path of this very Python, unless installed in it
-        import importlib.util
 
-        if not (place / ".installed").exists() and importlib.util.find_spec(target.module) is not None:
-            return Path(sys.executable), ()
-        if not (place / ".installed").exists():
-            raise UsageError(f"{target.name} is not installed in {place}: run `{target.make_target}` "
-                             "or name its Python with --against-python")
-        return Path(sys.executable), (place,)
-    venv_python = place / "bin" / "python"
-    if not (place / ".installed").exists() or not venv_python.exists():
-        raise UsageError(f"{target.name} runs in its own environment {place} ({target.needs}): run "
-                         f"`{target.make_target}` or name its Python with --against-python")
-    return venv_python, ()
+def find_environment(target: Target, python: Path | None) -> Any:
+    """``guard.envs.find.Found``: where the target's library runs; a version it was not checked with is warned
+    about here and recorded in the report's figures."""
+    from guard.envs.find import find
+
+    found = find(target.name, python, what=f"--against {target.name}")
+    if found.warning:
+        sys.stderr.write(f"ckpt-guard: warning: {found.warning}\n")
+    return found
 
 
 def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = None, converted: Path | None = None,
@@ -74,7 +65,9 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
                   f"(mapped: {', '.join(sorted(target.architectures))})")
         figures["reason"] = reason
         return [make_finding("CG303", where, reason)], figures
-    worker_python, extra_path = environment_python(target, python)
+    found = find_environment(target, python)
+    worker_python, extra_path = found.python, found.path
+    figures["environment"] = found.figures()
     stored = stored_dtype(src)
     low = low_dtype({"torch": stored})
     passes = ["F32", *([low] if low else [])]
@@ -83,7 +76,7 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
     figures.update(available=True, model_type=model_type, stored_dtype={"file": stored}, flax_class=target.library,
                    torch_class=(config.get("architectures") or ["-"])[0], inputs={"input_ids": [BATCH, SEQ_LEN]})
     with tempfile.TemporaryDirectory(prefix="ckpt-guard-against-") as tmp:
-        from guard.worker.client import run_worker
+        from guard.envs.worker import run_worker
 
         checkpoint, findings = src.resolve(), []
         if target.converts_to:  # the library reads its own format: the file converted by our converter first
@@ -103,8 +96,8 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
                             Path(tmp), extra_path=extra_path, env=target.env)
         figures.update(answer.get("backend", {}), library=answer.get("library"))
         from guard.parity.runs import Failed, Unavailable
-        from guard.worker.client import WorkerFailed
-        from guard.worker.protocol import ProtocolError
+        from guard.envs.protocol import ProtocolError
+        from guard.envs.worker import WorkerFailed
 
         try:
             findings += _judge(target, loads, answer, config, src, input_ids, passes, stored, Path(tmp), figures,
@@ -128,7 +121,7 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
     from guard.against.tree import compare_tree
     from guard.parity.accelerator import drift_figures
     from guard.parity.verdict import compare_runs, comparison_findings
-    from guard.worker.protocol import DRIFT_PASS, read_array
+    from guard.envs.protocol import DRIFT_PASS, read_array
 
     file_tensors = _file_tensors(src)
     torch_runs = _torch_runs(src, config, input_ids, passes)

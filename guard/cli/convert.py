@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from guard.errors import MissingExtraError, UsageError
+from guard.errors import GuardError, MissingExtraError, UsageError
 from guard.reporters import REPORTERS
 
 CONVERT_MODULES = ("numpy", "ml_dtypes", "msgpack", "torch", "jax", "flax")
@@ -59,8 +59,8 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
 @click.option("--parity", "run_parity", is_flag=True, help="Then compare PyTorch and Flax outputs (CG302/CG303).")
 @click.option("--flax-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --parity: the Python of a transformers-4 environment to run the Flax side in (default: "
-                   "$CKPT_GUARD_FLAX_PYTHON, else this process when its transformers is 4.x, else .venv-tf4 beside "
-                   "the package).")
+                   "$CKPT_GUARD_FLAX_PYTHON, else this process when its transformers is 4.x, else the environment "
+                   "`ckpt-guard env install tf4` builds).")
 @click.option("--scan-layers", is_flag=True,
               help="With --to maxtext: one decoder/layers subtree stacked on MaxText's param_scan_axis "
                    "(scan_layers=true).")
@@ -123,7 +123,13 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
     if figures.get("written"):
         report.models.extend(_summaries(out))
         if run_parity:
-            _add_parity(report, request, figures, flax_python)
+            try:
+                _add_parity(report, request, figures, flax_python)
+            except GuardError:  # a parity asked for that could not run is exit 2, and leaves no output
+                import shutil
+
+                shutil.rmtree(out, ignore_errors=True)
+                raise
     if fmt == "text" and output is None and figures.get("written"):  # a refusal ends the report instead
         click.echo(conversion_line(figures))
         for line in decision_lines(figures):

@@ -19,12 +19,13 @@ from guard.reporters import REPORTERS
                    "directory) with that JAX stack's own loader, "
                    "compare every parameter it holds with the file and its forward with PyTorch's (docs/jax.md).")
 @click.option("--against-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The Python of the environment where the --against library is installed "
-                   "(default: the one `make` builds for it).")
+              help="The Python of an environment where the --against library is installed (default: "
+                   "$CKPT_GUARD_AGAINST_PYTHON, else this process when it has the library, else the environment "
+                   "`ckpt-guard env install STACK` builds).")
 @click.option("--flax-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The Python of a transformers-4 environment to run the Flax side in (transformers 5 has no Flax "
                    "models). Default: $CKPT_GUARD_FLAX_PYTHON, else this process when its transformers is 4.x, else "
-                   ".venv-tf4 beside the package.")
+                   "the environment `ckpt-guard env install tf4` builds.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the generated inputs.")
 @click.option("--format", "-f", "fmt", type=click.Choice(tuple(REPORTERS)), default="text", show_default=True,
               help="Output format.")

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "convert": ("guard.cli.convert", "convert", "Convert between PyTorch and Flax, bit-exactly."),
     "parity": ("guard.cli.parity", "parity", "Compare PyTorch and Flax outputs of one model."),
     "hub": ("guard.cli.hub", "hub", "Scan Hub repositories remotely, gate uploads, review pushes."),
+    "env": ("guard.cli.env", "env", "Install, list and remove the environments targets run in."),
 }
 
 

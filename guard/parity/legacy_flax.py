@@ -3,7 +3,9 @@
 transformers 5 removed its Flax models, and a config transformers 5 wrote is read right only by 5.x
 (4.57 takes the default rope_theta from ``rope_parameters``).  So the PyTorch side runs here, with the
 installed transformers, and the Flax side in the environment ``guard.parity.needs.flax_side_python``
-found, through the worker protocol (``guard.worker.flax_side``): one subprocess, one request.
+found, through the worker protocol (``guard.envs.worker``, answered by ``guard.worker.flax_side``): one
+subprocess, one request.  The worker says which transformers it imported: 5 is exit 2 (one line), never a
+CG303 note and a pass.
 
 Order: the config first (what the source means, read here; what the Flax side reads, read there: a
 difference is CG302 and no output is compared), then the worker's seeded inputs through this side's
@@ -74,10 +76,13 @@ def _both_sides(torch_dir: Path, flax_dir: Path, python: Path, config: dict[str,
     """(config findings, runs, {"modules", "blocks"} where both sides streamed alike, else {})."""
     import transformers
 
+    from guard.envs.find import version_warning
+    from guard.envs.registry import ENVIRONMENTS
     from guard.parity.config_check import config_disagreements, meant_values, read_values
+    from guard.parity.needs import check_worker_transformers
     from guard.parity.verdict import low_dtype
-    from guard.worker.client import run_worker
-    from guard.worker.protocol import ProtocolError, read_array
+    from guard.envs.worker import run_worker
+    from guard.envs.protocol import ProtocolError, read_array
 
     hf_config = transformers.AutoConfig.from_pretrained(torch_dir, local_files_only=True)
     meant = meant_values(config, hf_config)
@@ -88,7 +93,12 @@ def _both_sides(torch_dir: Path, flax_dir: Path, python: Path, config: dict[str,
                                      "meant": meant, "same_weights_dtype": stored["torch"] == stored["flax"],
                                      "seed": seed, "passes": passes, "drift": drift}, Path(tmp))
         side = answer["parity"]
-        figures["flax_side"].update(transformers=answer.get("library", {}).get("version"))
+        version = answer.get("library", {}).get("version")
+        check_worker_transformers(version, python)  # what it imported, not what a probe saw: 5 is exit 2
+        figures["flax_side"].update(transformers=version)
+        warning = version_warning(ENVIRONMENTS["tf4"], str(version), f"in {python}")
+        if warning:
+            figures["flax_side"]["warning"] = warning
         figures.update(answer.get("backend", {}))
         if "unavailable" in side:
             raise Unavailable(str(side["unavailable"]))
@@ -108,7 +118,7 @@ def _both_sides(torch_dir: Path, flax_dir: Path, python: Path, config: dict[str,
                             for label, pairs in side.get("modules", {}).items()}
             flax_streaming = dict(side.get("streaming") or {"streamed": False, "not_streamed": "not said"})
         except (ProtocolError, KeyError, TypeError, ValueError) as exc:
-            from guard.worker.client import WorkerFailed
+            from guard.envs.worker import WorkerFailed
 
             raise WorkerFailed(f"{python} -m guard.worker: {exc}") from None
     figures["inputs"] = {k: list(v.shape) for k, v in inputs.items()}

@@ -1,4 +1,4 @@
-"""``python -m guard.worker``: one request on stdin, one answer on stdout (``guard.worker.protocol``).
+"""``python -m guard.worker``: one request on stdin, one answer on stdout (``guard.envs.protocol``).
 
 Log lines of the libraries go to stderr; stdout carries only the answer.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.parity.accelerator import wants_drift
-from guard.worker.protocol import DRIFT_PASS, PROTOCOL, write_array
+from guard.envs.protocol import DRIFT_PASS, PROTOCOL, write_array
 
 # target -> the module holding its library's code (load, parameters, forward, version)
 SIDES = {"tunix": "guard.worker.tunix_side", "keras-hub": "guard.worker.keras_hub_side",

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from guard.worker.protocol import PROTOCOL, write_array
+from guard.envs.protocol import PROTOCOL, write_array
 
 LIBRARY = "transformers"
 

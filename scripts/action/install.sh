@@ -43,10 +43,10 @@ command -v "$python" >/dev/null 2>&1 || python=python
 "$python" -m venv "$venv"
 bindir="$venv/bin"
 [ -d "$bindir" ] || bindir="$venv/Scripts"  # Windows
-# parity's Flax side runs transformers 4's Flax classes (transformers 5 removed them); the extra itself
-# no longer caps transformers, so the action pins the 4.x line where it asks for parity
+# parity's Flax side runs in the transformers-4 environment `ckpt-guard env install tf4` builds (convert.sh);
+# keras-hub runs beside this venv (installed alone, --no-deps): its keras comes from here
 pins=()
-[ "$CG_PARITY" = true ] && pins+=("transformers>=4.40,<5")
+[ "${CG_PARITY_AGAINST:-}" = keras-hub ] && pins+=("keras>=3.3")
 "$bindir/python" -m pip install --quiet --disable-pip-version-check "$spec" ${pins[@]+"${pins[@]}"}
 
 {
