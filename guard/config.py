@@ -15,8 +15,8 @@ from guard.errors import ConfigError
 from guard.findings import FAIL_ON_CHOICES
 from guard.records import record
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: a scan imports no typing
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (~3 ms, the hook's path)
+if TYPE_CHECKING:  # annotations only
     from collections.abc import Callable
     from typing import Any
 

@@ -8,8 +8,8 @@ from guard.inventory import DtypeStats, ModelInventory, WeightSet
 from guard.inventory.quantization import Quantization, bits_per_weight, logical_by_dtype, logical_parameters
 from guard.records import record
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: a scan imports no typing
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (~3 ms, the hook's path)
+if TYPE_CHECKING:  # annotations only
     from typing import Any
 
 REPORT_VERSION = 2  # 2: models carry their weight sets, findings the set they were judged in

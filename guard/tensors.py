@@ -54,7 +54,6 @@ class TensorInfo:
 TENSOR_NAME, TENSOR_DTYPE, TENSOR_SHAPE, TENSOR_FILE, TENSOR_STORAGE = (
     itemgetter(TensorInfo._fields.index(field)) for field in ("name", "dtype", "shape", "file", "storage"))
 
-_new_tensor = tuple.__new__  # a record from its nine fields in order, without a Python call
 
 
 class _AsTuple(Sequence[TensorInfo]):
@@ -119,11 +118,10 @@ class TensorColumns(_AsTuple):
     def records(self) -> tuple[TensorInfo, ...]:
         made = self._records
         if made is None:
-            count = len(self.names)
             starts, stops = self._starts_stops()
-            made = self._records = tuple(map(_new_tensor, repeat(TensorInfo, count), zip(
-                self.names, map(_SPAN_CODE, self.spans), map(_SPAN_SHAPE, self.spans), repeat(self.file, count),
-                starts, stops, repeat(None, count), repeat(None, count), repeat(None, count))))
+            made = self._records = tuple(
+                TensorInfo(name, code, shape, self.file, start, stop)
+                for name, (code, shape, _), start, stop in zip(self.names, self.spans, starts, stops))
         return made
 
     def column(self, getter: itemgetter[TensorInfo]) -> Iterable[object]:
@@ -145,8 +143,7 @@ class TensorColumns(_AsTuple):
             return list(map(self._records.__getitem__, indices))
         names, spans, file = self.names, self.spans, self.file
         starts, stops = self._starts_stops()
-        return [_new_tensor(TensorInfo, (names[i], spans[i][0], spans[i][1], file, starts[i], stops[i], None, None,
-                                         None)) for i in indices]
+        return [TensorInfo(names[i], spans[i][0], spans[i][1], file, starts[i], stops[i]) for i in indices]
 
     def __len__(self) -> int:
         return len(self.names)
@@ -236,9 +233,9 @@ def joined(parts: list[Sequence[TensorInfo]]) -> Sequence[TensorInfo]:
 
 
 # Formats a reader may report.
-FORMATS = ("safetensors", "torch-zip", "torch-legacy", "torchscript", "torch-export", "flax-msgpack", "lfs-pointer", "gguf", "onnx", "npy",
-           "npz", "hdf5", "keras", "orbax", "openvino", "coreml", "tf-bundle", "tflite", "executorch",
-           "dcp", "deepspeed")  # training checkpoints (guard.training) add theirs
+FORMATS = ("safetensors", "torch-zip", "torch-legacy", "torchscript", "torch-export", "flax-msgpack", "lfs-pointer",
+           "gguf", "onnx", "npy", "npz", "hdf5", "keras", "orbax", "openvino", "coreml", "tf-bundle", "tflite",
+           "executorch", "dcp", "deepspeed")  # training checkpoints (guard.training) add theirs
 
 
 NO_METADATA: Mapping[str, str] = MappingProxyType({})

@@ -14,7 +14,7 @@ from guard.errors import GuardError, UsageError
 from guard.report import Report
 from guard.reporters import render
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook's path)
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (~3 ms, the hook's path)
 if TYPE_CHECKING:  # no pathlib on the hook's path either (guard.paths)
     from pathlib import Path
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: a diff imports no typing
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a diff imports none (~3 ms of its ~40)
+if TYPE_CHECKING:  # annotations only
     from typing import Any
 
 from guard.records import record

@@ -5,7 +5,7 @@ Every string from a checkpoint (names, paths, dtype strings) goes through ``iner
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a diff imports none (~3 ms of its ~40)
 if TYPE_CHECKING:  # annotations only: an unchanged model prints neither groups nor totals
     from guard.diff.change import ChangeReport, ModelChange, SetChange, SetTotals
     from guard.diff.groups import ChangeGroup

@@ -11,7 +11,12 @@ import functools
 import posixpath
 
 from guard.inventory.conventions import (
-    HF_EXTENSIONS, CONVENTIONS, DTYPE_VARIANTS, EXTENSION_FORMATS, Convention, name_claimed_dtype,
+    CONVENTIONS,
+    DTYPE_VARIANTS,
+    EXTENSION_FORMATS,
+    HF_EXTENSIONS,
+    Convention,
+    name_claimed_dtype,
 )
 from guard.records import record
 
@@ -59,11 +64,9 @@ def _classify_name(name: str, weights: bool) -> FileRole:
         if shard is not None:
             role = _classify(f"{name[:at - 6]}-00001-of-00001{name[at + 9:]}", weights)
             if role.shard is not None:  # the numbers were the shard's, not part of a stem
-                return _tuple_new(FileRole, (name, *role[1:7], shard))
+                return role._replace(name=name, shard=shard)
     return _classify(name, weights)
 
-
-_tuple_new = tuple.__new__
 
 
 @functools.lru_cache(maxsize=1 << 10)  # the names' forms: a shard stands for all of its set's shards

@@ -31,10 +31,10 @@ from guard.inventory.sets import WeightSet
 from guard.records import record
 from guard.tensors import TENSOR_DTYPE, TENSOR_NAME, TENSOR_SHAPE, TensorInfo, column, select
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a quantized set's scan imports none (~3 ms)
 if TYPE_CHECKING:  # the inventory and its Quantization import this module (inside functions): no import back
-    from typing import Any as ModelInventory
-    from typing import Any as Quantization
+    from guard.inventory.model import ModelInventory
+    from guard.inventory.quantization import Quantization
 
 BY_DTYPES = frozenset({"tensor dtypes", "file metadata"})  # quantized by dtype or a reader's word: no layout
 _GENERIC = frozenset({".weight", ""})  # payload names every model has: evidence must come from elsewhere

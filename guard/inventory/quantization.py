@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from itertools import chain, compress, repeat
 from math import prod
-
 from types import MappingProxyType
 
 from guard import dtypes
@@ -26,10 +25,9 @@ from guard.inventory.quant_conventions import (
 from guard.records import record
 from guard.tensors import TENSOR_DTYPE, TENSOR_NAME, TENSOR_SHAPE, column, select
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the hook's path (a scan imports none)
 if TYPE_CHECKING:  # guard.inventory.model imports this module: no import back
-    from typing import Any as ModelInventory
-
+    from guard.inventory.model import ModelInventory
     from guard.inventory.quant_modules import QuantModule
     from guard.inventory.sets import WeightSet
     from guard.tensors import TensorInfo
@@ -194,7 +192,8 @@ def _from_mlx(record_: dict[str, object], where: str) -> Quantization:
 
 
 def _from_qmap(qmap: dict[str, object]) -> Quantization:
-    kinds = [str(v.get("weights")) for v in qmap.values() if isinstance(v, dict) and v.get("weights") not in (None, "none")]
+    kinds = [str(v.get("weights")) for v in qmap.values()
+             if isinstance(v, dict) and v.get("weights") not in (None, "none")]
     fmt = max(set(kinds), key=kinds.count) if kinds else None
     return Quantization("quanto", QUANTO_BITS.get(fmt or ""), None, fmt, (), "quanto_qmap.json", qmap)
 
@@ -252,8 +251,9 @@ def _name_candidates(ws: WeightSet, known: Mapping[str, str]) -> Iterator[Tensor
         return compress(left, map(str.endswith, map(TENSOR_NAME, left), repeat(_ENDINGS)))
     if ws.layout == "lightning":  # ``tensors`` leaves training state out
         return (t for t in ws.tensors if t.name.endswith(_ENDINGS))
-    return chain.from_iterable(select(scan.tensors, map(str.endswith, column(TENSOR_NAME, scan.tensors), repeat(_ENDINGS)))
-                               for scan in ws.files)
+    return chain.from_iterable(
+        select(scan.tensors, map(str.endswith, column(TENSOR_NAME, scan.tensors), repeat(_ENDINGS)))
+        for scan in ws.files)
 
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import compress
 
 from guard.catalogue import make_finding
 from guard.config import NORM_PATTERNS, Policy, match_flags
@@ -28,16 +27,19 @@ def check_low_precision_norms(inv: ModelInventory, policy: Policy) -> Iterator[F
         # (the common case) its group is already in file order and holds nothing else
         tensors = groups[held[0]] if len(held) == 1 else [t for t in ws.tensors if t.dtype in _HALVES]
         # read from the columns: a sharded set's norms are tens of thousands, and no record is made for them
-        flags = match_flags(NORM_PATTERNS, list(column(TENSOR_NAME, tensors)))
-        count = sum(flags)
-        if not count:
+        names = list(column(TENSOR_NAME, tensors))
+        flags = match_flags(NORM_PATTERNS, names)
+        picked = [i for i, flag in enumerate(flags) if flag]
+        if not picked:
             continue
         # One finding for the set, on the first file holding a norm: one per shard made a sharded
         # model's report as long as its shard list, saying the same thing 4,000 times.
-        files = sorted(set(compress(column(TENSOR_FILE, tensors), flags)))
-        example = next(name for name, file in compress(zip(column(TENSOR_NAME, tensors), column(TENSOR_FILE, tensors)),
-                                                       flags) if file == files[0])
-        kinds = "/".join(sorted({dn(code) for code in set(compress(column(TENSOR_DTYPE, tensors), flags))}))
+        files_of = list(column(TENSOR_FILE, tensors))
+        dtypes_of = list(column(TENSOR_DTYPE, tensors))
+        files = sorted({files_of[i] for i in picked})
+        example = next(names[i] for i in picked if files_of[i] == files[0])
+        kinds = "/".join(sorted({dn(dtypes_of[i]) for i in picked}))
+        count = len(picked)
         yield make_finding(
             "CG104", files[0],
             f"{count} normalization parameter(s){spread(files, ws)} stored in {kinds}; "

@@ -22,7 +22,7 @@ from guard.inventory import ModelInventory, WeightSet
 from guard.inventory.quantization import Quantization
 from guard.tensors import TENSOR_NAME, TensorInfo
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a quantized set's scan imports none (~3 ms)
 if TYPE_CHECKING:
     from collections.abc import Callable
 
