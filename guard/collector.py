@@ -1,7 +1,8 @@
 """The cyclic garbage collector in the command line's own process (never in a library caller's).
 
 A scan builds records: tuples of strings and numbers, one per tensor (a safetensors file's
-columns instead: a few lists per file), alive until the report is written.  Record classes are tuple subclasses, which the collector never untracks, so each young
+columns instead: a few lists per file), alive until the report is written.  Record classes are
+tuple subclasses, which the collector never untracks, so each young
 collection walks every record made since the last one, and an older collection walks them again:
 at 200,000 tensors that is 8 % of a sharded model's scan, and it finds nothing (records hold no
 cycles).  So in its own process the command line takes each file's records out of the collector's

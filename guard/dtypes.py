@@ -8,7 +8,6 @@ from __future__ import annotations
 from guard.records import record
 
 
-
 @record
 class DtypeInfo:
     code: str

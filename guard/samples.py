@@ -32,7 +32,8 @@ def _clip_tokenizer(folder: Path) -> Any:
     return CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
 
 
-def diffusers_pipeline(root: Path, *, variant: str | None = "fp16", max_shard_size: str | None = None) -> dict[str, int]:
+def diffusers_pipeline(root: Path, *, variant: str | None = "fp16",
+                       max_shard_size: str | None = None) -> dict[str, int]:
     """A tiny Stable Diffusion pipeline saved with save_pretrained(), then again with variant=...
 
     Returns each component's parameter count, as torch reports it for one copy.
@@ -46,8 +47,9 @@ def diffusers_pipeline(root: Path, *, variant: str | None = "fp16", max_shard_si
         block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
         cross_attention_dim=8, attention_head_dim=2, norm_num_groups=4)
-    vae = AutoencoderKL(block_out_channels=(8,), in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
-                        up_block_types=("UpDecoderBlock2D",), latent_channels=4, norm_num_groups=4)
+    vae = AutoencoderKL(block_out_channels=(8,), in_channels=3, out_channels=3,
+                        down_block_types=("DownEncoderBlock2D",), up_block_types=("UpDecoderBlock2D",),
+                        latent_channels=4, norm_num_groups=4)
     text_encoder = CLIPTextModel(CLIPTextConfig(
         vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
         max_position_embeddings=16, projection_dim=8))

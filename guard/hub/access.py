@@ -30,8 +30,8 @@ class Identity:
 
 def whoami(client: HubClient) -> tuple[Identity, dict[str, Any]]:
     """The token's account and role, and the Hub's whole answer; no or a refused token: a HubError."""
-    from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub import get_token
+    from huggingface_hub.errors import HfHubHTTPError
 
     if client.token is False or (client.token is None and not get_token()):
         raise HubError(f"no Hub token: a pull request on {client.endpoint} needs one; {ASK_FOR_A_TOKEN}",

@@ -28,8 +28,8 @@ from urllib.parse import quote
 from guard.config import Policy
 from guard.hub import faults
 from guard.hub.client import HubClient, hub_errors, retry_refused
-from guard.hub.errors import HubError
 from guard.hub.comment import branch_thread_title, diff_markdown, discussion_title, hub_markdown, marker
+from guard.hub.errors import HubError
 from guard.hub.queue import Job
 from guard.hub.scan import scan_hub
 

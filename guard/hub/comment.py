@@ -10,7 +10,6 @@ are answered in one discussion per branch (``branch_thread_title``).
 from __future__ import annotations
 
 import json
-
 from typing import TYPE_CHECKING, Any
 
 from guard import __version__
@@ -54,7 +53,8 @@ def diff_markdown(change: ChangeReport, *, intro: str, sha: str, base: str) -> s
     summary = {
         "tool": "ckpt-guard", "version": __version__, "revision": sha, "base": base, "failed": change.failed,
         "fail_on": change.policy.get("fail_on"),
-        "introduced": sorted({f.code for f in change.introduced}), "resolved": sorted({f.code for f in change.resolved}),
+        "introduced": sorted({f.code for f in change.introduced}),
+        "resolved": sorted({f.code for f in change.resolved}),
         "counts": {"introduced": len(change.introduced), "resolved": len(change.resolved)},
     }
     tail = _tail(summary, sha)

@@ -34,7 +34,13 @@ from guard.hub.fix_result import HubFix
 from guard.hub.fix_text import pr_description
 from guard.hub.mirror import dir_in_repo, download, join, overlay_client, repo_relative, same_as_listed
 from guard.hub.proposal import (
-    Proposal, find_proposals, fix_marker, fix_title, head_commit, is_fix_commit, open_once,
+    Proposal,
+    find_proposals,
+    fix_marker,
+    fix_title,
+    head_commit,
+    is_fix_commit,
+    open_once,
 )
 from guard.hub.queue import PR_REF, Job
 from guard.hub.scan import scan_hub

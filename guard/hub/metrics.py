@@ -24,7 +24,8 @@ SERIES = {
     "ckpt_guard_jobs_enqueued_total": ("counter", "Jobs accepted into the queue.", None),
     "ckpt_guard_jobs_duplicate_total": ("counter", "Jobs delivered again while queued, running or done.", None),
     "ckpt_guard_jobs_finished_total": (
-        "counter", "Review attempts of this process: answered, skipped (already answered), quiet (no checkpoint file changed), retried, failed, lost (lease taken over).",
+        "counter", "Review attempts of this process: answered, skipped (already answered), quiet (no checkpoint file "
+                   "changed), retried, failed, lost (lease taken over).",
         "outcome"),
     "ckpt_guard_pushes_quiet_total": (
         "counter", "Pushes reviewed without an answer: they changed no weight file, index or config.json.", None),

@@ -183,7 +183,7 @@ class Reviewer:
                 item = None
             if item is None:
                 with self._work:
-                    self._work.wait_for(lambda: self._submitted != seen or self._stop.is_set(),
+                    self._work.wait_for(lambda seen=seen: self._submitted != seen or self._stop.is_set(),
                                         self.settings.poll)
                 continue
             self._process(item)

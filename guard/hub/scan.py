@@ -19,19 +19,25 @@ from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.errors import GuardError
 from guard.hub.client import HubClient, hub_errors
+from guard.hub.dcp_remote import listed_dcp_dirs, scan_dcp
+from guard.hub.packages import fold_packages, package_scanner
+from guard.hub.pointers import check_tracker, tracker_files
 from guard.hub.remote import HubFile, RemoteBudgetExceeded
 from guard.inventory import (
-    CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
+    CONFIG_NAME,
+    MAX_JSON_BYTES,
+    PIPELINE_INDEX,
+    ModelInventory,
+    build_inventory,
+    is_index_file,
+    is_weight_file,
     scan_weight,
+    tf_dirs,
 )
 from guard.inventory.discovery import head_is_weights, may_be_weights
-from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
-from guard.hub.packages import fold_packages, package_scanner
-from guard.hub.dcp_remote import listed_dcp_dirs, scan_dcp
-from guard.hub.pointers import check_tracker, tracker_files
-from guard.inventory import tf_dirs
 from guard.inventory.package_dirs import ir_members
 from guard.inventory.pipelines import Pipeline, listed_pipelines
+from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
 from guard.report import Report
 from guard.scan import scan_inventories
 from guard.tensors import FileScan
@@ -212,7 +218,8 @@ def _group_by_directory(siblings: Sequence[Any], *, inside: tuple[str, ...] = ()
             continue
         base = posixpath.basename(name)
         size = _size(sibling)
-        if is_weight_file(base) or name in irs or name in tf.indexes or (directory not in inside and may_be_weights(base, size)):
+        if (is_weight_file(base) or name in irs or name in tf.indexes
+                or (directory not in inside and may_be_weights(base, size))):
             groups.setdefault(directory, ([], []))[0].append((name, size))
         elif base == CONFIG_NAME or base in QUANT_CONFIG_FILES or is_index_file(base):
             groups.setdefault(directory, ([], []))[1].append((name, size))

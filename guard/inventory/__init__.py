@@ -11,10 +11,22 @@ never the rules, the report or the CLI.
 from __future__ import annotations
 
 from guard.inventory.discovery import (
-    LocalModel, discover_models, display_path, load_local_model, read_small_file, scan_local_file, scan_weight,
+    LocalModel,
+    discover_models,
+    display_path,
+    load_local_model,
+    read_small_file,
+    scan_local_file,
+    scan_weight,
 )
 from guard.inventory.model import (
-    CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
+    CONFIG_NAME,
+    MAX_JSON_BYTES,
+    PIPELINE_INDEX,
+    ModelInventory,
+    build_inventory,
+    is_index_file,
+    is_weight_file,
     line_in_json,
 )
 from guard.inventory.sets import WeightSet

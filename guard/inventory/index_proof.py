@@ -35,7 +35,7 @@ from operator import itemgetter, lt
 from guard import jsonload
 from guard.errors import MalformedCheckpoint
 from guard.sources import ByteSource
-from guard.tensors import FileScan, TENSOR_FILE, TENSOR_NAME, column
+from guard.tensors import TENSOR_FILE, TENSOR_NAME, FileScan, column
 
 # the map's opening line and the first entry's indentation (json.dumps(indent=N) puts each on its own line)
 _OPENER = re.compile(rb'\n( *)"weight_map": \{\n( +)"')

@@ -15,9 +15,9 @@ from guard.findings import Finding
 from guard.inventory.conventions import EXTENSION_FORMATS, UNSUPPORTED_SUFFIXES
 from guard.inventory.names import classify
 from guard.inventory.quant_conventions import QUANT_CONFIG_FILES
+from guard.inventory.quantization import Quantization, set_quantization
 from guard.inventory.sets import WeightSet, group_sets, mark_primary
 from guard.inventory.stats import ConfigDtype, DtypeStats, ShardIndex
-from guard.inventory.quantization import Quantization, set_quantization
 from guard.records import record
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan, TensorInfo

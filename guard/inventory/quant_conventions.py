@@ -37,7 +37,8 @@ class Layout:
     bits: int | None = None  # fixed by the layout (bnb 4-bit, MXFP4, NVFP4); None: from the config
     # the logical weight's shape from the payload's (None: headers cannot tell, the count still can):
     # "same", "cols" (last dim × packing), "rows" (first dim × packing, then [in, out] -> [out, in]: GPTQ),
-    # "awq" (cols × packing, then transposed), "bitnet" (first dim × packing), "mxfp4" ([E, rows, G, 16] -> [E, G·32, rows])
+    # "awq" (cols × packing, then transposed), "bitnet" (first dim × packing),
+    # "mxfp4" ([E, rows, G, 16] -> [E, G·32, rows])
     shape: str | None = "same"
     # how many logical values: "payload" (its bits over the module's bits; one a stored element where the shape
     # is "same"), "groups" (scales × group size: HQQ's 3-bit packing leaves padding in its int32 words), or
@@ -72,7 +73,8 @@ LAYOUTS: tuple[Layout, ...] = (
         Part(".weight.quant_state.bitsandbytes__fp4", "quant_state", _O)),
         frozenset(), ".weight", bits=4, shape=None, one_of=("quant_state",)),
     # bitsandbytes Int8Params: row-wise int8 with SCB (one fp32 scale per row)
-    Layout("bitsandbytes", "bnb-8bit", (Part(".weight", _P), Part(".SCB", "SCB"), Part(".weight_format", "weight_format", _O)),
+    Layout("bitsandbytes", "bnb-8bit",
+           (Part(".weight", _P), Part(".SCB", "SCB"), Part(".weight_format", "weight_format", _O)),
            frozenset(), ".weight", bits=8),
     # AutoGPTQ / gptqmodel QuantLinear: qweight [in·bits/32, out], v1 stores zero points minus one
     Layout("gptq", "gptq", (Part(".qweight", _P), Part(".qzeros", "zeros"), Part(".scales", "scales"),
@@ -89,7 +91,8 @@ LAYOUTS: tuple[Layout, ...] = (
                                       Part(".output_scale", "output_scale", _O)), frozenset({"U8"}), ".weight",
            shape=None),
     Layout("quanto", "quanto-qbytes", (Part(".weight._data", _P), Part(".weight._scale", "scales"),
-                                       Part(".input_scale", "input_scale", _O), Part(".output_scale", "output_scale", _O)),
+                                       Part(".input_scale", "input_scale", _O),
+                                       Part(".output_scale", "output_scale", _O)),
            frozenset({"I8", *_FP8}), ".weight"),
     # compressed-tensors: pack-quantized (int4/int8 in I32), nvfp4-pack-quantized (FP4 pairs in U8)
     Layout("compressed-tensors", "pack-quantized", (
@@ -137,7 +140,8 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout("torchao", "torchao-safetensors", (
         Part("._weight_qdata", _P), Part("._weight_scale", "scales"), Part("._weight_zero_point", "zeros", _O)),
         frozenset({"F8_E4M3", "F8_E5M2", "I8", "U8", "I32"}), ".weight", shape=None),
-    Layout("eetq", "eetq", (Part(".weight", _P), Part(".weight_scales", "scales")), frozenset({"I8"}), ".weight", bits=8),
+    Layout("eetq", "eetq", (Part(".weight", _P), Part(".weight_scales", "scales")), frozenset({"I8"}), ".weight",
+           bits=8),
     # transformers BitNet: 4 ternary values a byte, packed along the output rows
     Layout("bitnet", "bitnet", (Part(".weight", _P), Part(".weight_scale", "scales")), frozenset({"U8"}), ".weight",
            bits=2, shape="bitnet"),

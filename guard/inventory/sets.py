@@ -18,8 +18,16 @@ from guard.inventory.conventions import DTYPE_VARIANTS, FORMAT_ORDER, LAYOUT_ORD
 from guard.inventory.names import FileRole, claimed_dtype, classify
 from guard.inventory.stats import DtypeStats, ShardIndex, dtype_summary, grouped_dtype_summary
 from guard.records import record
-from guard.tensors import FileScan, TENSOR_DTYPE, TENSOR_SHAPE, TENSOR_STORAGE, TensorInfo, joined, select
-from guard.tensors import column as columns
+from guard.tensors import (
+    TENSOR_DTYPE,
+    TENSOR_SHAPE,
+    TENSOR_STORAGE,
+    FileScan,
+    TensorInfo,
+    column as columns,
+    joined,
+    select,
+)
 
 # What a reader's file format means for the set's format family (names that say nothing).
 _READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "torchscript": "torch", "torch-export": "torch",
@@ -126,8 +134,8 @@ class WeightSet:
                         totals[code] = 0
                     groups[code].append(tensors)
                     totals[code] += sum(map(prod, columns(TENSOR_SHAPE, tensors)))
-                    shared = shared or (scan.format not in _UNSHARED
-                                        and any(storage is not None for storage in set(columns(TENSOR_STORAGE, tensors))))
+                    shared = shared or (scan.format not in _UNSHARED and any(
+                        storage is not None for storage in set(columns(TENSOR_STORAGE, tensors))))
                     continue
                 if 1 < len(codes) <= 4:  # a few dtypes (a quantized shard: I32 and F16): one C pass a dtype
                     for code in dict.fromkeys(column):  # in order of first appearance

@@ -23,10 +23,8 @@ from guard.inventory import display_path
 from guard.parity.inputs import make_inputs
 from guard.parity.model_dir import layer_count, read_config, stored_dtype
 from guard.parity.needs import PARITY_MODULES, require_flax_transformers
-from guard.parity.runs import Failed as _Failed
-from guard.parity.runs import Unavailable as _Unavailable
-from guard.parity.runs import quiet_transformers
-from guard.parity.verdict import comparison_findings, compare_runs, low_dtype
+from guard.parity.runs import Failed as _Failed, Unavailable as _Unavailable, quiet_transformers
+from guard.parity.verdict import compare_runs, comparison_findings, low_dtype
 
 # transformers' auto mappings that name Flax classes; the PyTorch twin has the same name minus "Flax".
 FLAX_MAPPINGS = (
@@ -81,7 +79,8 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0, drift: bool | 
                                                   figures)
             if runs is None:
                 runs = _run_all(pt_cls, flax_cls, torch_dir, flax_dir, inputs, stored)
-            _accelerator_figures(figures, drift, runs, lambda: _flax_fp32(flax_cls, hf_config, flax_dir, inputs, blocks))
+            _accelerator_figures(figures, drift, runs,
+                                 lambda: _flax_fp32(flax_cls, hf_config, flax_dir, inputs, blocks))
     except _Unavailable as exc:
         figures.update(available=False, reason=str(exc))
         return [make_finding("CG303", where, f"parity unavailable: {exc}")], figures

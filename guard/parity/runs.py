@@ -2,8 +2,8 @@
 
 The whole-model path, for models the streamed runs (``guard.parity.stream_torch``) cannot place
 exactly: each run loads its model, runs once and lets it go, so peak memory is one model plus the
-outputs.  The streamed runs share its forward calls (``torch_forward``, ``flax_kwargs``).  Loading problems become findings (CG001, CG304), never a
-model left silently half-random.
+outputs.  The streamed runs share its forward calls (``torch_forward``, ``flax_kwargs``).  Loading problems
+become findings (CG001, CG304), never a model left silently half-random.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> 
         model, info = cls.from_pretrained(directory, torch_dtype=torch_dtype, output_loading_info=True,
                                           attn_implementation="eager", local_files_only=True)
     except LOAD_FAILURES as exc:
-        raise Failed(make_finding("CG001", where, f"transformers cannot load {cls.__name__}: {_first_line(exc)}"))
+        message = f"transformers cannot load {cls.__name__}: {_first_line(exc)}"
+        raise Failed(make_finding("CG001", where, message)) from exc
     problems = [f"{len(info[k])} {k.replace('_', ' ')} (e.g. {sorted(map(str, info[k]))[0]})"
                 for k in ("missing_keys", "mismatched_keys") if info.get(k)]
     if problems:
@@ -53,7 +54,7 @@ def run_torch(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> 
     try:
         return torch_forward(model, torch_dtype, inputs)
     except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
-        raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
+        raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}") from exc
 
 
 def torch_forward(model: Any, torch_dtype: Any, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -109,9 +110,10 @@ def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> d
     try:
         model, params = _load_flax(cls, directory, compute)
     except TypeError as exc:  # raised by tracing the module's code (jax.eval_shape): API drift
-        raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}")
+        raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}") from exc
     except LOAD_FAILURES as exc:
-        raise Failed(make_finding("CG001", where, f"transformers cannot load {cls.__name__}: {_first_line(exc)}"))
+        message = f"transformers cannot load {cls.__name__}: {_first_line(exc)}"
+        raise Failed(make_finding("CG001", where, message)) from exc
     missing = sorted("/".join(k) for k in model.required_params - set(flatten_dict(params)))
     if missing:
         raise Failed(make_finding("CG304", where, f"{cls.__name__}: {len(missing)} missing keys (e.g. {missing[0]})"))
@@ -123,9 +125,9 @@ def run_flax(cls: Any, directory: Path, dtype: str, inputs: dict[str, Any]) -> d
     try:
         out = model(**flax_kwargs(cls, inputs), params=params)
     except TypeError as exc:  # an API drift between transformers' Flax code and the installed jax
-        raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}")
+        raise Unavailable(f"{cls.__name__} does not run with the installed jax/flax: {_first_line(exc)}") from exc
     except RUN_FAILURES as exc:  # the loaded weights were checked: the inputs or the library are at fault
-        raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}")
+        raise Unavailable(f"{cls.__name__} ({dtype}) forward pass failed: {_first_line(exc)}") from exc
     return flax_outputs(out)
 
 

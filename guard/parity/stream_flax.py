@@ -91,7 +91,8 @@ def stream_flax(cls: Any, config: Any, directory: Path, dtype: str, inputs: dict
     except NotStreamable:
         raise
     except Exception as exc:  # a parameter read outside its block, or the model itself fails: run it whole
-        raise NotStreamable(f"streamed Flax pass failed: {str(exc).splitlines()[0][:200] if str(exc) else exc!r}")
+        shown = str(exc).splitlines()[0][:200] if str(exc) else repr(exc)
+        raise NotStreamable(f"streamed Flax pass failed: {shown}") from exc
     if not set(blocks) <= streamed:
         raise NotStreamable(f"Flax never called block {sorted(set(blocks) - streamed)[0]}")
     return outputs, recorded

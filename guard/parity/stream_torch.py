@@ -54,7 +54,8 @@ def stream_torch(cls: Any, config: Any, directory: Path, dtype: str, inputs: dic
     except NotStreamable:
         raise
     except Exception as exc:  # meta weights touched outside their block, or the model itself fails: run it whole
-        raise NotStreamable(f"streamed forward pass failed: {str(exc).splitlines()[0][:200] if str(exc) else exc!r}")
+        shown = str(exc).splitlines()[0][:200] if str(exc) else repr(exc)
+        raise NotStreamable(f"streamed forward pass failed: {shown}") from exc
     finally:
         for handle in handles:
             handle.remove()

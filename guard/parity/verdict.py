@@ -27,9 +27,7 @@ def compare_runs(runs: dict[str, dict[str, Any]], stored: dict[str, str], *, lay
                  ) -> list[dict[str, Any]]:
     """``modules``/``blocks``: the streamed runs' per-module outputs (``guard.parity.located``); absent
     when the models ran whole."""
-    from guard.parity import located as pl
-    from guard.parity import metrics as pm
-    from guard.parity import relative as pr
+    from guard.parity import located as pl, metrics as pm, relative as pr
 
     tol = pm.tolerance_for(layers=layers)
     ref, fp32 = runs["torch:fp32"], runs["flax:fp32"]

@@ -45,7 +45,8 @@ READERS: dict[str, str] = {
     "tf-bundle": "guard.readers.tf.bundle:read_tf_bundle",  # the .index; its data shards are companions
     "tflite": "guard.readers.tf.tflite:read_tflite",
     "openvino": "guard.readers.openvino:read_openvino",  # the .xml; its .bin is a companion
-    "coreml": "guard.readers.coreml.blob:read_mil_blob_file",  # a weight.bin alone; packages: guard.inventory.package_dirs
+    # a weight.bin alone; packages: guard.inventory.package_dirs
+    "coreml": "guard.readers.coreml.blob:read_mil_blob_file",
     "coreml-spec": "guard.readers.coreml.spec:read_mlmodel",  # .mlmodel: neural-network WeightParams
     "executorch": "guard.readers.torch.executorch:read_executorch",
 }

@@ -105,7 +105,8 @@ def _models_section(report: Report) -> list[str]:
                         f"| {human_count(ws.parameters)} | {human_bytes(ws.bytes)} | {notes} |")
     kept, left = _bounded(rows, MODEL_BUDGET)
     lines = ["### Models", "",
-             "| model | weight set | role | format | files | dtypes (share of parameters) | parameters | bytes | notes |",
+             "| model | weight set | role | format | files | dtypes (share of parameters) | parameters | bytes "
+             "| notes |",
              "|---|---|---|---|---:|---|---:|---:|---|", *kept, ""]
     if left:
         lines += [f"_{left:,} more row(s) not shown to stay under GitHub's 1 MiB summary limit._", ""]
@@ -138,7 +139,8 @@ def _findings_section(report: Report) -> list[str]:
     for f in findings[:MAX_FINDING_ROWS]:
         where = md_escape(workspace_relative(f.path)) + (f":{f.line}" if f.line else "")
         tensor = md_escape(f.tensor, limit=120) if f.tensor else ""
-        rows.append(f"| {f.severity.value} | {md_escape(f.code, limit=20)} | {where} | {tensor} | {md_escape(f.message, limit=400)} |")
+        rows.append(f"| {f.severity.value} | {md_escape(f.code, limit=20)} | {where} | {tensor} "
+                    f"| {md_escape(f.message, limit=400)} |")
     kept, left = _bounded(rows, FINDING_BUDGET)
     left += len(findings) - len(rows)
     lines = ["### Findings", "", "| severity | code | file | tensor | message |", "|---|---|---|---|---|", *kept, ""]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from guard.dtypes import display_name
 from guard.findings import Severity
 from guard.report import ModelSummary, Report

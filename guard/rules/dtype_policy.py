@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-
 from math import prod
 from operator import not_
 
@@ -21,8 +20,12 @@ from guard.findings import Finding, shown
 from guard.fixes import Fix, make_fix
 from guard.inventory import ModelInventory, WeightSet
 from guard.inventory.quantization import component_roles
-from guard.rules.dtype_fixes import relative  # noqa: F401  (guard.rules.variants imports it from here)
-from guard.rules.dtype_fixes import quantized_no_fix, set_cast_params, set_writes
+from guard.rules.dtype_fixes import (
+    quantized_no_fix,
+    relative,  # noqa: F401  (guard.rules.variants imports it from here)
+    set_cast_params,
+    set_writes,
+)
 from guard.tensors import TENSOR_FILE, TENSOR_NAME, TENSOR_SHAPE, TensorInfo, column, select
 
 
@@ -35,8 +38,9 @@ def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) ->
     """Floating tensors of one set the dtype policy applies to, by dtype code (once per set and policy).
 
     Quantized payloads (F8/F6/F4, ggml block types) and a quantized set's components (payloads,
-    scales, zeros, metadata: ``component_roles``) are quantization by design, not a mix; tensors matching keep-fp32 that *are* fp32 are allowed to be;
-    so are a GGUF file's 1-D F32 tensors.  Codes keep the set's order of first appearance.
+    scales, zeros, metadata: ``component_roles``) are quantization by design, not a mix; tensors matching
+    keep-fp32 that *are* fp32 are allowed to be; so are a GGUF file's 1-D F32 tensors.  Codes keep the set's
+    order of first appearance.
     """
     key = ("policed", policy)
     cached = ws.memo.get(key)

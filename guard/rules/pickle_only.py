@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 from guard import dtypes
 from guard.catalogue import make_finding
+from guard.config import Policy
 from guard.findings import Finding
 from guard.fixes import Fix, make_fix
-from guard.config import Policy
 from guard.inventory import ModelInventory, WeightSet
 
 # The pickled set's stem -> the stem of its safetensors copy (WEIGHTS_NAME -> SAFE_WEIGHTS_NAME, ...)

@@ -71,7 +71,8 @@ def _gptq(module: QuantModule, payload: TensorInfo, parts: Mapping[str, TensorIn
         return f"qweight {list(payload.shape)} has {out} output columns, scales {list(scales.shape)}"
     if scales is not None and g_idx is None and scales.shape[0] != _groups(width, module.group_size):
         return (f"qweight {list(payload.shape)} holds {width} input rows at {module.bits} bits: "
-                f"{_groups(width, module.group_size)} group(s) of {module.group_size}, but scales has {scales.shape[0]}")
+                f"{_groups(width, module.group_size)} group(s) of {module.group_size}, "
+                f"but scales has {scales.shape[0]}")
     if zeros is not None and scales is not None and zeros.shape != (scales.shape[0], _ceil(out, per)):
         return f"qzeros {list(zeros.shape)} does not pack scales {list(scales.shape)} at {module.bits} bits"
     return None
@@ -103,7 +104,8 @@ def _row_groups(module: QuantModule, payload: TensorInfo, parts: Mapping[str, Te
     group = module.group_size or (16 if "nvfp4" in module.layout else None)
     if group is None:
         return None
-    slack = (32 // module.bits - 1) if module.bits and payload.dtype in ("I32", "U32") else 0  # padding in the last word
+    # padding in the last word
+    slack = (32 // module.bits - 1) if module.bits and payload.dtype in ("I32", "U32") else 0
     fits = {_groups(w, group) for w in range(max(1, width - slack), width + 1)}
     if scales.shape[0] != out or scales.shape[1] not in fits:
         return (f"payload {list(payload.shape)} holds {out} × {width} values at {module.bits} bits: scales should be "

@@ -27,8 +27,8 @@ import mmap
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from guard import dtypes

@@ -17,7 +17,7 @@ patterns (tests/test_values_minifloats.py).  The caller imports numpy; this modu
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -75,7 +75,7 @@ def largest_bits(code: str) -> int:
     return int(np.flatnonzero(table == np.float32(largest(code)))[0])
 
 
-@lru_cache(maxsize=None)
+@cache
 def float32_table(code: str) -> Any:
     """Each of an 8-bit format's 256 patterns as fp32 bits (uint32): its value, exactly."""
     fmt = FORMATS[code]

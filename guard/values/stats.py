@@ -14,7 +14,7 @@ import cost more than a scan's work; ``numpy_dtype`` (ml_dtypes' types) is for o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -67,7 +67,7 @@ def value_of_bits(code: str, bits: int) -> float:
     return float(kernel_values(code, np.array([bits], dtype=IEEE_BITS[code][0]))[0])
 
 
-@lru_cache(maxsize=None)
+@cache
 def cast_is_exact(source: str, target: str) -> bool:
     """True when every finite value of ``source`` survives a cast to ``target`` unchanged."""
     if source == target:
@@ -81,7 +81,7 @@ def cast_is_exact(source: str, target: str) -> bool:
     return (source, target) == ("F32", "F64")
 
 
-@lru_cache(maxsize=None)
+@cache
 def rounds_in_range(source: str, target: str) -> bool:
     """True when some ``source`` value inside ``target``'s normal range changes on the cast
     (bf16 -> fp16 loses only at the range ends: CG201/CG202, never CG204)."""
@@ -105,7 +105,7 @@ class CastLimits:
     normal: int
 
 
-@lru_cache(maxsize=None)
+@cache
 def cast_limits(source: str, target: str) -> CastLimits:
     _uint, _mask, inf_bits = IEEE_BITS[source]
     tiny = smallest_normal(target)
@@ -132,7 +132,7 @@ def _first_true(predicate: Any, hi: int) -> int:
     return lo
 
 
-@lru_cache(maxsize=None)
+@cache
 def underflow_table(source: str, target: str) -> Any:
     """For a 16-bit source, each bit pattern's fate in ``target``'s subnormal range: 1 flushes to
     zero, 2 survives rounded, 0 neither (zero, exact, or not below ``target``'s smallest normal).
@@ -154,7 +154,7 @@ def underflow_table(source: str, target: str) -> Any:
     return table
 
 
-@lru_cache(maxsize=None)
+@cache
 def underflow_reach(source: str, target: str) -> int:
     """One past the largest magnitude whose ``underflow_table`` entry counts (bf16 -> fp16: 2^-17)."""
     mask = IEEE_BITS[source][1]

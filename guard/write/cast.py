@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from guard import dtypes
 from guard.catalogue import make_finding
-from guard.write.bitviews import numpy_dtype
 from guard.findings import Finding
+from guard.write.bitviews import numpy_dtype
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,11 +14,11 @@ import queue
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from guard.errors import GuardError
 from guard.write.bitviews import numpy_dtype, storage_dtype
 from guard.write.cast import CastCheck
 from guard.write.sink import DEPTH, OutputStream
 from guard.write.transpose import BAND_BYTES, bit_view, permuted_bands, reduce_perm
-from guard.errors import GuardError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from guard.write.publish import fsync_paths
 from guard.errors import GuardError
+from guard.write.publish import fsync_paths
 
 DEPTH = 3  # queued jobs: enough to keep the writer busy, few enough to bound memory
 COPY_BLOCK = 64 * 2**20

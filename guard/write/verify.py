@@ -32,15 +32,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from guard.catalogue import make_finding
+from guard.findings import Finding
+from guard.readers import scan_file
+from guard.sources import LocalFile
+from guard.tensors import TensorInfo
 from guard.write.bitviews import numpy_dtype, storage_dtype
 from guard.write.cast import CastCheck
 from guard.write.produce import ranged
 from guard.write.transpose import bit_view
 from guard.write.writer import OutputTensor, Written
-from guard.findings import Finding
-from guard.readers import scan_file
-from guard.sources import LocalFile
-from guard.tensors import TensorInfo
 
 if TYPE_CHECKING:
     import numpy as np

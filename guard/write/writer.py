@@ -19,17 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from guard import dtypes
+from guard.errors import UsageError
+from guard.findings import Finding
 from guard.write import orbax_layout
 from guard.write.bitviews import dtype_code, numpy_name, storage_dtype
 from guard.write.cast import CastCheck
-from guard.write.framing import leaf_segments, msgpack_tree, walk_tree
-from guard.write.framing import safetensors_header
+from guard.write.framing import leaf_segments, msgpack_tree, safetensors_header, walk_tree
 from guard.write.plan import Mapped
 from guard.write.produce import BandPool, PieceCutter, SourceBuffer, body_pieces
 from guard.write.publish import fsync_paths
 from guard.write.sink import OutputStream
-from guard.errors import UsageError
-from guard.findings import Finding
 
 NAMES = {"safetensors": ("model", ".safetensors"), "msgpack": ("flax_model", ".msgpack")}
 LAYOUTS = {"torch": ("safetensors",), "flax": ("msgpack", "orbax")}

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from guard.catalogue import make_finding
-from guard.write.plan import Mapped
 from guard.findings import Finding
+from guard.write.plan import Mapped
 
 NORM_MODULE = re.compile(r"(layer_?norm|^norm$|^ln_|_ln$|^ln$|layrnorm|_norm$)", re.IGNORECASE)
 LAYER_LISTS = ("layer", "layers", "h", "block", "blocks", "conv_layers", "stages")  # not any nn.Sequential

@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from guard.catalogue import make_finding
-from guard.write.plan import Mapped
-from guard.write.plan import SourceTensor
 from guard.findings import Finding
+from guard.write.plan import Mapped, SourceTensor
 
 REASONS = {  # decision kind -> the words of the report
     "buffer": "buffer(s) the {target} class does not hold",

@@ -16,13 +16,11 @@ from typing import Any
 
 from guard.catalogue import make_finding
 from guard.convert.map.families import ALIASES, FAMILIES, FLAX_NAMES, Family
-from guard.write.plan import Mapped
 from guard.convert.map.mapped import Mapping, Refusal
-from guard.write.plan import Key, Perm
 from guard.convert.map.rules import flax_to_torch, torch_to_flax
 from guard.convert.read.source import SourceModel
-from guard.write.plan import SourceTensor
 from guard.findings import Severity
+from guard.write.plan import Key, Mapped, Perm, SourceTensor
 
 __all__ = ["Mapped", "Mapping", "Refusal", "map_tensors"]  # Mapped: the writer's input
 

@@ -17,10 +17,9 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from guard.convert.map.families import FAMILIES
-from guard.write.plan import Mapped
 from guard.convert.map.mapped import Mapping
-from guard.write.plan import SourceTensor
 from guard.tensors import TensorInfo
+from guard.write.plan import Mapped, SourceTensor
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,7 +14,6 @@ import re
 
 from guard.write.plan import Key, Perm
 
-
 # Linear [out, in] -> [in, out]; Conv1d [O, I, k] -> [k, I, O]; Conv2d [O, I, kH, kW] -> [kH, kW, I, O]
 KERNEL_PERMS: dict[int, Perm] = {2: (1, 0), 3: (2, 1, 0), 4: (2, 3, 1, 0), 5: (2, 3, 4, 1, 0)}
 EMBEDDING_MODULE = re.compile(r"(^|_)(embeddings?|embed_tokens|embed_positions)$|^(wte|wpe|shared|"

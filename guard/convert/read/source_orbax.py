@@ -6,13 +6,13 @@ import os
 from pathlib import Path
 
 from guard.catalogue import make_finding
-from guard.write.orbax_layout import METADATA
 from guard.convert.read.io_orbax import OrbaxLeaf, TensorStoreLoader, read_leaf, read_tree
 from guard.convert.read.io_torch import RangeLoader
 from guard.convert.read.source import SourceModel
-from guard.write.plan import SourceTensor
 from guard.errors import MalformedCheckpoint
 from guard.tensors import TensorInfo
+from guard.write.orbax_layout import METADATA
+from guard.write.plan import SourceTensor
 
 FORMAT = "orbax"
 

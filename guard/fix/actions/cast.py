@@ -31,9 +31,9 @@ from guard.fix.actions.index import index_text, verify_index, write_text_file
 from guard.fix.actions.narrowing import cast_value_findings, refusing
 from guard.fix.context import ActionContext, Staged
 from guard.fixes import Fix
-from guard.progress import tensor_ticks
 from guard.inventory import MAX_JSON_BYTES, is_weight_file, scan_local_file
 from guard.inventory.names import classify
+from guard.progress import tensor_ticks
 from guard.rules.variants import SAFETENSORS_STEMS, variant_file_names
 from guard.tensors import FileScan, TensorInfo
 from guard.write.plan import Loader, Mapped, SourceTensor

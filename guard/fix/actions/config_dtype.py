@@ -16,8 +16,8 @@ from guard.catalogue import make_finding
 from guard.errors import GuardError
 from guard.fix.context import ActionContext, Staged
 from guard.fixes import Fix
-from guard.jsonspan import JsonSpanError, find_values
 from guard.inventory.model import MAX_JSON_BYTES
+from guard.jsonspan import JsonSpanError, find_values
 
 
 class StaleConfig(GuardError):

@@ -53,7 +53,8 @@ class QueuedJob:
 
     def to_json(self) -> dict[str, object]:
         return {"id": self.id, "endpoint": self.job.endpoint or None, "repo": self.job.repo_id,
-                "ref": self.job.ref, "sha": self.job.sha, "old_sha": self.job.old_sha, "state": self.state, "attempts": self.attempts,
+                "ref": self.job.ref, "sha": self.job.sha, "old_sha": self.job.old_sha, "state": self.state,
+                "attempts": self.attempts,
                 "enqueued_at": self.enqueued_at, "updated_at": self.updated_at, "worker": self.worker,
                 "error": self.error}
 

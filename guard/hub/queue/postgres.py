@@ -196,8 +196,8 @@ class PostgresQueue:
 
 def _job(row: Sequence[Any]) -> QueuedJob:
     job_id, endpoint, repo, ref, sha, state, attempts, enqueued, updated, worker, error, old_sha = row
-    return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint, old_sha), state, int(attempts), float(enqueued), float(updated),
-                     worker, error)
+    return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint, old_sha), state, int(attempts), float(enqueued),
+                     float(updated), worker, error)
 
 
 def _first_line(exc: BaseException) -> str:

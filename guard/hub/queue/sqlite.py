@@ -195,5 +195,5 @@ class SqliteQueue:
 
 def _job(row: tuple) -> QueuedJob:  # type: ignore[type-arg]
     job_id, endpoint, repo, ref, sha, state, attempts, enqueued, updated, worker, error, old_sha = row
-    return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint, old_sha), state, int(attempts), float(enqueued), float(updated),
-                     worker, error)
+    return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint, old_sha), state, int(attempts), float(enqueued),
+                     float(updated), worker, error)

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
-from guard.readers.coreml.spec import HINT_F16, read_mlmodel
 from guard.readers.binary.window import Window
+from guard.readers.coreml.spec import HINT_F16, read_mlmodel
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
-from guard.readers.coreml.schema import WEIGHT_PATHS
 from guard.readers.binary.protobuf import FIXED32, LEN, MAX_DEPTH, VARINT, Field, Wire
 from guard.readers.binary.window import Window
+from guard.readers.coreml.schema import WEIGHT_PATHS
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 

@@ -23,8 +23,8 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.gguf.types import FILE_TYPES, GGML_TYPES
 from guard.readers.binary.window import Window
+from guard.readers.gguf.types import FILE_TYPES, GGML_TYPES
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 

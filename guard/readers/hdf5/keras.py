@@ -27,8 +27,8 @@ from collections import Counter
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
-from guard.readers.hdf5.file import INSTALL_HINT, have_h5py, walk_hdf5
 from guard.readers.binary.zipdir import MemberSource, ZipEntry, open_member, read_member, read_zipfile_archive
+from guard.readers.hdf5.file import INSTALL_HINT, have_h5py, walk_hdf5
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan
 

@@ -93,7 +93,8 @@ class Hdf5Worker:
 
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
-            code = f"import sys; sys.path.insert(0, {_ROOT!r}); from guard.readers.hdf5.worker import child_main; child_main()"
+            code = (f"import sys; sys.path.insert(0, {_ROOT!r}); "
+                    "from guard.readers.hdf5.worker import child_main; child_main()")
             self._proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             try:

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
+from guard.readers.binary.protobuf import FIXED32, LEN, MAX_DEPTH, VARINT, Field, Wire
+from guard.readers.binary.window import Window
 from guard.readers.onnx.schema import DATA_TYPES, SCHEMA
 from guard.readers.onnx.tensors import (
     ConstantValue,
@@ -56,8 +58,6 @@ from guard.readers.onnx.tensors import (
     read_text,
     tensor_info,
 )
-from guard.readers.binary.protobuf import FIXED32, LEN, MAX_DEPTH, VARINT, Field, Wire
-from guard.readers.binary.window import Window
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 

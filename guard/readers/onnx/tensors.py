@@ -24,8 +24,8 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.onnx.schema import DATA_TYPES, SCHEMA, TYPED_FIELDS
 from guard.readers.binary.protobuf import LEN, MAX_DEPTH, VARINT, Field, Wire
+from guard.readers.onnx.schema import DATA_TYPES, SCHEMA, TYPED_FIELDS
 from guard.tensors import FileScan, TensorInfo
 
 MAX_RANK = 64  # numpy's limit: to_array cannot build more dims

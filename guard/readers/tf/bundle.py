@@ -34,9 +34,9 @@ from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.readers.tf.leveldb_table import table_entries
 from guard.readers.binary.protobuf import FIXED32, LEN, VARINT, Wire
 from guard.readers.binary.window import Window
+from guard.readers.tf.leveldb_table import table_entries
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan, TensorInfo
 

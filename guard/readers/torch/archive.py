@@ -6,10 +6,10 @@ import io
 from collections.abc import Callable
 
 from guard.errors import MalformedCheckpoint
+from guard.readers.binary.zipdir import ZipEntry
 from guard.readers.torch.pickle import MAX_PICKLE_BYTES, PickleWalker, StorageRef
 from guard.readers.torch.records import check_crc, check_readable, read_record
 from guard.readers.torch.tensors import Locate
-from guard.readers.binary.zipdir import ZipEntry
 from guard.sources import ByteSource
 
 

@@ -27,15 +27,6 @@ import zlib
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding
-from guard.readers.torch.pickle import ITEMSIZES, MAX_PICKLE_BYTES, PickleWalker, StorageRef, TensorRef
-from guard.readers.torch.records import MAX_SMALL_RECORD, check_directory, refuse_case_twins
-from guard.readers.torch.records import _check_version as check_version
-from guard.readers.torch.tensors import (
-    CountingSource,
-    build_tensor_infos,
-    storage_from_pid,
-    unsafe_findings,
-)
 from guard.readers.binary.zipdir import (
     MemberSource,
     ZipArchive,
@@ -43,6 +34,19 @@ from guard.readers.binary.zipdir import (
     open_member,
     read_member,
     read_zip_archive,
+)
+from guard.readers.torch.pickle import ITEMSIZES, MAX_PICKLE_BYTES, PickleWalker, StorageRef, TensorRef
+from guard.readers.torch.records import (
+    MAX_SMALL_RECORD,
+    _check_version as check_version,
+    check_directory,
+    refuse_case_twins,
+)
+from guard.readers.torch.tensors import (
+    CountingSource,
+    build_tensor_infos,
+    storage_from_pid,
+    unsafe_findings,
 )
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan, TensorInfo

@@ -12,6 +12,8 @@ from __future__ import annotations
 import struct
 
 from guard.errors import MalformedCheckpoint
+from guard.findings import shown
+from guard.readers.binary.window import WindowStream
 from guard.readers.torch.pickle import (
     ITEMSIZES,
     MAX_PICKLE_BYTES,
@@ -29,8 +31,6 @@ from guard.readers.torch.tensors import (
     torch_file_scan,
     unsafe_and_unreadable,
 )
-from guard.readers.binary.window import WindowStream
-from guard.findings import shown
 from guard.sources import ByteSource
 from guard.tensors import FileScan
 

@@ -98,7 +98,8 @@ TORCHAO_SUBCLASSES: frozenset[str] = frozenset({
 # records), also on its safe-globals list: a call of one is described (``Call``), never made.
 TORCHAO_VALUES: frozenset[str] = frozenset({
     "torchao.quantization.quant_primitives.MappingType", "torchao.quantization.quant_primitives.ZeroPointDomain",
-    *(f"torchao.quantization.granularity.{name}" for name in ("PerBlock", "PerRow", "PerTensor", "PerGroup", "PerAxis")),
+    *(f"torchao.quantization.granularity.{name}"
+      for name in ("PerBlock", "PerRow", "PerTensor", "PerGroup", "PerAxis")),
     "torchao.quantization.quantize_.common.kernel_preference.KernelPreference",
     "torchao.quantization.quantize_.workflows.float8.float8_tensor.QuantizeTensorToFloat8Kwargs",
     "torchao.quantization.quantize_.workflows.int8.int8_tensor.QuantizeTensorToInt8Kwargs",
@@ -152,7 +153,7 @@ class SubclassTensor:
     cls: str
     shape: tuple[int, ...]
     dtype: str
-    components: tuple[tuple[str, "TensorRef"], ...]
+    components: tuple[tuple[str, TensorRef], ...]
     attributes: tuple[tuple[str, object], ...]
 
 
@@ -394,7 +395,8 @@ class PickleWalker:
             elif name == "PROTO":
                 if self.torchscript and arg != 2:
                     # torch.jit.load's unpickler (C++) takes protocol 2 alone, what torch.jit.save writes
-                    raise _bad(f"TorchScript record declares pickle protocol {arg}; torch.jit.load reads protocol 2 only")
+                    raise _bad(f"TorchScript record declares pickle protocol {arg}; "
+                               "torch.jit.load reads protocol 2 only")
             elif name == "FRAME":
                 pass
             elif name == "STOP":

@@ -9,18 +9,18 @@ from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
 from guard.readers.torch.pickle import (
-    DictDesc,
-    Global,
+    _UNTYPED_STORAGES,
     ITEMSIZES,
     MAX_NESTING,
+    STORAGE_DTYPES,
+    DictDesc,
+    Global,
     PickleWalker,
     SetDesc,
-    STORAGE_DTYPES,
     StorageRef,
     SubclassTensor,
     TensorRef,
     Unsafe,
-    _UNTYPED_STORAGES,
     _bad,
 )
 from guard.sources import ByteSource, CountingSource  # noqa: F401  (CountingSource: the torch readers')

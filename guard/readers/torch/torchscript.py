@@ -28,6 +28,7 @@ from itertools import chain
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, Severity, shown
+from guard.readers.binary.zipdir import ZipArchive
 from guard.readers.torch.archive import locate_storages, storage_locator, walk_record
 from guard.readers.torch.pickle import PickleWalker, StorageRef
 from guard.readers.torch.records import check_directory, check_small_records
@@ -40,7 +41,6 @@ from guard.readers.torch.tensors import (
     unsafe_and_unreadable,
     unsafe_findings,
 )
-from guard.readers.binary.zipdir import ZipArchive
 from guard.sources import ByteSource, BytesSource, CountingSource, LocalFile
 from guard.tensors import FileScan
 

@@ -16,17 +16,17 @@ therefore leaves ``data_start``/``data_end`` as None; ``locate_torch_zip_storage
 from __future__ import annotations
 
 from guard.errors import MalformedCheckpoint
+from guard.readers.binary.zipdir import ZipEntry, read_zip_archive, read_zip_directory
 from guard.readers.torch.archive import locate_storages, storage_locator, walk_record
+from guard.readers.torch.export import is_export_archive, read_export_archive
 from guard.readers.torch.pickle import PickleWalker
+from guard.readers.torch.records import check_directory, check_small_records, refuse_case_twins
 from guard.readers.torch.tensors import (
     CountingSource,
     storage_from_pid,
     torch_file_scan,
     unsafe_and_unreadable,
 )
-from guard.readers.torch.export import is_export_archive, read_export_archive
-from guard.readers.torch.records import check_directory, check_small_records, refuse_case_twins
-from guard.readers.binary.zipdir import ZipEntry, read_zip_archive, read_zip_directory
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
 

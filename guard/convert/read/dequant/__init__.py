@@ -1,4 +1,5 @@
-"""Dequantizers: one module per quantization family, looked up by the method ``guard.inventory.quantization.Quantization`` names.
+"""Dequantizers: one module per quantization family, looked up by the method
+``guard.inventory.quantization.Quantization`` names.
 
 Each row is ``method -> "module:function"``; the module is imported only when a model of that
 method is converted.  A dequantizer is numpy (+ ml_dtypes) only and returns float32 arrays in

@@ -42,7 +42,7 @@ def stored_names(module: Any) -> set[str]:
     return {module.payload, *module.components.values()}
 
 
-def optional(read: Read, name: str, names: set[str]) -> "np.ndarray | None":
+def optional(read: Read, name: str, names: set[str]) -> np.ndarray | None:
     """A companion the scheme may leave out: read when the module lists it, else tried by name."""
     if name in names:
         return read(name)
@@ -69,7 +69,7 @@ def outputs(module: Any, quant: Any, read: Read) -> dict[str, tuple[int, ...]]:
     return {name: (*packed.shape[:-1], packed.shape[-1] * 2)}
 
 
-def dequantize(module: Any, quant: Any, read: Read) -> dict[str, "np.ndarray"]:
+def dequantize(module: Any, quant: Any, read: Read) -> dict[str, np.ndarray]:
     import numpy as np
 
     prefix, names = module.prefix, stored_names(module)
@@ -114,9 +114,9 @@ def dequantize(module: Any, quant: Any, read: Read) -> dict[str, "np.ndarray"]:
     return {f"{prefix}.weight": out}
 
 
-def affine(codes: "np.ndarray", scale: "np.ndarray", zero: "np.ndarray | None", *,
-           g_idx: "np.ndarray | None" = None, block: tuple[int, int] | None = None, name: str = "scale",
-           decode: "Callable[[np.ndarray], np.ndarray] | None" = None, width: int | None = None) -> "np.ndarray":
+def affine(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, *,
+           g_idx: np.ndarray | None = None, block: tuple[int, int] | None = None, name: str = "scale",
+           decode: Callable[[np.ndarray], np.ndarray] | None = None, width: int | None = None) -> np.ndarray:
     """float32 ``(codes - zero) * scale`` with the scale's layout read from its shape, band by band.
 
     ``decode`` turns a band of stored rows (packed words, FP4 bytes) into ``width`` codes a row, so a packed
@@ -179,7 +179,7 @@ def affine(codes: "np.ndarray", scale: "np.ndarray", zero: "np.ndarray | None", 
     return out.reshape(*codes.shape[:-1], cols)
 
 
-def _bands(rows: int, cols: int, scale: "np.ndarray", block: tuple[int, int] | None) -> Iterator[slice]:
+def _bands(rows: int, cols: int, scale: np.ndarray, block: tuple[int, int] | None) -> Iterator[slice]:
     """Row bands; under 2-D blocks, one band per row of blocks, so each band reads one row of scales."""
     if scale.ndim == 2 and 1 < scale.shape[0] != rows:
         height = block[0] if block is not None else -(-rows // scale.shape[0])
@@ -189,7 +189,7 @@ def _bands(rows: int, cols: int, scale: "np.ndarray", block: tuple[int, int] | N
         yield from row_bands(rows, cols)
 
 
-def require_finite(scale: "np.ndarray", name: str) -> None:
+def require_finite(scale: np.ndarray, name: str) -> None:
     """A NaN or Inf scale makes every weight it scales NaN/Inf: refused (CG205), never written."""
     import numpy as np
 
@@ -199,8 +199,8 @@ def require_finite(scale: "np.ndarray", name: str) -> None:
                            "they scale would be garbage")
 
 
-def _column_map(scale: "np.ndarray", rows: int, cols: int, g_idx: "np.ndarray | None",
-                block: tuple[int, int] | None, name: str) -> "np.ndarray | None":
+def _column_map(scale: np.ndarray, rows: int, cols: int, g_idx: np.ndarray | None,
+                block: tuple[int, int] | None, name: str) -> np.ndarray | None:
     """Which scale column each weight column reads (None: one scale column broadcast to all)."""
     import numpy as np
 
@@ -224,7 +224,7 @@ def _column_map(scale: "np.ndarray", rows: int, cols: int, g_idx: "np.ndarray | 
     return np.arange(cols) // block[1]
 
 
-def _row_map(scale: "np.ndarray", rows: int, band: slice, block: tuple[int, int] | None) -> Any:
+def _row_map(scale: np.ndarray, rows: int, band: slice, block: tuple[int, int] | None) -> Any:
     import numpy as np
 
     if scale.ndim == 0:
@@ -259,7 +259,7 @@ def _logical_shape(module: Any, read: Read) -> tuple[int, ...]:
     raise DequantError("CG110", shape_name, "packed weight without its weight_shape")
 
 
-def _unpacker(bits: int, count: int) -> "Callable[[np.ndarray], np.ndarray]":
+def _unpacker(bits: int, count: int) -> Callable[[np.ndarray], np.ndarray]:
     import numpy as np
 
     return lambda words: unpack_dense(words.view(np.uint32), bits, count)
@@ -274,7 +274,7 @@ def packed_bits(words: int, columns: int, module: Any) -> int:
                        f"{columns} columns")
 
 
-def unpack_dense(words: "np.ndarray", bits: int, count: int) -> "np.ndarray":
+def unpack_dense(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     """uint32 rows holding ``bits``-wide codes as one little-endian bit stream -> uint8 [rows, count]."""
     import numpy as np
 
@@ -293,7 +293,7 @@ def unpack_dense(words: "np.ndarray", bits: int, count: int) -> "np.ndarray":
     return codes.astype(np.uint8).reshape(*words.shape[:-1], count)
 
 
-def fp4_values(packed: "np.ndarray") -> "np.ndarray":
+def fp4_values(packed: np.ndarray) -> np.ndarray:
     """U8 [..., n] of two E2M1 codes a byte, low nibble first -> float32 [..., 2n]."""
     import numpy as np
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 DEFAULT_BLOCK = (128, 128)  # transformers' FineGrainedFP8Config default weight_block_size
 
 
-def dequantize(module: Any, quant: Any, read: Read) -> dict[str, "np.ndarray"]:
+def dequantize(module: Any, quant: Any, read: Read) -> dict[str, np.ndarray]:
     import numpy as np
 
     prefix, names = module.prefix, stored_names(module)
@@ -52,7 +52,7 @@ def dequantize(module: Any, quant: Any, read: Read) -> dict[str, "np.ndarray"]:
     return {f"{prefix}.weight": affine(weight, scale.astype(np.float32), None, name=scale_name)}
 
 
-def elements(module: Any, quant: Any, read: Any, name: str, flat: list[int]) -> "np.ndarray | None":
+def elements(module: Any, quant: Any, read: Any, name: str, flat: list[int]) -> np.ndarray | None:
     """The read-back check's sampled elements of a fine-grained (2-D block) weight, recomputed from the
     source: the sampled FP8 codes read from their bytes, each times its block's ``scale_inv``, the same
     float32 product ``affine`` makes (exact conversion, one rounding).  None (the whole module is

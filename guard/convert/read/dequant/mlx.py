@@ -56,7 +56,7 @@ def outputs(module: Any, quant: Any, read: Read) -> dict[str, tuple[int, ...]]:
     return {f"{module.prefix}.weight": (*words.shape[:-1], words.shape[-1] * 32 // bits)}
 
 
-def dequantize(module: Any, quant: Any, read: Read) -> dict[str, "np.ndarray"]:
+def dequantize(module: Any, quant: Any, read: Read) -> dict[str, np.ndarray]:
     import numpy as np
 
     prefix, names = module.prefix, stored_names(module)
@@ -70,7 +70,8 @@ def dequantize(module: Any, quant: Any, read: Read) -> dict[str, "np.ndarray"]:
         raise DequantError("CG112", module.payload, f"MLX quantization mode {mode!r} is not one this tool reads")
     bits = bits or DEFAULTS[mode][0]
     if mode in ("mxfp4", "mxfp8") and np.count_nonzero(scales.view(np.uint8) == 0xFF):
-        raise DequantError("CG205", f"{prefix}.scales", f"E8M0 scale bytes of 0xFF (NaN) in {shown(prefix + '.scales')}")
+        raise DequantError("CG205", f"{prefix}.scales",
+                           f"E8M0 scale bytes of 0xFF (NaN) in {shown(prefix + '.scales')}")
     if mode not in ("mxfp4", "mxfp8"):
         require_finite(scales, f"{prefix}.scales")
     if biases is not None:
@@ -83,8 +84,8 @@ def dequantize(module: Any, quant: Any, read: Read) -> dict[str, "np.ndarray"]:
     return {f"{prefix}.weight": mlx_dequantize(words, scales, biases, group, bits, mode)}
 
 
-def mlx_dequantize(words: "np.ndarray", scales: "np.ndarray", biases: "np.ndarray | None",
-                   group: int, bits: int, mode: str = "affine") -> "np.ndarray":
+def mlx_dequantize(words: np.ndarray, scales: np.ndarray, biases: np.ndarray | None,
+                   group: int, bits: int, mode: str = "affine") -> np.ndarray:
     import ml_dtypes
     import numpy as np
 

@@ -39,13 +39,13 @@ def outputs(module: Any, quant: Any, read: Read) -> dict[str, tuple[int, ...]]:
     return {base: (*lead, groups * width * 2, rows)}
 
 
-def dequantize(module: Any, quant: Any, read: Read) -> dict[str, "np.ndarray"]:
+def dequantize(module: Any, quant: Any, read: Read) -> dict[str, np.ndarray]:
     base, scales_name = _names(module)
     blocks, scales = read(module.payload), read(scales_name)
     return {base: mxfp4_dequantize(blocks, scales, name=scales_name)}
 
 
-def mxfp4_dequantize(blocks: "np.ndarray", scales: "np.ndarray", *, name: str = "scales") -> "np.ndarray":
+def mxfp4_dequantize(blocks: np.ndarray, scales: np.ndarray, *, name: str = "scales") -> np.ndarray:
     """float32 ``[*lead, G*32, rows]`` from blocks ``[*lead, rows, G, 16]``, one leading slice at a time."""
     import numpy as np
 

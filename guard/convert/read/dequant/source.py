@@ -59,8 +59,7 @@ def _integrity_findings(inventory: Any, names: set[str]) -> list[Finding]:
     method against tensors) on the files convert reads: refused before any payload is read.  CG113
     (a module the config keeps unquantized is packed) is no obstacle: it is dequantized like the rest."""
     from guard.config import Policy
-    from guard.rules.quantized import (check_quantization_method, check_quantized_components,
-                                       check_quantized_shapes)
+    from guard.rules.quantized import check_quantization_method, check_quantized_components, check_quantized_shapes
 
     found: list[Finding] = []
     for check in (check_quantized_components, check_quantized_shapes, check_quantization_method):
@@ -122,8 +121,8 @@ class _Modules:
 
     The read-back check compares the written file with the source itself: a dequantizer with ``elements``
     recomputes only the sampled elements from the source file (``_ModuleLoader.elements``); for the
-    others it visits every module again and recomputes it whole.  Where the writer's order is not the plan's (a msgpack tree is written sorted by
-    key), the first miss turns making ahead off; nothing else depends on it.
+    others it visits every module again and recomputes it whole.  Where the writer's order is not the plan's (a
+    msgpack tree is written sorted by key), the first miss turns making ahead off; nothing else depends on it.
     """
 
     def __init__(self, quant: Any, impl: Any, read: _Reader, *, ahead: bool) -> None:
@@ -213,7 +212,8 @@ def dequantized_source(source: SourceModel, quantized: Quantized, config: dict[s
         if getattr(module, "missing", ()):
             raise DequantError("CG110", module.payload, f"the quantized module has no {', '.join(module.missing)}")
         loader = _ModuleLoader(module, shared)
-        shapes = impl.outputs(module, quant, read) if hasattr(impl, "outputs") else {module.weight: module.logical_shape}
+        shapes = (impl.outputs(module, quant, read) if hasattr(impl, "outputs")
+                  else {module.weight: module.logical_shape})
         file = by_name[module.payload].info.file if module.payload in by_name else str(source.files[0])
         outs = []
         for name, shape in shapes.items():

@@ -42,7 +42,7 @@ def outputs(module: Any, quant: Any, read: Read) -> dict[str, tuple[int, ...]]:
     return {name: tuple(read(module.payload).shape)}
 
 
-def dequantize(module: Any, quant: Any, read: Read) -> dict[str, "np.ndarray"]:
+def dequantize(module: Any, quant: Any, read: Read) -> dict[str, np.ndarray]:
     import numpy as np
 
     name, stem = _names(module)
