@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from allowed_skips import allowed_skip  # tests/ is on the path: this file's folder
 
 # tensorflow is in the dev extra (a writer and reference reader of SavedModel, TF checkpoints and
 # TFLite); transformers must not start importing it for every PyTorch model, nor TF log to stderr.
@@ -28,9 +29,61 @@ os.environ.setdefault("CKPT_GUARD_HOME", os.path.join(os.path.dirname(os.path.di
 # (the per-file importorskip calls keep single files runnable in a partial environment).
 _REQUIRED = ("numpy", "ml_dtypes", "torch", "jax", "flax", "safetensors", "msgpack", "transformers",
              "huggingface_hub", "starlette", "uvicorn", "httpx", "hypothesis", "jsonschema", "tensorflow",
-             "openvino", "coremltools", "executorch", "tflite", "ai_edge_litert",
+             "openvino", "coremltools", "executorch", "tflite", "ai_edge_litert", "onnx", "onnxruntime", "h5py",
+             "gguf", "diffusers", "tensorstore", "flatbuffers", "keras",
+             # the training frameworks that write the training-state checkpoints (DeepSpeed, Megatron-core,
+             # Accelerate's FSDP, Orbax)
+             "deepspeed", "megatron.core", "accelerate", "orbax.checkpoint",
              # the quantizers that write the quantized layouts and dequantize them for reference
              "bitsandbytes", "hqq", "optimum.quanto", "compressed_tensors", "torchao")
+
+
+def strict_skips() -> bool:
+    """Whether a skip off tests/allowed_skips.py fails: always, unless CKPT_GUARD_PARTIAL_ENV=1 says the
+    environment is partial by choice (CI=true and CKPT_GUARD_STRICT_SKIPS=1 overrule that)."""
+    return (os.environ.get("CKPT_GUARD_PARTIAL_ENV") != "1" or os.environ.get("CI") == "true"
+            or os.environ.get("CKPT_GUARD_STRICT_SKIPS") == "1")
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _fail_a_missing_environment(report: pytest.CollectReport | pytest.TestReport) -> None:
+    """A skip for anything `make test` provides is a test that cannot fail: it fails instead."""
+    if report.skipped and not hasattr(report, "wasxfail") and strict_skips():
+        reason = _skip_reason(report)
+        if not allowed_skip(reason):
+            report.outcome = "failed"
+            report.longrepr = (f"skipped, and skips are strict here: {reason}\n(`make test` provides every "
+                               "dependency and environment; only tests/allowed_skips.py's reasons may skip; "
+                               "CKPT_GUARD_PARTIAL_ENV=1 lets a partial environment skip)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    _fail_a_missing_environment(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield  # a module-level importorskip or skip(allow_module_level=True)
+    _fail_a_missing_environment(outcome.get_result())
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The run ends with how many tests skipped, and why."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if not hasattr(r, "wasxfail")]
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        reason = _skip_reason(report)
+        reasons[reason] = reasons.get(reason, 0) + 1
+    terminalreporter.write_line(f"{len(skipped)} skipped" + (":" if reasons else ""))
+    for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"  {count} x {reason}")
 
 
 # CI has 24 GiB: a test whose process outgrows this is stopped with its name, not OOM-killed unnamed

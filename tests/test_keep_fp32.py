@@ -146,14 +146,18 @@ def test_component_globs_match_whole_components() -> None:
 
 
 def test_the_table_is_what_the_script_reads_from_its_transformers(tmp_path: Path) -> None:
-    """scripts/keep_fp32_table.py over the transformers the table names (the mlx venv's, where it is built)."""
-    found = sorted(REPO.glob(".venv-mlx/lib/python3*/site-packages/transformers"))
-    if not found:
-        pytest.skip("no transformers 5 source here (make mlx-venv builds one)")
-    version = ast.literal_eval(next(line.split("=", 1)[1] for line in (found[0] / "__init__.py").read_text()
+    """scripts/keep_fp32_table.py over the transformers the table names: constraints.txt's pin, the one
+    `make test` installs here.  A newer pin without the table read again fails, never skips."""
+    pinned = next(line.split("==", 1)[1].strip() for line in (REPO / "guard" / "envs" / "constraints.txt").read_text().splitlines()
+                  if line.startswith("transformers=="))
+    assert pinned == TRANSFORMERS_VERSION, (
+        f"constraints.txt pins transformers {pinned}, the table is from {TRANSFORMERS_VERSION}: run "
+        "scripts/keep_fp32_table.py over the pinned wheel's transformers/ and update guard/inventory/keep_fp32.py")
+    source = Path(transformers.__file__).parent
+    version = ast.literal_eval(next(line.split("=", 1)[1] for line in (source / "__init__.py").read_text()
                                     .splitlines() if line.startswith("__version__")).strip())
-    if version != TRANSFORMERS_VERSION:
-        pytest.skip(f"the table is from transformers {TRANSFORMERS_VERSION}; {version} is here")
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "keep_fp32_table.py"), str(found[0])],
+    if version != pinned:
+        pytest.skip(f"transformers {version} is installed, not constraints.txt's {pinned} (make test installs it)")
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "keep_fp32_table.py"), str(source)],
                           capture_output=True, text=True, check=True)
     assert eval("{" + done.stdout + "}", {"Keeps": Keeps}) == KEEP_IN_FP32  # noqa: S307 (the script's own rows)
