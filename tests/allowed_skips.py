@@ -9,7 +9,8 @@ from __future__ import annotations
 
 ALLOWED_SKIPS: tuple[tuple[str, str], ...] = (
     # (the reason's beginning, why it is not a broken set-up)
-    ("cannot mount a tmpfs here", "mount needs privileges a container may not grant; monkeypatched ENOSPC cases cover it"),
+    ("cannot mount a tmpfs here", "mount needs privileges a container may not grant; monkeypatched ENOSPC cases "
+                                  "cover it"),
     ("cannot mount a read-only tmpfs here", "as above; a monkeypatched EROFS case covers it"),
     ("the conversion finished before ", "timing: the run outpaced the point a SIGKILL was to interrupt"),
     ("reads VmHWM from Linux's /proc", "not Linux"),

@@ -148,7 +148,8 @@ def test_component_globs_match_whole_components() -> None:
 def test_the_table_is_what_the_script_reads_from_its_transformers(tmp_path: Path) -> None:
     """scripts/keep_fp32_table.py over the transformers the table names: constraints.txt's pin, the one
     `make test` installs here.  A newer pin without the table read again fails, never skips."""
-    pinned = next(line.split("==", 1)[1].strip() for line in (REPO / "guard" / "envs" / "constraints.txt").read_text().splitlines()
+    constraints = (REPO / "guard" / "envs" / "constraints.txt").read_text()
+    pinned = next(line.split("==", 1)[1].strip() for line in constraints.splitlines()
                   if line.startswith("transformers=="))
     assert pinned == TRANSFORMERS_VERSION, (
         f"constraints.txt pins transformers {pinned}, the table is from {TRANSFORMERS_VERSION}: run "

@@ -47,7 +47,8 @@ def test_marked():
 def _pytest(tmp_path: Path, files: dict[str, str], **env: str) -> subprocess.CompletedProcess[str]:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    clean = {k: v for k, v in os.environ.items() if k not in ("CI", "CKPT_GUARD_PARTIAL_ENV", "CKPT_GUARD_STRICT_SKIPS")}
+    switches = ("CI", "CKPT_GUARD_PARTIAL_ENV", "CKPT_GUARD_STRICT_SKIPS")
+    clean = {k: v for k, v in os.environ.items() if k not in switches}
     # this suite's conftest as a plugin, over a folder of its own (its rootdir, without the project's addopts)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",
                            "--rootdir", str(tmp_path), "-c", os.devnull, *files],
