@@ -63,10 +63,10 @@ def dcp_metadata_samples() -> list[bytes]:
 def _allowed(module: str, name: str) -> bool:
     import torch
 
-    from guard.training.dcp.metadata import RECORD_CLASSES, VALUE_GLOBALS
+    from guard.training.registry import DCP_METADATA
 
     dotted = f"{module}.{name}"
-    if dotted in RECORD_CLASSES or dotted in VALUE_GLOBALS:
+    if dotted in DCP_METADATA.records or dotted in DCP_METADATA.values:
         return True
     return module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.memory_format))
 

@@ -103,6 +103,93 @@ def test_the_cycle_check_finds_a_function_level_cycle_through_a_package_init(tmp
         assert cycle is not None and cycle[0] == cycle[-1] and "pkg.user" in cycle
 
 
+# The layers, lowest first: a module may import its own layer's modules and any lower layer's, never a higher
+# one's (docs/architecture.md draws them).  A module belongs to the layer of the longest prefix naming it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("guard", *(f"guard.{name}" for name in (
+        "errors", "records", "dtypes", "fixes", "findings", "catalogue", "config", "jsonload", "jsonspan", "paths",
+        "atomic", "lazy", "quiet", "progress", "tensors", "collector", "sources")))),
+    ("envs", ("guard.envs",)),  # other Python environments and the parent side of the worker protocol
+    ("targets", ("guard.targets",)),  # data only: writers and sides named by dotted strings, imported lazily
+    ("readers", ("guard.readers",)),
+    ("training", ("guard.training",)),  # what trainers write, read as it is; conversion of it lives in convert
+    ("inventory", ("guard.inventory",)),
+    ("rules and report", ("guard.rules", "guard.report", "guard.reporters")),
+    ("write", ("guard.write",)),
+    ("convert", ("guard.convert",)),
+    ("values", ("guard.values",)),
+    ("scan", ("guard.scan",)),  # below diff and hub, which scan both sides
+    ("parity", ("guard.parity",)),
+    ("worker sides", ("guard.worker",)),  # the child side of the worker protocol, in the target's environment
+    ("against", ("guard.against",)),
+    ("fix", ("guard.fix",)),
+    ("diff", ("guard.diff",)),
+    ("hub", ("guard.hub",)),
+    ("commands", ("guard.cli", "guard.__main__", "guard.demo", "guard.samples")),
+)
+# Imports up the layers that a change in flight removes: (importer, imported prefix, who and where).  This list
+# must end empty: an entry is deleted with the import it excuses, never added to.
+KNOWN_AND_OWNED: tuple[tuple[str, str, str], ...] = (
+    ("guard.parity.legacy_flax", "guard.worker", "H1: the worker client moves down to guard.envs.worker"),
+    ("guard.worker.easydel_side", "guard.against.easydel_causes", "H2: what the side needs moves down"),
+)
+
+
+def layer_of(module: str) -> int:
+    best, found = -1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), index
+    if found < 0:
+        raise AssertionError(f"{module} is in no layer: add its package to LAYERS")
+    return found
+
+
+def _owned(importer: str, imported: str) -> bool:
+    return any(importer == who and (imported == what or imported.startswith(what + "."))
+               for who, what, _ in KNOWN_AND_OWNED)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+            for module in sorted(graph) for target in sorted(graph[module])
+            if layer_of(target) > layer_of(module) and not _owned(module, target)]
+
+
+def package_of(module: str) -> str:
+    """``guard.training.dcp.dirs`` -> ``guard.training``; a top-level module is a package of its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {package_of(m): set() for m in graph}
+    for module, targets in graph.items():
+        packages[package_of(module)] |= {package_of(t) for t in targets
+                                         if package_of(t) != package_of(module) and not _owned(module, t)}
+    return packages
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in import_graph():
+        layer_of(module)
+
+
+def test_no_import_runs_up_the_layers() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_package_imports_one_that_imports_it_back() -> None:
+    cycle = _cycle(package_graph(import_graph()))
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    graph = {"guard.readers.x": {"guard.errors"}, "guard.training.y": {"guard.convert.z"}, "guard.convert.z": set()}
+    assert upward_imports(graph) == ["guard.training.y (training) imports guard.convert.z (convert)"]
+    assert _cycle(package_graph({"guard.a.x": {"guard.b.y"}, "guard.b.y": {"guard.a.z"}, "guard.a.z": set()}))
+
+
 def test_options_module_imports_no_command() -> None:
     graph = import_graph()
     commands = {f"guard.cli.{name}" for name in ("scan", "rules", "report", "convert", "parity", "hub")}
@@ -133,6 +220,7 @@ SCAN_MODULES = {
     "guard.rules.norms",
     "guard.rules.shards", "guard.rules.targets",  # pickle_only and quantized: only for torch / quantized sets
     "guard.rules.training", "guard.rules.variants", "guard.scan", "guard.sources", "guard.tensors",
+    "guard.training", "guard.training.registry",  # the trainers' marker names (their readers: only where one is)
 }
 HEAVY = ("click", "dataclasses", "inspect", "typing", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",
          "safetensors", "msgpack", "zipfile", "pickle", "pickletools", "tomllib", "tempfile")

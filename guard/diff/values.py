@@ -185,7 +185,7 @@ def comparable(info: TensorInfo) -> str | None:
 
 def compare_pair(old: TensorInfo, new: TensorInfo) -> ValueResult:
     if old.data_start is None or new.data_start is None:
-        from guard.training.values import compare_assembled, is_assembled  # a training checkpoint's logical tensors
+        from guard.convert.training.values import compare_assembled, is_assembled  # a training checkpoint's tensors
 
         if is_assembled(old) or is_assembled(new):
             identical, max_abs, max_rel, why = compare_assembled(old, new)

@@ -44,7 +44,7 @@ def scan_dcp(client: HubClient, repo_id: str, sha: str, root: str, files: dict[s
     """The folder's set, and the Hub files it read (for the request and byte counts)."""
     from guard.hub.remote import HubFile
     from guard.training.dcp.dirs import scan_listed
-    from guard.training.dcp.megatron_common import MAX_COMMON_BYTES, check_common_source
+    from guard.training.megatron.common import MAX_COMMON_BYTES, check_common_source
 
     opened: list[HubFile] = []
 

@@ -37,7 +37,7 @@ def check_tracker(name: str, listed: dict[str, int | None], fetch: FetchWhole, *
     read = len(raw) if size <= MAX_TRACKER_BYTES else 0
     folders = _folders(folder, listed)
     if base == MEGATRON_TRACKER:
-        from guard.training.dcp.megatron_dirs import tracked, tracker_scan
+        from guard.training.megatron.dirs import tracked, tracker_scan
 
         problem = tracked(raw, folders.__contains__).problem
         return (tracker_scan(shown, problem) if problem else None), read

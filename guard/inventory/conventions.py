@@ -11,7 +11,6 @@ convention is one row here and one test.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable
 
 from guard.records import record
 
@@ -101,25 +100,6 @@ UNSUPPORTED_SUFFIXES: dict[str, str] = {
     "pdparams": "PaddlePaddle", "caffemodel": "Caffe", "nemo": "NeMo", "engine": "TensorRT",
     "plan": "TensorRT", "llamafile": "llamafile", "pb": "TensorFlow graph",
 }
-# Names that make a directory worth asking guard.training.dirs whether it is a training checkpoint
-# (one set of its own, read by its trainer's layout): suffixes, prefixes and whole names.  Add a
-# trainer's here with its row in TRAINING_LAYOUTS.
-TRAINING_MARKERS: dict[str, tuple[str, ...]] = {
-    "suffix": (".distcp", ".metadata",  # PyTorch DCP: __R_N.distcp, .metadata, __R.metadata
-               # DeepSpeed ZeRO: <tag>/mp_rank_00_model_states.pt, {bf16_}zero_pp_rank_R_mp_rank_00_optim_states.pt
-               "_model_states.pt", "_optim_states.pt"),
-    "prefix": ("shard-",),  # HuggingFaceStorageWriter: shard-0000K-model-0000I-of-0000N.safetensors
-    "name": ("latest",  # DeepSpeed's save folder: `latest` names the newest tag folder (CG119 when none)
-             "latest_checkpointed_iteration.txt"),  # Megatron's save folder: names the newest iter_NNNNNNN/ (CG119)
-}
-
-
-def has_training_marker(names: Iterable[str]) -> bool:
-    suffixes, prefixes, whole = (TRAINING_MARKERS["suffix"], TRAINING_MARKERS["prefix"],
-                                 frozenset(TRAINING_MARKERS["name"]))
-    return any(n.endswith(suffixes) or n.startswith(prefixes) or n in whole for n in names)
-
-
 # Top-level keys of a Lightning checkpoint that hold training state, not weights.
 LIGHTNING_STATE_KEYS = ("optimizer_states", "lr_schedulers", "callbacks", "loops", "native_amp_scaling_state",
                         "MixedPrecision", "hparams", "hyper_parameters")

@@ -10,7 +10,7 @@ from guard.catalogue import make_finding
 from guard.collector import settle
 from guard.errors import UsageError
 import guard.inventory.tf_dirs as tf_dirs  # the module itself: `from guard.inventory` would be a cycle with __init__
-from guard.inventory.conventions import UNSUPPORTED_SUFFIXES, has_training_marker
+from guard.inventory.conventions import UNSUPPORTED_SUFFIXES
 from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
 from guard.inventory.package_dirs import enclosing_package, is_package, local_weights, scan_local_package
 from guard.inventory.model import (
@@ -21,6 +21,7 @@ from guard.paths import clean_path, path_name, path_parent
 from guard.records import record
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
+from guard.training.registry import has_training_marker  # the trainers' marker names (their code: lazily)
 
 SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".tox", ".cache"}
 FIX_STAGING_PREFIX = ".ckpt-guard-fix-"  # guard.fix.apply's staging directories: half-written, never scanned
@@ -209,7 +210,7 @@ def _local_model(directory: str, named: set[str], entries: list[os.DirEntry[str]
 
 
 def _training(directory: str, entries: list[os.DirEntry[str]]) -> tuple[object, ...]:
-    """The training checkpoints the directory holds (guard.training.dirs), asked only where a marker name is."""
+    """The training checkpoints the directory holds (guard.training.dirs), asked only where a trainer's marker is."""
     if not has_training_marker(e.name for e in entries):
         return ()
     from guard.training.dirs import claim_training_dirs

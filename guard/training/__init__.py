@@ -9,20 +9,22 @@ weights, master weights, optimizer moments) and the non-tensor items by name.  T
 the record; the inventory makes it one set of role ``training-state`` with the record's ``layout``
 (the dtype rules judge those tensors, never the moments: see ``WeightSet.judged``).
 
-How a new trainer plugs in (three steps, no other module changes):
+How a new trainer plugs in (no other module changes):
 1. A module ``guard/training/<layout>/dirs.py`` with
    ``claim(directory: str, names: frozenset[str]) -> TrainingDir | None`` (names only, no I/O beyond
    what the claim must see) and ``scan(found: TrainingDir, *, name: str) -> FileScan`` that reads the
-   directory and returns ``training_scan(state, ...)``; every problem is a finding naming its file.
-2. One row in ``guard.training.dirs.TRAINING_LAYOUTS`` (layout -> module), and the names that make a
-   directory worth asking in ``guard.inventory.conventions.TRAINING_MARKERS`` (a suffix, a prefix or a
-   whole name): discovery imports this package only when one of them is seen.
+   directory and returns ``training_scan(state, ...)``; every problem is a finding naming its file.  A
+   pickle it walks goes through ``guard.training.pickles.AllowListWalker`` with the row's ``PickleGlobals``.
+2. One row in ``guard.training.registry.TRAINERS``: its marker names (discovery imports this package's
+   readers only when one of them is seen), ``claim`` and ``scan``, the globals its pickles may hold, and,
+   for ``convert``, its ``source`` (``find_checkpoint`` and ``open_checkpoint``, in
+   ``guard/convert/training/``) and the adapters that give its names as HF's.
 3. Tests that write the layout with the trainer itself (``tests/test_training_<layout>.py``).
 
-``state`` holds the records and the shared helpers (container prefixes, the FileScan), ``dirs`` the
-registry and discovery's entry point, ``published`` CG122 (a published copy narrower than the masters),
-``values`` ``diff --values`` over assembled tensors; ``dcp/`` reads PyTorch Distributed Checkpoint.
-``convert`` opens a training checkpoint through ``guard.convert.read.source_training.TRAINING_SOURCES``
-(a layout's ``find_checkpoint`` and ``open_checkpoint``).  May import the
-records, tensors, sources, findings, catalogue and readers; never the inventory, rules, report or CLI.
+``registry`` holds the table, ``pickles`` the one allow-list walker, ``state`` the records and the shared
+helpers (container prefixes, the FileScan), ``dirs`` discovery's entry point, ``published`` CG122 (a
+published copy narrower than the masters); ``dcp/`` reads PyTorch Distributed Checkpoint, ``deepspeed/``
+ZeRO's partitions, ``megatron/`` Megatron-core's save folder and ``common.pt``.  May import the records,
+tensors, sources, findings, catalogue and readers; never the inventory, write, convert, rules, report or CLI
+(``tests/test_architecture.py``): what builds a model to write from a checkpoint is ``guard.convert.training``.
 """

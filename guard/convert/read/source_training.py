@@ -1,9 +1,10 @@
 """Training checkpoints as conversion sources: which trainer's reader opens SRC, and where its config is.
 
-``TRAINING_SOURCES`` is the literal registry, layout -> module; each module has
+A trainer's row in ``guard.training.registry.TRAINERS`` names its ``source``: a module with
 ``find_checkpoint(src) -> (checkpoint, config folder) | None`` (names and small files only) and
 ``open_checkpoint(checkpoint) -> SourceModel`` (the consolidated model's tensors, read lazily; a
-checkpoint with a problem gives its findings and no tensor, so nothing is written).
+checkpoint with a problem gives its findings and no tensor, so nothing is written), and its ``adapters``,
+which give the trainer's own names as HF's.
 """
 
 from __future__ import annotations
@@ -14,19 +15,12 @@ from typing import Any
 from guard.convert.read.source import SourceModel
 from guard.lazy import attribute
 from guard.records import record
-
-TRAINING_SOURCES: dict[str, str] = {
-    "deepspeed": "guard.training.deepspeed.source",  # ZeRO 1-3: save folder with `latest`, or a tag folder
-    "dcp": "guard.training.dcp.source",  # PyTorch Distributed Checkpoint: the folder with .metadata
-}
+from guard.training.registry import TRAINERS, trainer
 
 
-# layout -> the adapters that give a trainer's own names as HF's, each ``(source, config) -> source`` (unchanged
-# where the checkpoint is not its model; a layout it cannot map is refused with CG304 and no tensor)
-NAME_ADAPTERS: dict[str, tuple[str, ...]] = {
-    "dcp": ("guard.training.dcp.torchtitan.from_torchtitan",  # torchtitan's Llama: names and q/k RoPE order
-            "guard.training.dcp.megatron.from_megatron"),  # Megatron-core GPT: layers unstacked, qkv/fc1 split
-}
+def _function(dotted: str) -> Any:
+    module, _, name = dotted.partition(":")
+    return attribute(module, name)
 
 
 @record
@@ -36,20 +30,27 @@ class TrainingSource:
     config_dir: Path  # where config.json and the tokenizer files are
 
     def open(self) -> SourceModel:
-        return attribute(TRAINING_SOURCES[self.layout], "open_checkpoint")(self.checkpoint)  # type: ignore[no-any-return,operator]
+        return _function(f"{trainer(self.layout).source}:open_checkpoint")(self.checkpoint)
 
 
 def find_training_source(src: Path) -> TrainingSource | None:
-    for layout, module in TRAINING_SOURCES.items():
-        found = attribute(module, "find_checkpoint")(src)  # type: ignore[operator]
+    tried: set[str] = set()
+    for row in TRAINERS:  # two rows may share a source (Megatron's torch_dist is DCP's): each is asked once
+        if row.source is None or row.source in tried:
+            continue
+        tried.add(row.source)
+        found = _function(f"{row.source}:find_checkpoint")(src)
         if found is not None:
-            return TrainingSource(layout, found[0], found[1])
+            return TrainingSource(row.layout, found[0], found[1])
     return None
 
 
 def adapt_names(layout: str, source: SourceModel, config: dict[str, Any] | None) -> SourceModel:
-    """The layout's adapters in turn: the consolidated model under the names transformers loads."""
-    for dotted in NAME_ADAPTERS.get(layout, ()):
-        module, _, name = dotted.rpartition(".")
-        source = attribute(module, name)(source, config)  # type: ignore[operator]
+    """The adapters of every trainer whose checkpoints the layout's source opens, in turn: the consolidated
+    model under the names transformers loads."""
+    opened_by = trainer(layout).source
+    for row in TRAINERS:
+        if row.source == opened_by:
+            for dotted in row.adapters:
+                source = _function(dotted)(source, config)
     return source

@@ -10,7 +10,8 @@ from guard import dtypes
 from guard.errors import MalformedCheckpoint
 from guard.readers.torch.pickle import DictDesc, Global, Unsafe
 from guard.records import record
-from guard.training.dcp.metadata import MEM_FORMAT_CLASSES, Instance, walk_metadata
+from guard.training.dcp.metadata import MEM_FORMAT_CLASSES, walk_metadata
+from guard.training.pickles import InertRecord
 
 _MAX_DIMS = 64
 
@@ -56,7 +57,7 @@ def parse_metadata(data: bytes) -> DcpMetadata:
     root, unsafe = walk_metadata(data)
     if unsafe:
         return DcpMetadata((), (), None, unsafe)
-    if not isinstance(root, Instance) or root.name not in ("Metadata", "MCoreMetadata"):
+    if not isinstance(root, InertRecord) or root.name not in ("Metadata", "MCoreMetadata"):
         raise MalformedCheckpoint(f"the pickle holds {_kind(root)}, not torch.distributed.checkpoint's Metadata")
     planner = _pairs(root.field("planner_data"), "planner_data", optional=True)
     paths = {str(k): tuple(str(p) for p in v) for k, v in planner if isinstance(v, (tuple, list))}
@@ -68,7 +69,7 @@ def parse_metadata(data: bytes) -> DcpMetadata:
 
 
 def _kind(value: object) -> str:
-    return value.cls if isinstance(value, Instance) else type(value).__name__
+    return value.cls if isinstance(value, InertRecord) else type(value).__name__
 
 
 def _pairs(value: object, what: str, *, optional: bool = False) -> list[tuple[object, object]]:
@@ -83,9 +84,9 @@ def _item(key: object, value: object, paths: dict[str, tuple[str, ...]]) -> DcpI
     if not isinstance(key, str):
         raise MalformedCheckpoint(f"state_dict_metadata key is {_kind(key)}, not a string")
     path = paths.get(key, ())
-    if isinstance(value, Instance) and value.name == "BytesStorageMetadata":
+    if isinstance(value, InertRecord) and value.name == "BytesStorageMetadata":
         return DcpItem(key, path, None, None)
-    if not isinstance(value, Instance) or value.name != "TensorStorageMetadata":
+    if not isinstance(value, InertRecord) or value.name != "TensorStorageMetadata":
         raise MalformedCheckpoint(f"{key!r}: metadata is {_kind(value)}, not TensorStorageMetadata")
     shape = _ints(value.field("size"), f"{key!r} size")
     chunks = value.field("chunks")
@@ -95,7 +96,7 @@ def _item(key: object, value: object, paths: dict[str, tuple[str, ...]]) -> DcpI
 
 
 def _dtype(properties: object, key: str) -> str:
-    if not isinstance(properties, Instance):
+    if not isinstance(properties, InertRecord):
         raise MalformedCheckpoint(f"{key!r}: properties is {_kind(properties)}, not TensorProperties")
     dtype = properties.field("dtype")
     if isinstance(properties.state, tuple) and properties.name == "TensorProperties" and not any(
@@ -103,7 +104,7 @@ def _dtype(properties: object, key: str) -> str:
         # TensorProperties.__getstate__: (dtype, layout, requires_grad, memory format, pin_memory), unpacked
         # as five by its __setstate__, which refuses a memory format that is not its enum
         state = properties.state
-        if len(state) != 5 or not (isinstance(state[3], Instance) and state[3].name in MEM_FORMAT_CLASSES):
+        if len(state) != 5 or not (isinstance(state[3], InertRecord) and state[3].name in MEM_FORMAT_CLASSES):
             raise MalformedCheckpoint(f"{key!r}: TensorProperties' state is not (dtype, layout, requires_grad, "
                                       "memory format, pin_memory)")
     if dtype is None and isinstance(properties.state, tuple) and properties.state:
@@ -116,7 +117,7 @@ def _dtype(properties: object, key: str) -> str:
 
 
 def _chunk(chunk: object, key: str) -> DcpChunk:
-    if not isinstance(chunk, Instance) or chunk.name != "ChunkStorageMetadata":
+    if not isinstance(chunk, InertRecord) or chunk.name != "ChunkStorageMetadata":
         raise MalformedCheckpoint(f"{key!r}: a chunk is {_kind(chunk)}, not ChunkStorageMetadata")
     offsets, sizes = _ints(chunk.field("offsets"), f"{key!r} chunk offsets"), _ints(chunk.field("sizes"),
                                                                                  f"{key!r} chunk sizes")
@@ -126,14 +127,14 @@ def _chunk(chunk: object, key: str) -> DcpChunk:
 
 
 def _storage(key: object, value: object) -> DcpStorage:
-    if not isinstance(key, Instance) or key.name != "MetadataIndex":
+    if not isinstance(key, InertRecord) or key.name != "MetadataIndex":
         raise MalformedCheckpoint(f"storage_data key is {_kind(key)}, not MetadataIndex")
     fqn = key.field("fqn")
     if not isinstance(fqn, str):
         raise MalformedCheckpoint("a MetadataIndex has no fqn")
     offset = key.field("offset")
     offsets = None if offset is None else _ints(offset, f"{fqn!r} storage offset")
-    if not isinstance(value, Instance) or value.name != "_StorageInfo":
+    if not isinstance(value, InertRecord) or value.name != "_StorageInfo":
         raise MalformedCheckpoint(f"{fqn!r}: storage is {_kind(value)}, not _StorageInfo")
     relative, start, length = value.field("relative_path"), value.field("offset"), value.field("length")
     if not isinstance(relative, str) or type(start) is not int or type(length) is not int or start < 0 or length < 0:

@@ -2,8 +2,9 @@
 
 DeepSpeed's files are torch zips whose ``data.pkl`` references a few of DeepSpeed's own classes in every
 checkpoint: the loss scaler, the ZeRO stage enum and the fragment addresses of ``param_slice_mappings``.
-They hold plain numbers; here they become ``InertRecord`` descriptions (the class's name, its call's
-arguments, BUILD's state).  Nothing is imported or called, and any other global stays CG003.
+They hold plain numbers; the deepspeed row's list (``guard.training.registry.DEEPSPEED_STATES``) makes each an
+``InertRecord`` (``guard.training.pickles``: the class's name, its call's arguments, BUILD's state).
+Nothing is imported or called, and any other global stays CG003.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import re
 from guard.errors import MalformedCheckpoint
 from guard.readers.binary.zipdir import read_zip_archive
 from guard.readers.torch.archive import locate_storages, storage_locator, walk_record
-from guard.readers.torch.pickle import Global, PickleWalker, TensorRef, Unsafe
+from guard.readers.torch.pickle import TensorRef
 from guard.readers.torch.records import check_directory, check_small_records
-from guard.readers.torch.tensors import CountingSource, Locate, build_tensor_infos, storage_from_pid
+from guard.readers.torch.tensors import CountingSource, Locate, build_tensor_infos
 from guard.records import record
 from guard.sources import ByteSource
 from guard.tensors import TensorInfo
+from guard.training.pickles import AllowListWalker
+from guard.training.registry import DEEPSPEED_STATES
 
 # DeepSpeed 0.19's checkpoint names: ``mp_rank_{tp:02d}_model_states.pt`` (stages 0-2),
 # ``zero_pp_rank_{dp}_mp_rank_{tp:02d}_model_states.pt`` (stage 3) and
@@ -26,14 +29,6 @@ from guard.tensors import TensorInfo
 # run's setting, not the file's dtype).
 FILE_NAME = re.compile(r"(?P<bf16>bf16_)?(?:zero_pp_rank_(?P<dp>\d{1,6})_)?mp_rank_(?P<mp>\d{2,6})_"
                        r"(?P<kind>model|optim)_states\.pt")
-
-# The classes DeepSpeed pickles into every checkpoint; each holds numbers (a scale, a stage, an offset).
-DEEPSPEED_RECORDS: frozenset[str] = frozenset({
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    "deepspeed.runtime.zero.config.ZeroStageEnum",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-})
 
 
 @record
@@ -50,42 +45,6 @@ def parse_name(name: str) -> ZeroName | None:
         return None
     return ZeroName(found["kind"], int(found["dp"]) if found["dp"] is not None else None, int(found["mp"]),
                     bool(found["bf16"]))
-
-
-class InertRecord:
-    """An allow-listed DeepSpeed object: its class's name, the call's arguments and BUILD's state."""
-
-    __slots__ = ("cls", "args", "state")
-
-    def __init__(self, cls: str, args: tuple[object, ...]) -> None:
-        self.cls, self.args, self.state = cls, args, None
-
-    @property
-    def name(self) -> str:
-        return self.cls.rpartition(".")[2]
-
-
-class ZeroWalker(PickleWalker):
-    """torch's weights-only allow-list plus DeepSpeed's inert classes."""
-
-    def __init__(self) -> None:
-        super().__init__(storage_from_pid)
-
-    def _global(self, module: str, name: str) -> Global | Unsafe:  # type: ignore[override]
-        if f"{module}.{name}" in DEEPSPEED_RECORDS:
-            return Global(module, name)
-        return super()._global(module, name)
-
-    def _call(self, func: object, args: object) -> object:
-        if isinstance(func, Global) and func.dotted in DEEPSPEED_RECORDS:
-            return InertRecord(func.dotted, tuple(args) if isinstance(args, (tuple, list)) else ())
-        return super()._call(func, args)
-
-    def _build(self, target: object, state: object) -> None:
-        if isinstance(target, InertRecord):
-            target.state = state
-        else:
-            super()._build(target, state)
 
 
 @record
@@ -121,7 +80,7 @@ def read_zero_file(source: ByteSource, *, locate: bool = True) -> ZeroFile:
     pickle_entry = entries.get(f"{prefix}/data.pkl")
     if pickle_entry is None:
         raise MalformedCheckpoint(f"zip has no {prefix}/data.pkl: not a torch checkpoint")
-    walker = ZeroWalker()
+    walker = AllowListWalker(DEEPSPEED_STATES)
     root = walk_record(counted, pickle_entry, walker)
     if walker.unsafe:
         return ZeroFile(source.name, source.size, None, None, tuple(walker.unsafe), counted.bytes_read)

@@ -9,7 +9,8 @@ from guard.errors import MalformedCheckpoint
 from guard.readers.torch.pickle import DictDesc, TensorRef
 from guard.records import record
 from guard.tensors import TensorInfo
-from guard.training.deepspeed.files import InertRecord, ZeroFile
+from guard.training.deepspeed.files import ZeroFile
+from guard.training.pickles import InertRecord
 
 _MAX_DIMS = 64
 

@@ -4,8 +4,8 @@
 ``args`` there: an ``argparse.Namespace`` of numbers, strings and a torch dtype, plus ``iteration`` and
 ``checkpoint_version``) to ``common.pt`` with ``torch.save``, and ``dist_checkpointing.load`` reads it back
 with ``torch.load(weights_only=False)``: an untrusted checkpoint can run code there.  The walk accepts
-torch's weights-only globals, the Namespace and the enums Megatron's arguments hold; every other global is
-CG003, and nothing is imported or called.
+torch's weights-only globals, the Namespace and the enums Megatron's arguments hold (the megatron row's list,
+``guard.training.registry.MEGATRON_COMMON``); every other global is CG003, and nothing is imported or called.
 """
 
 from __future__ import annotations
@@ -17,53 +17,13 @@ from guard.findings import Finding
 from guard.readers import READ_FAILURES
 from guard.readers.binary.zipdir import read_zip_archive
 from guard.readers.torch.archive import walk_record
-from guard.readers.torch.pickle import Global, PickleWalker, Unsafe
-from guard.readers.torch.tensors import CountingSource, storage_from_pid
+from guard.readers.torch.tensors import CountingSource
 from guard.sources import ByteSource, LocalFile
+from guard.training.pickles import AllowListWalker
+from guard.training.registry import MEGATRON_COMMON
 
 COMMON = "common.pt"
 MAX_COMMON_BYTES = 64 * 1024 * 1024
-# The classes Megatron-core 0.16's arguments and common state hold: records of plain values.
-MEGATRON_COMMON_RECORDS: frozenset[str] = frozenset({
-    "argparse.Namespace",  # megatron.training's `args`
-    "megatron.core.enums.ModelType",  # args.model_type
-    "megatron.core.transformer.enums.AttnBackend",  # args.attention_backend
-    "megatron.core.transformer.enums.AttnMaskType",
-    "megatron.core.transformer.enums.LayerType",
-    "megatron.core.enums.Fp8Recipe",
-})
-
-
-class InertValue:
-    """An allow-listed object: its class's name and what the pickle gave it; never built."""
-
-    __slots__ = ("cls", "args", "state")
-
-    def __init__(self, cls: str, args: tuple[object, ...]) -> None:
-        self.cls, self.args, self.state = cls, args, None
-
-
-class CommonWalker(PickleWalker):
-    """torch's weights-only allow-list plus the records Megatron's common state holds."""
-
-    def __init__(self) -> None:
-        super().__init__(storage_from_pid)
-
-    def _global(self, module: str, name: str) -> Global | Unsafe:  # type: ignore[override]
-        if f"{module}.{name}" in MEGATRON_COMMON_RECORDS:
-            return Global(module, name)
-        return super()._global(module, name)
-
-    def _call(self, func: object, args: object) -> object:
-        if isinstance(func, Global) and func.dotted in MEGATRON_COMMON_RECORDS:
-            return InertValue(func.dotted, tuple(args) if isinstance(args, (tuple, list)) else ())
-        return super()._call(func, args)
-
-    def _build(self, target: object, state: object) -> None:
-        if isinstance(target, InertValue):
-            target.state = state
-        else:
-            super()._build(target, state)
 
 
 def check_common(directory: str, *, name: str) -> tuple[list[Finding], int]:
@@ -84,7 +44,7 @@ def check_common(directory: str, *, name: str) -> tuple[list[Finding], int]:
 def check_common_source(source: ByteSource, *, shown: str) -> tuple[list[Finding], int]:
     """``check_common`` on any byte source (a local file, a Hub file read by ranges)."""
     counted = CountingSource(source)
-    walker = CommonWalker()
+    walker = AllowListWalker(MEGATRON_COMMON)
     try:
         archive = read_zip_archive(counted)
         first = next(iter(archive.entries), "")
