@@ -86,7 +86,7 @@ def hook_env(out: Path, name: str, requirement: str, *, fingerprint: str = "", l
     stamp = env / ".installed"
     pip = [str(env / "bin" / "python"), "-m", "pip", "install", "-q"]
     if not latest:
-        pip += ["-c", str(ROOT / "constraints.txt")]
+        pip += ["-c", str(ROOT / "guard" / "envs" / "constraints.txt")]
     if not stamp.exists():
         out.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(env, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 mlx-lm 0.32 wants transformers 5 while the main venv pins 4.57, so it lives in ``.venv-mlx``
 (gitignored; ``make mlx-venv`` builds it, and so does ``mlx_python()`` when it is missing, from
-constraints-mlx.txt). The source is the tiny Llama of ``quant_writers`` saved by our transformers,
+guard/envs/mlx.txt). The source is the tiny Llama of ``quant_writers`` saved by our transformers,
 with a word-level tokenizer (convert copies one).
 
 Observed (mlx-lm 0.32.2, mlx 0.32.4, 4-bit affine, group 64): ``weight`` U32 [out, in/8], ``scales``
@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MLX_VENV = Path(os.environ.get("CKPT_GUARD_MLX_VENV", ROOT / ".venv-mlx"))
-CONSTRAINTS = ROOT / "constraints-mlx.txt"
+CONSTRAINTS = ROOT / "guard" / "envs" / "mlx.txt"
 
 
 # out folder -> the bits per weight mlx_lm.convert printed ("Quantized model with 4.520 bits per weight.")
@@ -37,7 +37,7 @@ class MlxUnavailable(RuntimeError):
 
 
 def mlx_python() -> Path:
-    """The venv's python, built first when missing or older than constraints-mlx.txt."""
+    """The venv's python, built first when missing or older than guard/envs/mlx.txt."""
     python, stamp = MLX_VENV / "bin" / "python", MLX_VENV / ".installed"
     if stamp.exists() and stamp.stat().st_mtime >= CONSTRAINTS.stat().st_mtime:
         return python

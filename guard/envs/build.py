@@ -93,7 +93,7 @@ def _build(env: Environment, work: Path, say: Callable[[str], None]) -> Path:
         say(f"{env.name}: {' '.join(env.requirements)} alone into {work.name}, beside {sys.executable}")
         args = ["--no-deps", "--target", str(work), "-c", constraints, *env.requirements]
         if _has_pip(Path(sys.executable)):
-            _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", *args], env.name)
+            _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *args], env.name)
         elif uv:
             _run([uv, "pip", "install", "--python", sys.executable, *args], env.name)
         else:
@@ -111,7 +111,7 @@ def _build(env: Environment, work: Path, say: Callable[[str], None]) -> Path:
     else:
         _run([str(base), "-m", "venv", str(work)], env.name, "creating the venv")
         python = venv_python(work)
-        _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", constraints,
+        _run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-c", constraints,
               *env.requirements], env.name)
     return python
 
@@ -127,7 +127,7 @@ def _overlay(env: Environment, work: Path, base: Path, constraints: str, say: Ca
     below = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
     lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in dict.fromkeys(below))
     Path(site, "zz-ckpt-guard-base.pth").write_text(lines, encoding="utf-8")
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", constraints]
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-c", constraints]
     _run([*pip, *env.requirements], env.name)
     # what moves with it: a package of this environment that the overlay's versions now break (diffusers 0.42
     # needs huggingface_hub 1, transformers 4.57 caps it below 1) at the version the constraints pin
@@ -203,8 +203,10 @@ def _run(command: list[str], name: str, doing: str = "installing") -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UsageError(f"env install {name}: {doing}: {exc}") from None
     if proc.returncode != 0:
-        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-        errors = [ln for ln in lines if ln.startswith(("ERROR", "error"))]
-        said = " ".join((errors or lines[-3:] or [f"exit {proc.returncode}"])[:3])
-        raise UsageError(f"env install {name}: {doing} failed: {' '.join(said.split())[:600]}")
+        lines = [ln.strip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip()]
+        # pip's own account: where it looked, what it could not reach or find, its ERROR lines
+        said = [ln for ln in lines if ln.startswith(("Looking in indexes", "ERROR", "error"))
+                or any(k in ln.lower() for k in ("no matching distribution", "connection", "could not fetch url"))]
+        text = " ".join(dict.fromkeys(said or lines[-3:] or [f"exit {proc.returncode}"]))
+        raise UsageError(f"env install {name}: {doing} failed: {' '.join(text.split())[:700]}")
     return proc.stdout

@@ -1,0 +1,268 @@
+"""Environments targets run in (guard.envs): found in one order, built by `ckpt-guard env install`, and a check that
+cannot run for want of one is exit 2 with one line, never a note and a pass.
+
+Bad input (one line, exit 2 each): a named Python that does not run, one without the library, a managed environment
+whose build stopped halfway (never used; the next install starts over), an install with the registry unreachable.
+Isolation: the worker's PYTHONPATH, recorded by a wrapper given as --against-python, holds folders with `guard` alone.
+The silent pass: --flax-python naming transformers 4 runs the Flax side there; the same environment with
+transformers 5 put first is exit 2 and no output, whether the probe sees it or only the worker does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from guard.cli import main
+from guard.envs import home
+from guard.envs.build import install
+from guard.envs.find import find, find_managed
+from guard.envs.registry import ENVIRONMENTS
+from guard.envs.worker import PACKAGE_DIR, worker_path
+from guard.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKOUT_HOME = os.environ.get("CKPT_GUARD_HOME", str(ROOT / ".envs"))  # where `make test` built them
+
+
+@pytest.fixture
+def empty_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("CKPT_GUARD_HOME", str(tmp_path / "home"))
+    for name in ("CKPT_GUARD_AGAINST_PYTHON", "CKPT_GUARD_FLAX_PYTHON"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "home"
+
+
+def script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.startswith("ckpt-guard: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip with no registry but one that refuses connections (fast, and no wheel folder or cache to fall back on)."""
+    for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+
+
+# ---- where they live, and how they are keyed
+
+
+def test_the_cache_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("CKPT_GUARD_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform.startswith("linux"):
+        assert home.envs_home() == tmp_path / "xdg" / "ckpt-guard" / "envs"
+        monkeypatch.delenv("XDG_CACHE_HOME")
+        monkeypatch.setenv("HOME", str(tmp_path / "user"))
+        assert home.envs_home() == tmp_path / "user" / ".cache" / "ckpt-guard" / "envs"
+    monkeypatch.setenv("CKPT_GUARD_HOME", str(tmp_path / "mine"))
+    assert home.envs_home() == tmp_path / "mine" / "envs"
+
+
+def test_constraints_are_package_data_and_keys_follow_the_pins() -> None:
+    for env in ENVIRONMENTS.values():
+        text = home.constraints_text(env)
+        assert f"{env.distribution}==" in text.replace("_", "-") or env.name == "tf4" and "transformers==4." in text
+        assert env.checked[0] in text or env.name == "tf4" and f"transformers=={env.checked[0]}" in text
+    assert not list(ROOT.glob("constraints*.txt"))  # the top level keeps none: the wheel's are the ones used
+    keys = {home.key(env) for env in ENVIRONMENTS.values()}
+    assert len(keys) == len(ENVIRONMENTS)
+
+
+def test_the_worker_path_holds_the_package_alone(tmp_path: Path) -> None:
+    path = worker_path(tmp_path / "p", (tmp_path / "lib",)).split(os.pathsep)
+    assert path == [str(tmp_path / "p"), str(tmp_path / "lib")]
+    assert [p.name for p in (tmp_path / "p").iterdir()] == ["guard"]
+    assert (tmp_path / "p" / "guard").resolve() == PACKAGE_DIR
+    assert PACKAGE_DIR.parent not in map(Path, path)
+
+
+# ---- not there: one line naming the command, nothing written
+
+
+def test_missing_environments_name_the_command(empty_home: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    out = tmp_path / "r.json"
+    assert main(["parity", str(tmp_path / "m"), "--against", "tunix", "-o", str(out)]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert "run `ckpt-guard env install tunix`, or name its Python with --against-python" in line
+    assert "make " not in line and str(ROOT) not in line and not out.exists()
+    with pytest.raises(UsageError, match=r"ckpt-guard env install easydel"):
+        find("easydel")
+
+
+def test_env_list_says_where_each_would_run(empty_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["env", "list", "-f", "json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(ENVIRONMENTS)
+    assert not rows["tunix"]["ready"] and str(empty_home) in rows["tunix"]["where"]
+    assert main(["env", "list"]) == 0
+    text = capsys.readouterr().out
+    assert all(name in text for name in ENVIRONMENTS) and "ckpt-guard env install maxtext" in text
+    assert main(["env", "python", "tunix"]) == 2
+    assert "ckpt-guard env install tunix" in error_line(capsys.readouterr().err)
+
+
+# ---- bad input: one line, exit 2
+
+
+def test_a_named_python_that_does_not_run(empty_home: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    broken = script(tmp_path / "python", "echo 'cannot start' >&2; exit 3\n")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert main(["parity", str(tmp_path / "m"), "--against", "tunix", "--against-python", str(broken)]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert f"--against-python {broken} does not run: exit 3: cannot start" in line
+    assert main(["parity", str(tmp_path / "m"), "--against", "tunix", "--against-python", str(tmp_path / "no")]) == 2
+    assert f"--against-python {tmp_path / 'no'}: no such file" in error_line(capsys.readouterr().err)
+
+
+def test_a_named_python_without_the_library(empty_home: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert main(["parity", str(tmp_path / "m"), "--against", "tunix", "--against-python", sys.executable]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert f"--against-python {sys.executable} has no google-tunix" in line
+    assert line.endswith("run `ckpt-guard env install tunix`, or name its Python with --against-python")
+
+
+def test_a_version_outside_the_checked_set_runs_with_a_warning(empty_home: Path, tmp_path: Path) -> None:
+    lib = tmp_path / "lib"
+    (lib / "keras_hub").mkdir(parents=True)
+    (lib / "keras_hub" / "__init__.py").write_text("")
+    (lib / "keras_hub-0.31.0.dist-info").mkdir()
+    (lib / "keras_hub-0.31.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: keras-hub\n"
+                                                                 "Version: 0.31.0\n")
+    python = script(tmp_path / "python", f'PYTHONPATH="$PYTHONPATH:{lib}" exec "{sys.executable}" "$@"\n')
+    found = find("keras-hub", python)
+    assert found.where == "named" and found.version == "0.31.0"
+    assert found.warning == (f"keras-hub: keras-hub 0.31.0 in --against-python {python}; checked with 0.32.0: its "
+                             "verdicts may differ")
+    assert found.figures()["warning"] == found.warning
+
+
+def test_a_half_built_environment_is_never_used_and_the_next_install_starts_over(
+        empty_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    env = ENVIRONMENTS["keras-hub"]
+    half = home.managed_dir(env)
+    (half / "keras_hub").mkdir(parents=True)  # a build cut short: files, no stamp
+    stale = home.envs_home() / f".{half.name}.tmp-99999"
+    stale.mkdir()
+    assert find_managed(env) is None
+    with pytest.raises(UsageError, match="ckpt-guard env install keras-hub"):
+        find("keras-hub")
+    offline(monkeypatch)
+    assert main(["env", "install", "keras-hub"]) == 2
+    err = capsys.readouterr().err
+    assert f"removing {half.name} (half-built: no stamp)" in err and f"removing {stale.name}" in err
+    assert not half.exists() and not stale.exists() and not list(home.envs_home().iterdir())
+
+
+def test_an_install_without_the_registry_names_its_error(empty_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    offline(monkeypatch)
+    assert main(["env", "install", "tunix"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("ckpt-guard: error: env install tunix: installing failed: ")
+    assert "Looking in indexes: http://127.0.0.1:9/simple" in line and "google-tunix" in line, line
+    assert not home.envs_home().exists() or not list(home.envs_home().iterdir())  # nothing left behind
+
+
+# ---- isolation: the worker's path
+
+
+@pytest.mark.slow
+def test_the_workers_path_holds_no_other_distribution(tmp_path: Path) -> None:
+    from against_envs import ensure
+    from test_parity_against import save_tiny
+
+    lib = ensure("keras-hub").path[0]
+    record = tmp_path / "pythonpath.txt"
+    wrapper = script(tmp_path / "python", f'printf "%s\\n" "$PYTHONPATH" >> "{record}"\n'
+                                          f'PYTHONPATH="$PYTHONPATH:{lib}" exec "{sys.executable}" "$@"\n')
+    src = save_tiny(tmp_path / "m", "qwen3", "float32")
+    out = tmp_path / "r.json"
+    assert main(["parity", str(src), "--against", "keras-hub", "--against-python", str(wrapper), "-f", "json",
+                 "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["extra"]["parity"]["environment"]["where"] == "named"
+    paths = record.read_text().split()
+    assert len(paths) >= 2  # the probe and the worker
+    for entry in (p for line in paths for p in line.split(os.pathsep)):
+        held = sorted(p.name for p in Path(entry).iterdir())
+        assert held == ["guard"], (entry, held)  # no site-packages, no *.dist-info, no other package
+
+
+# ---- the silent pass
+
+
+def _tiny_bert(folder: Path) -> Path:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=32)).save_pretrained(folder)
+    return folder
+
+
+def _transformers_5_site() -> str:
+    import transformers
+
+    return str(Path(transformers.__file__).resolve().parent.parent)
+
+
+@pytest.mark.slow
+def test_convert_parity_runs_the_flax_side_on_transformers_4_where_named(tmp_path: Path) -> None:
+    from against_envs import ensure
+
+    tf4 = ensure("tf4").python
+    src = _tiny_bert(tmp_path / "bert")
+    report = tmp_path / "r.json"
+    assert main(["convert", str(src), "--to", "flax", "--out", str(tmp_path / "f"), "--parity", "--flax-python",
+                 str(tf4), "-f", "json", "-o", str(report)]) == 0
+    parity = json.loads(report.read_text())["extra"]["parity"]
+    assert parity["passed"] is True and parity["flax_side"]["transformers"] == "4.57.6"
+    assert [c["name"] for c in parity["comparisons"] if c["judged"]] and "warning" not in parity["flax_side"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seen_by", ["probe and worker", "worker only"])
+def test_a_named_environment_with_transformers_5_first_is_exit_2_and_no_output(
+        tmp_path: Path, seen_by: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The named transformers-4 environment broken: transformers 5 on its path ahead of its own (what the
+    worker's path once did from a wheel).  Seen by the probe: refused before anything is written.  Seen only
+    by the worker (a wrapper that breaks only `-m guard.worker`): the worker says which transformers it
+    imported, and convert removes the output it wrote."""
+    from against_envs import ensure
+
+    tf4 = ensure("tf4").python
+    condition = "true" if seen_by == "probe and worker" else '[ "$2" = guard.worker ]'
+    broken = script(tmp_path / "python", f'if {condition}; then PYTHONPATH="$PYTHONPATH:{_transformers_5_site()}"; '
+                                         f'export PYTHONPATH; fi\nexec "{tf4}" "$@"\n')
+    src = _tiny_bert(tmp_path / "bert")
+    out = tmp_path / "f"
+    code = main(["convert", str(src), "--to", "flax", "--out", str(out), "--parity", "--flax-python", str(broken)])
+    line = error_line(capsys.readouterr().err)
+    assert code == 2 and not out.exists()
+    assert "transformers 5." in line and "CG303" not in line and "ckpt-guard env install tf4" in line
