@@ -130,7 +130,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Imports up the layers that a change in flight removes: (importer, imported prefix, who and where).  This list
 # must end empty: an entry is deleted with the import it excuses, never added to.
 KNOWN_AND_OWNED: tuple[tuple[str, str, str], ...] = (
-    ("guard.parity.legacy_flax", "guard.worker", "H1: the worker client moves down to guard.envs.worker"),
     ("guard.worker.easydel_side", "guard.against.easydel_causes", "H2: what the side needs moves down"),
 )
 
