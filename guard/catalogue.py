@@ -180,6 +180,37 @@ RULES: tuple[Rule, ...] = (
          "weights: the masters' precision stays behind.",
          "model.safetensors in BF16 beside global_step500/ whose fp32 masters are the model's real weights.",
          "Publish the masters: `ckpt-guard convert CKPT --to torch --out OUT` writes them as safetensors."),
+    Rule("CG123", "weights-filled-at-random", E, "headers",
+         "The class config.json names builds parameters no tensor in the file holds: transformers fills them at "
+         "random and only logs it, or (experts missing from a per-expert file) says nothing at all. Judged against "
+         "the table of what transformers 5's classes build (guard/inventory/architectures_table.py).",
+         "A Qwen3-MoE with 4 experts whose file holds experts 0-1 of every layer (an expert-parallel save that "
+         "never gathered them); an untied Llama without lm_head.weight.",
+         "No mechanical fix: take the missing tensors from the run or checkpoint that was saved (every rank's "
+         "file, the untied head), then save again."),
+    Rule("CG124", "weights-dropped", W, "headers",
+         "Tensors the class config.json names has no place for: transformers drops them when it loads, and only "
+         "logs it (leftover layers or experts, names of another architecture).",
+         "config.json says num_hidden_layers 2 while the file holds model.layers.2.*.",
+         "Make config.json describe the weights (num_hidden_layers, num_experts), or remove the leftover tensors."),
+    Rule("CG125", "shape-contradicts-config", E, "headers",
+         "A tensor's shape disagrees with the size config.json gives it (hidden size, vocabulary, head dimension, "
+         "expert count): transformers refuses to load it (a size mismatch).",
+         "model.embed_tokens.weight [32000, 4096] while config.json says vocab_size 32064.",
+         "Fix the config field the message names, or re-export the weights with the config they were trained with."),
+    Rule("CG126", "fp32-keep-narrowed", W, "headers",
+         "Tensors transformers keeps in fp32 on purpose (_keep_in_fp32_modules_strict, or _keep_in_fp32_modules "
+         "under an fp16 config) are stored narrower. transformers keeps these in fp32; the precision was lost when "
+         "the checkpoint was saved (loading widens them back, so nothing else shows it).",
+         "DeepSeek-V3's mlp.gate.weight and e_score_correction_bias in BF16 after model.to(torch.bfloat16) "
+         "and save_pretrained.",
+         "Save again from fp32 weights (the training run's masters), or load with dtype=torch.bfloat16 rather than "
+         "casting the model before saving."),
+    Rule("CG127", "loading-not-checked", N, "headers",
+         "config.json names a class (architectures) the table of what transformers builds has no row for, or "
+         "lacks a field the table needs: CG123-CG125 did not run on this model.",
+         "config.json with model_type 'mamba', which the table does not cover.",
+         "Informational: check the model loads with from_pretrained(output_loading_info=True)."),
     Rule("CG201", "fp16-overflow", E, "values",
          "Values beyond ±65504 become inf when cast to fp16.",
          "An fp32 embedding with max |x| = 1.2e5 and --target torch:fp16.",

@@ -150,6 +150,12 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
                                                                        sep.join(m.target)))
                for m in mapping.tensors]
     shards = plan_shards(outputs, req.max_shard_size)
+    if training is not None and req.to == "torch" and isinstance(config, dict):  # what loading will do with it
+        from guard.rules.loading import consolidation_findings
+
+        findings += consolidation_findings(config, [(o.name, o.shape) for o in outputs], out=str(req.out))
+        if _blocking(findings):  # missing experts, a head, a shape the config contradicts: nothing published
+            return findings, figures
 
     def ticks(it: Any) -> Any:
         verb = "dequantizing" if quantized is not None else "converting"

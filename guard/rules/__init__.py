@@ -55,7 +55,12 @@ def _has_quantized_set(inventory: ModelInventory) -> bool:
     return any(inventory.quantization(ws) is not None for ws in inventory.sets)  # guard.rules.quantized._each_set
 
 
-_PICKLE_ONLY, _QUANTIZED = "guard.rules.pickle_only", "guard.rules.quantized"
+def _names_model_type(inventory: ModelInventory) -> bool:
+    config = inventory.config  # guard.rules.loading.applies, without importing it for a bare weight file
+    return isinstance(config, dict) and isinstance(config.get("model_type"), str)
+
+
+_PICKLE_ONLY, _QUANTIZED, _LOADING = "guard.rules.pickle_only", "guard.rules.quantized", "guard.rules.loading"
 
 # Reader-level codes (CG001-CG003, CG005, CG006) come from the readers and the inventory;
 # CG007 (and CG001 for a declared count none of which was read) from no_tensor_findings, per file.
@@ -76,6 +81,11 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG111", _when(_has_quantized_set, _QUANTIZED, "check_quantized_shapes")),
     ("CG112", _when(_has_quantized_set, _QUANTIZED, "check_quantization_method")),
     ("CG113", _when(_has_quantized_set, _QUANTIZED, "check_quantized_modules")),
+    ("CG123", _when(_names_model_type, _LOADING, "check_filled_at_random")),  # CG123-125, CG127: one judgement
+    ("CG124", _when(_names_model_type, _LOADING, "check_dropped")),  # per set, shared through its memo
+    ("CG125", _when(_names_model_type, _LOADING, "check_shapes")),
+    ("CG126", _when(_names_model_type, _LOADING, "check_narrowed_keeps")),
+    ("CG127", _when(_names_model_type, _LOADING, "check_not_checked")),
 )
 
 

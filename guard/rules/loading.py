@@ -1,0 +1,260 @@
+"""CG123-CG127: what loading will do, judged against the weights the config's class builds.
+
+transformers fills a parameter no tensor names at random and only logs it (silent for experts it
+merges from a per-expert file), drops a tensor with no place and only logs it, and refuses a shape
+the config contradicts.  The table (``guard.inventory.architectures_table``) says what the class
+builds; ``guard.inventory.architectures`` judges the file's names and shapes against it.
+
+Judged: the primary weight set of a transformers model (config.json with a ``model_type``, the hf
+layout, safetensors or a torch pickle, not quantized: packed shapes are not the logical ones).  A
+model_type or class without a row is a note (CG127) where config.json names its class
+(``architectures``, which save_pretrained always writes), never a silent pass; a hand-written config
+that names none is left alone.  CG126 (fp32 keeps stored narrower) reads the keep-fp32 table and
+judges every set the dtype rules judge, a training checkpoint's masters included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import compress
+
+from guard.catalogue import make_finding
+from guard.config import Policy, match_flags
+from guard.dtypes import display_name as dn
+from guard.findings import Finding, shown
+from guard.fixes import Fix
+from guard.inventory import ModelInventory, WeightSet
+from guard.tensors import TENSOR_FILE, TENSOR_NAME, TENSOR_SHAPE, column
+
+_FORMATS = ("safetensors", "torch")
+_HALVES = ("BF16", "F16")
+NARROWED = "transformers keeps these in fp32; the precision was lost when the checkpoint was saved"
+
+
+def applies(inventory: ModelInventory) -> bool:
+    """config.json names a model_type and its class (``architectures``: what save_pretrained writes, and a
+    hand-written config lacks); a bare weight file, the hook's usual commit, imports nothing."""
+    config = inventory.config
+    return (isinstance(config, dict) and isinstance(config.get("model_type"), str)
+            and isinstance(config.get("architectures"), list) and not inventory.is_diffusers)
+
+
+def loaded_set(inventory: ModelInventory) -> WeightSet | None:
+    """The set transformers' from_pretrained loads: the primary hf-layout weights, unquantized."""
+    ws = inventory.primary
+    if ws is None or ws.role != "weights" or ws.layout != "hf" or ws.format not in _FORMATS:
+        return None
+    if not ws.has_tensors or inventory.quantization(ws) is not None:
+        return None
+    return ws
+
+
+def check_filled_at_random(inventory: ModelInventory, policy: Policy) -> list[Finding]:
+    return [f for f in _judged(inventory) if f.code == "CG123"]
+
+
+def check_dropped(inventory: ModelInventory, policy: Policy) -> list[Finding]:
+    return [f for f in _judged(inventory) if f.code == "CG124"]
+
+
+def check_shapes(inventory: ModelInventory, policy: Policy) -> list[Finding]:
+    return [f for f in _judged(inventory) if f.code == "CG125"]
+
+
+def check_not_checked(inventory: ModelInventory, policy: Policy) -> list[Finding]:
+    return [f for f in _judged(inventory) if f.code == "CG127"]
+
+
+def _judged(inventory: ModelInventory) -> list[Finding]:
+    """The four codes' findings, judged once per set (each code is its own check, for --select)."""
+    ws = loaded_set(inventory) if applies(inventory) else None
+    if ws is None:
+        return []
+    found = ws.memo.get("loading")
+    if found is None:
+        found = ws.memo["loading"] = list(loading_findings(inventory, ws))
+    return found  # type: ignore[return-value]
+
+
+def loading_findings(inventory: ModelInventory, ws: WeightSet) -> Iterator[Finding]:
+    """CG123, CG124, CG125 and CG127 for the set from_pretrained loads."""
+    config = inventory.config
+    if not isinstance(config, dict):
+        return
+    tensors = [(name, tuple(shape)) for scan in ws.files
+               for name, shape in zip(column(TENSOR_NAME, scan.tensors), column(TENSOR_SHAPE, scan.tensors))]
+    files = {name: scan.path for scan in ws.files for name in column(TENSOR_NAME, scan.tensors)}
+    for finding in judged_tensors(config, tensors, path=ws.files[0].path, files=files,
+                                  config_path=inventory.config_path):
+        yield finding._replace(set=ws.name)
+
+
+def judged_tensors(config: dict[str, object], tensors: list[tuple[str, tuple[int, ...]]], *, path: str,
+                   files: dict[str, str] | None = None, config_path: str | None = None) -> Iterator[Finding]:
+    """The loading findings for names and shapes the config's class would load: a scanned set's, or what a
+    consolidation is about to publish (``guard.convert.run``)."""
+    from guard.inventory.architectures import judge, table_row
+
+    files = files or {}
+    found = table_row(config)
+    if isinstance(found, str):
+        yield _not_checked(config_path or path, found)
+        return
+    class_name, row = found
+    loading = judge(row, class_name, config, tensors)
+    if isinstance(loading, str):
+        yield _not_checked(config_path or path, loading)
+        return
+    for template, layers in _grouped(loading.missing):
+        yield make_finding(
+            "CG123", path,
+            f"{class_name} would fill {_spelled(template, layers)} at random: no tensor in the file holds "
+            f"{'it' if not layers or len(layers) == 1 else 'them'}",
+            tensor=template.replace("{L}", str(layers[0]) if layers else "0"),
+        )._replace(fix=_no_fix(class_name))
+    for (template, experts, of), layers in _expert_groups(loading.missing_experts):
+        yield make_finding(
+            "CG123", path,
+            f"{class_name} would fill experts {_ranges(experts)} of {of}"
+            f"{' in layers ' + _ranges(layers) if layers else ''} ({template}) at random: the file holds "
+            f"no tensor for them (transformers merges the experts it finds and reports nothing)",
+            tensor=template.replace("{L}", str(layers[0]) if layers else "0"),
+        )._replace(fix=_no_fix(class_name))
+    if loading.unexpected:
+        shown_names = [(t, ls) for t, ls in _grouped(loading.unexpected)]
+        first = loading.unexpected[0]
+        extra = "; ".join(f"{container}: {count} layers in the file, config.json {field} says fewer"
+                          for container, field, count in loading.extra_layers)
+        yield make_finding(
+            "CG124", files.get(first, path),
+            f"{class_name} would drop {len(loading.unexpected)} tensor(s) with no place in it: "
+            + ", ".join(_spelled(t, ls) for t, ls in shown_names[:6])
+            + (f" and {len(shown_names) - 6} more group(s)" if len(shown_names) > 6 else "")
+            + (f" ({extra})" if extra else ""),
+            tensor=first,
+        )._replace(fix=_layers_fix(loading) if loading.extra_layers else None)
+    for mismatch in loading.mismatched:
+        name = mismatch.tensor.split("[", 1)[0]
+        reasons = [f"dimension {i} is {got} where config.json's {field} gives {want}"
+                   for i, (got, want, field) in enumerate(zip(mismatch.shape, mismatch.expected, mismatch.fields))
+                   if want is not None and got != want]
+        if not reasons:
+            reasons = [f"{len(mismatch.shape)} dimensions where the class builds {len(mismatch.expected)}"]
+        yield make_finding(
+            "CG125", files.get(name, path),
+            f"{shown(mismatch.tensor)} has shape {list(mismatch.shape)}: {'; '.join(reasons)} "
+            f"({class_name} refuses to load it)",
+            tensor=name,
+        )
+
+
+def consolidation_findings(config: dict[str, object], tensors: list[tuple[str, tuple[int, ...]]], *,
+                           out: str) -> list[Finding]:
+    """What loading will do with a consolidated training checkpoint, judged before ``convert`` publishes it:
+    an expert-parallel save that never gathered every expert is refused (CG123), not published."""
+    import os
+
+    if not isinstance(config.get("model_type"), str) or not isinstance(config.get("architectures"), list):
+        return []  # as for a scan: a config that names no class is not judged
+    return list(judged_tensors(config, tensors, path=os.path.join(out, "model.safetensors")))
+
+
+def _not_checked(path: str, why: str) -> Finding:
+    return make_finding("CG127", path, f"what loading will do was not checked: {why}")
+
+
+def _no_fix(class_name: str) -> Fix:
+    return Fix("", "no mechanical fix: the weights are not in this checkpoint. Take them from the run or the "
+                   f"checkpoint that was saved (every rank's or expert-parallel shard's file, the untied head), "
+                   f"or load {class_name} knowing they start random", "none")
+
+
+def _layers_fix(loading: object) -> Fix:
+    edits = ", ".join(f"{field}: {count}" for _, field, count in loading.extra_layers)  # type: ignore[attr-defined]
+    return Fix("", f"the file holds whole layers the config does not count: setting {edits} in config.json "
+                   "would load them (shown only: check which is right, the config or the weights)", "none")
+
+
+def _grouped(names: tuple[str, ...]) -> list[tuple[str, list[int]]]:
+    """Names with their layer index taken out: template -> layers, in first-seen order."""
+    from guard.inventory.architectures import layer_template
+
+    groups: dict[str, list[int]] = {}
+    for name in names:
+        template, layer = layer_template(name)
+        groups.setdefault(template, [])
+        if layer is not None:
+            groups[template].append(layer)
+    return list(groups.items())
+
+
+def _expert_groups(missing: tuple[tuple[str, tuple[int, ...], int], ...]
+                   ) -> list[tuple[tuple[str, tuple[int, ...], int], list[int]]]:
+    from guard.inventory.architectures import layer_template
+
+    groups: dict[tuple[str, tuple[int, ...], int], list[int]] = {}
+    for name, experts, of in missing:
+        template, layer = layer_template(name)
+        groups.setdefault((template, experts, of), [])
+        if layer is not None:
+            groups[(template, experts, of)].append(layer)
+    return list(groups.items())
+
+
+def _spelled(template: str, layers: list[int]) -> str:
+    if not layers:
+        return shown(template)
+    return f"{shown(template.replace('{L}', 'N'))} (layer{'s' if len(layers) > 1 else ''} {_ranges(layers)})"
+
+
+def _ranges(values: object) -> str:
+    """0, 1, 2, 5 -> '0–2, 5'."""
+    ordered = sorted(set(values))  # type: ignore[call-overload]
+    parts: list[str] = []
+    start = prev = ordered[0]
+    for value in ordered[1:] + [None]:
+        if value is not None and value == prev + 1:
+            prev = value
+            continue
+        parts.append(str(start) if start == prev else f"{start}–{prev}")
+        if value is not None:
+            start = prev = value
+    return ", ".join(parts)
+
+
+def check_narrowed_keeps(inventory: ModelInventory, policy: Policy) -> Iterator[Finding]:
+    """CG126: tensors transformers keeps in fp32 (``guard.inventory.keep_fp32``) stored in bf16 or fp16."""
+    from guard.inventory.keep_fp32 import KEEP_IN_FP32, TRANSFORMERS_VERSION, component_globs
+
+    config = inventory.config
+    keeps = KEEP_IN_FP32.get(config.get("model_type")) if applies(inventory) else None  # type: ignore[union-attr]
+    if keeps is None:
+        return
+    declared = {item.value for item in inventory.config_dtypes()}
+    for ws in inventory.sets:
+        if not ws.judged or inventory.quantization(ws) is not None:
+            continue
+        groups = ws.by_dtype()
+        for code in _HALVES:
+            tensors = groups.get(code)
+            if not tensors:
+                continue
+            entries = keeps.strict + (keeps.fp16 if code == "F16" and "float16" in declared else ())
+            if not entries:
+                continue
+            names = list(column(TENSOR_NAME, tensors))
+            flags = match_flags(component_globs(entries), names)
+            if not any(flags):
+                continue
+            kept = list(compress(names, flags))
+            files = sorted(set(compress(column(TENSOR_FILE, tensors), flags)))
+            yield make_finding(
+                "CG126", files[0],
+                f"{len(kept)} tensor(s) that transformers keeps in fp32 for model_type "
+                f"{config.get('model_type')!r} (the keep-fp32 table of transformers {TRANSFORMERS_VERSION}) are "
+                f"stored in {dn(code)}: {', '.join(shown(n) for n in kept[:4])}"
+                f"{f' and {len(kept) - 4} more' if len(kept) > 4 else ''}. {NARROWED}",
+                tensor=kept[0],
+            )._replace(set=ws.name, fix=Fix(
+                "", "no mechanical fix: widening them back to fp32 does not bring the precision back; save "
+                    "them again from the fp32 weights (the training run's masters)", "none"))
