@@ -15,17 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
+# the exact load's worker option (passes config.json's rope_parameters["rope_theta"] as config_kwargs) and how
+# the worker reads that value: the worker's own, as the worker side never imports this layer
+from guard.targets.table import ROPE_THETA_FROM_FILE
+from guard.worker.easydel_side import nested_rope_theta
+
+__all__ = ["DEFAULT_ROPE_THETA", "ROPE_THETA_FROM_FILE", "forward_causes", "nested_rope_theta"]
+
 DEFAULT_ROPE_THETA = 10000.0  # EasyDeL 0.3's Qwen3Config and LlamaConfig default
-# the exact load's worker option: pass config.json's rope_parameters["rope_theta"] as config_kwargs
-ROPE_THETA_FROM_FILE = "rope_theta_from_file"
-
-
-def nested_rope_theta(config: dict[str, Any]) -> float | None:
-    """rope_theta where only transformers 5's layout has it (inside rope_parameters), else None."""
-    if "rope_theta" in config:
-        return None
-    theta = (config.get("rope_parameters") or {}).get("rope_theta")
-    return float(theta) if isinstance(theta, (int, float)) else None
 
 
 def forward_causes(config: dict[str, Any], options: dict[str, Any], dtype: str) -> tuple[str, ...]:

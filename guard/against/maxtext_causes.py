@@ -53,7 +53,7 @@ def tied_logits_as_maxtext(model: Any, input_ids: Any, *, step: str | None) -> A
     import numpy as np
     import torch
 
-    from guard.convert.maxtext.steps import STEPS, bfloat16_sqrt
+    from guard.convert.steps import STEPS, bfloat16_sqrt
 
     embeddings = model.get_input_embeddings()
     table = embeddings.weight.detach().float().numpy()

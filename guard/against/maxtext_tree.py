@@ -1,7 +1,7 @@
 """What MaxText should hold for a file: the ``convert --to maxtext`` table's leaves, built from the file.
 
 MaxText does not read Hugging Face files; ``parity --against maxtext`` converts the checkpoint first, so
-the mapping is the converter's own table (``guard.convert.maxtext.table``, written from MaxText's
+the mapping is the converter's own table (``guard.targets.maxtext``, written from MaxText's
 ``param_mapping.py`` hooks and checked against them by the tests).  Each leaf is rebuilt here from the
 file's tensors, through the row's steps and stacked as the leaf is (experts, scanned layers), one leaf in
 memory at a time, and compared with what MaxText's loader holds (``guard.against.tree.compare_held``).
@@ -11,7 +11,7 @@ tree must then hold exactly the rounded values.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,13 +22,13 @@ from guard.findings import Finding
 
 
 def compare_maxtext_tree(target: Target, load_label: str, avoid: str | None, items: Path,
-                         file_tensors: dict[str, Callable[[], Any]], held: dict[str, Callable[[], Any]], *,
+                         file_tensors: Mapping[str, Callable[[], Any]], held: Mapping[str, Callable[[], Any]], *,
                          where: str) -> tuple[list[Finding], dict[str, Any]]:
     """``items``: the converted checkpoint (its record names the row, the config and the HF tensors)."""
     from guard.convert.maxtext.back import listed_tensors
     from guard.convert.maxtext.ocdbt import read_custom
     from guard.convert.maxtext.plan import dimensions, plan_leaves
-    from guard.convert.maxtext.table import ARCHITECTURES
+    from guard.targets.maxtext import ARCHITECTURES
 
     custom = read_custom(items) or {}
     row, config = ARCHITECTURES[custom["row"]], custom["config"]
@@ -42,15 +42,15 @@ def compare_maxtext_tree(target: Target, load_label: str, avoid: str | None, ite
     return findings + compared, figures
 
 
-def _leaf_from_file(leaf: Any, file_tensors: dict[str, Callable[[], Any]], head_dim: int) -> Any:
+def _leaf_from_file(leaf: Any, file_tensors: Mapping[str, Callable[[], Any]], head_dim: int) -> Any:
     """The leaf as the converter lays it out, from the file's tensors in their stored dtype."""
     import numpy as np
 
-    from guard.convert.maxtext import steps
+    from guard.convert import steps
 
     array = None
     for at, name in leaf.grid:
-        piece = steps.to_maxtext(file_tensors[name](), leaf.param.steps, head_dim)
+        piece = steps.to_target(file_tensors[name](), leaf.param.steps, head_dim)
         if not leaf.axes:
             return piece
         if array is None:

@@ -24,6 +24,7 @@ from guard.catalogue import make_finding
 from guard.errors import UsageError
 from guard.findings import Finding, Severity
 from guard.inventory import display_path
+from guard.targets import resolve
 
 SEQ_LEN, BATCH = 16, 2
 
@@ -40,7 +41,7 @@ def find_environment(target: Target, python: Path | None) -> Any:
     about here and recorded in the report's figures."""
     from guard.envs.find import find
 
-    found = find(target.name, python, what=f"--against {target.name}")
+    found = find(target.environment, python, what=f"--against {target.name}")
     if found.warning:
         sys.stderr.write(f"ckpt-guard: warning: {found.warning}\n")
     return found
@@ -60,9 +61,9 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
     model_type = config.get("model_type")
     figures: dict[str, Any] = {"torch_dir": where, "flax_dir": f"{target.library} {target.version}", "seed": seed,
                                "against": target.name, "available": False, "passed": None, "comparisons": []}
-    if model_type not in target.architectures:
+    if model_type not in target.model_types:
         reason = (f"{target.name}: no mapping for model_type {model_type!r} here "
-                  f"(mapped: {', '.join(sorted(target.architectures))})")
+                  f"(mapped: {', '.join(sorted(target.model_types))})")
         figures["reason"] = reason
         return [make_finding("CG303", where, reason)], figures
     found = find_environment(target, python)
@@ -93,7 +94,7 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
                                                                         for ld in loads],
                                             "inputs": {"input_ids": input_ids.tolist()}, "passes": passes,
                                             "drift": drift},
-                            Path(tmp), extra_path=extra_path, env=target.env)
+                            Path(tmp), extra_path=extra_path, env=_worker_env(target))
         figures.update(answer.get("backend", {}), library=answer.get("library"))
         from guard.parity.runs import Failed, Unavailable
         from guard.envs.protocol import ProtocolError
@@ -158,9 +159,10 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
         comparisons = compare_runs(runs, {"torch": stored, "flax": stored}, layers=layers)
         conventions = _conventions_comparison(target, comparisons[0], runs, layers,
                                               lambda: _conventional(conventional, target, src, config, input_ids))
+        forward_causes = resolve(target.forward_causes) if target.forward_causes else None
         for comp in comparisons:  # a failing one names what the library is known to do differently there
-            causes = (target.forward_causes(config, load.options, (comp["tolerance"] or {}).get("dtype", ""))
-                      if target.forward_causes else ())
+            causes = (forward_causes(config, load.options, (comp["tolerance"] or {}).get("dtype", ""))
+                      if forward_causes else ())
             for f in comparison_findings([comp], where=where):
                 finding = make_finding(f.code, where, "; ".join((f"{who} forward: {f.message}", *causes)))
                 findings.append(_judged_by_conventions(finding, conventions, target)
@@ -176,14 +178,14 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
 def _conventional(cache: dict[str, Any], target: Target, src: Path, config: dict[str, Any],
                   input_ids: Any) -> dict[str, Any] | None:
     if "outputs" not in cache:
-        cache["outputs"] = target.conventional_reference(src, config, input_ids)  # type: ignore[misc]
+        cache["outputs"] = resolve(target.conventional_reference)(src, config, input_ids)
     return cache["outputs"]
 
 
 def _conventions_comparison(target: Target, fp32: dict[str, Any], runs: dict[str, dict[str, Any]], layers: int,
                             reference: Any) -> dict[str, Any] | None:
     """A failed fp32 comparison, made again against transformers' forward with the target's declared
-    conventions in it (``Target.conventional_reference``); None where the target has none or none apply."""
+    conventions in it (the row's ``conventional_reference``); None where the target has none or none apply."""
     from guard.parity import metrics as pm
     from guard.parity.verdict import fixed_comparison
 
@@ -210,6 +212,11 @@ def _judged_by_conventions(finding: Finding, conventions: dict[str, Any], target
     return finding._replace(message=(
         f"{finding.message}; it misses transformers' fp32 forward with those conventions in it too (max_rel = "
         f"{value:.3g} > {bound:.3g}): something else differs"))
+
+
+def _worker_env(target: Target) -> dict[str, str]:
+    env = target.environment_row
+    return dict(env.env) if env is not None else {}
 
 
 def token_ids(config: dict[str, Any], seed: int) -> Any:

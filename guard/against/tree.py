@@ -1,6 +1,7 @@
 """Every parameter a library holds against the file it loaded it from, bit for bit.
 
-The file's tensor goes through the target's mapping (``guard.against.targets``); then:
+The file's tensor goes through the target's mapping (``guard.targets.table``, its steps interpreted by
+``guard.convert.steps``); then:
 - same dtype: the bytes must be equal;
 - a wider dtype holding exactly the file's values (keras-hub's float32 policy on a bf16 file):
   recorded as widened, not a finding;
@@ -13,7 +14,7 @@ The file's tensor goes through the target's mapping (``guard.against.targets``);
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -23,10 +24,10 @@ from guard.findings import Finding
 
 
 def expected_tree(target: Target, config: dict[str, Any], file_names: Any,
-                  ) -> tuple[dict[str, tuple[str, tuple[Any, ...]]], list[str]]:
+                  ) -> tuple[dict[str, tuple[str, tuple[str, ...]]], list[str]]:
     """library name -> (file name, the mapping's steps); and the file names with no place."""
-    rows = target.architectures[config["model_type"]]
-    placed: dict[str, tuple[str, tuple[Any, ...]]] = {}
+    rows = target.mapping[config["model_type"]]
+    placed: dict[str, tuple[str, tuple[str, ...]]] = {}
     unplaced = []
     for name in sorted(file_names):
         row = next(((m, r) for r in rows if (m := re.fullmatch(r[0], name))), None)
@@ -38,18 +39,15 @@ def expected_tree(target: Target, config: dict[str, Any], file_names: Any,
     return placed, unplaced
 
 
-def apply_steps(array: Any, steps: tuple[Any, ...], config: dict[str, Any]) -> Any:
-    """The file's array as the library holds it: the mapping's transposes and reshapes, nothing else."""
-    import numpy as np
+def apply_steps(array: Any, steps: tuple[str, ...], config: dict[str, Any]) -> Any:
+    """The file's array as the library holds it: the mapping's steps (transposes and reshapes), nothing else."""
+    from guard.convert.steps import to_target
 
-    dims = {**config, "head_dim": head_dim(config)}
-    for step, arg in steps:
-        array = np.transpose(array, arg) if step == "transpose" else np.reshape(array, [int(dims[k]) for k in arg])
-    return array
+    return to_target(array, steps, head_dim(config))
 
 
 def compare_tree(target: Target, load_label: str, avoid: str | None, config: dict[str, Any],
-                 file_tensors: dict[str, Callable[[], Any]], held: dict[str, Callable[[], Any]], *, where: str,
+                 file_tensors: Mapping[str, Callable[[], Any]], held: Mapping[str, Callable[[], Any]], *, where: str,
                  ) -> tuple[list[Finding], dict[str, Any]]:
     """``file_tensors``/``held``: name -> a reader of the file's / the library's array (one pair in memory at a
     time); ``avoid``: the option that avoids a finding under this load."""
@@ -59,13 +57,13 @@ def compare_tree(target: Target, load_label: str, avoid: str | None, config: dic
     return compare_held(target, load_label, avoid, expected, unplaced, held, where=where)
 
 
-def _mapped(read: Callable[[], Any], steps: tuple[Any, ...], config: dict[str, Any]) -> Any:
+def _mapped(read: Callable[[], Any], steps: tuple[str, ...], config: dict[str, Any]) -> Any:
     return apply_steps(read(), steps, config)
 
 
 def compare_held(target: Target, load_label: str, avoid: str | None,
-                 expected: dict[str, tuple[str, Callable[[], Any]]], unplaced: list[str],
-                 held: dict[str, Callable[[], Any]], *, where: str) -> tuple[list[Finding], dict[str, Any]]:
+                 expected: Mapping[str, tuple[str, Callable[[], Any]]], unplaced: list[str],
+                 held: Mapping[str, Callable[[], Any]], *, where: str) -> tuple[list[Finding], dict[str, Any]]:
     """``expected``: library name -> (the file tensor it comes from, a reader of the file's array(s) after the
     mapping); every placed name against what the library holds, and what it holds beyond them."""
     who = f"{target.name} {target.version} ({load_label})"

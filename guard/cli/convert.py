@@ -10,6 +10,8 @@ import click
 
 from guard.errors import GuardError, MissingExtraError, UsageError
 from guard.reporters import REPORTERS
+from guard.targets import TARGETS, to_choices, to_help
+from guard.targets.table import HF_WRITER
 
 CONVERT_MODULES = ("numpy", "ml_dtypes", "msgpack", "torch", "jax", "flax")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*$", re.IGNORECASE)
@@ -36,8 +38,7 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
 
 @click.command(short_help="Convert between PyTorch and Flax, bit-exactly.")
 @click.argument("src", type=click.Path(path_type=Path))
-@click.option("--to", "to", type=click.Choice(["flax", "torch", "maxtext"]), required=True,
-              help="Target: flax, torch, or maxtext (a MaxText Orbax checkpoint; its way back is --to torch).")
+@click.option("--to", "to", type=click.Choice(to_choices()), required=True, help=to_help())
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True,
               help="New output directory (must not exist, or be empty; never SRC).")
 @click.option("--dtype", "dtype", type=click.Choice(["keep", "fp32", "bf16", "fp16"]), default="keep",
@@ -85,7 +86,8 @@ def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...
     with quiet_libraries(verbose=verbose):
         from guard.cli.convert_maxtext import convert_maxtext, is_maxtext_source
 
-        if to == "maxtext" or (to == "torch" and is_maxtext_source(src)):  # guard.convert.maxtext's own path
+        # a target with a writer of its own, or a MaxText checkpoint's way back: guard.convert.maxtext's own path
+        if TARGETS[to].writer != HF_WRITER or (to == "torch" and is_maxtext_source(src)):
             return convert_maxtext(src, to, out, dtype=dtype, keep_fp32=keep_fp32, scan_layers=scan_layers,
                                    allow_lossy=allow_lossy, run_parity=run_parity,
                                    max_shard_size=parse_size(max_shard_size), fmt=fmt, output=output,

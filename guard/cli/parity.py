@@ -9,15 +9,13 @@ import click
 from guard.atomic import write_text_atomic
 from guard.errors import UsageError
 from guard.reporters import REPORTERS
+from guard.targets import against_choices, against_help
 
 
 @click.command(short_help="Compare PyTorch and Flax outputs of one model.")
 @click.argument("torch_dir", type=click.Path(path_type=Path))
 @click.argument("flax_dir", type=click.Path(path_type=Path), required=False)
-@click.option("--against", "against", type=click.Choice(("tunix", "keras-hub", "easydel", "maxtext")), default=None,
-              help="Instead of FLAX_DIR: load TORCH_DIR (an HF checkpoint; for maxtext, converted first in a temporary "
-                   "directory) with that JAX stack's own loader, "
-                   "compare every parameter it holds with the file and its forward with PyTorch's (docs/jax.md).")
+@click.option("--against", "against", type=click.Choice(against_choices()), default=None, help=against_help())
 @click.option("--against-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The Python of an environment where the --against library is installed (default: "
                    "$CKPT_GUARD_AGAINST_PYTHON, else this process when it has the library, else the environment "

@@ -6,13 +6,16 @@ its ``torch_load_mode`` "full" loads with ``torch_dtype=torch.float16``).  A pas
 the same load with ``dtype``, ``param_dtype`` and ``attn_dtype`` that dtype (EasyDeL's default
 attention dtype is bf16), called under the model's own mesh.  The exact load also passes config.json's
 ``rope_parameters["rope_theta"]`` as ``config_kwargs``: EasyDeL reads rope_theta at the top level only
-(``guard.against.easydel_causes``).
+(``guard.against.easydel_causes`` names it on the forward findings).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from guard.targets.table import ROPE_THETA_FROM_FILE
+from guard.worker.loads import run_loads
 
 LIBRARY = "easydel"
 
@@ -35,10 +38,16 @@ def _load(checkpoint: Path, options: dict[str, Any]) -> Any:
                                                                auto_shard_model=False, verbose=False, **options)
 
 
+def nested_rope_theta(config: dict[str, Any]) -> float | None:
+    """rope_theta where only transformers 5's layout has it (inside rope_parameters), else None."""
+    if "rope_theta" in config:
+        return None
+    theta = (config.get("rope_parameters") or {}).get("rope_theta")
+    return float(theta) if isinstance(theta, (int, float)) else None
+
+
 def library_options(config: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     """The load's options as EasyDeL takes them: ours (rope_theta from the file) turned into config_kwargs."""
-    from guard.against.easydel_causes import ROPE_THETA_FROM_FILE, nested_rope_theta
-
     options = dict(options)
     theta = nested_rope_theta(config) if options.pop(ROPE_THETA_FROM_FILE, False) else None
     if theta is not None:
@@ -73,3 +82,7 @@ def forward(handle: Loaded, dtype: str, input_ids: list[list[int]]) -> Any:
     with model.mesh:
         out = model(input_ids=jnp.asarray(input_ids, dtype=jnp.int32))
     return np.asarray(out.logits, dtype=np.float32)
+
+
+def answer(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    return {"loads": run_loads(request, out_dir, load=load, parameters=parameters, forward=forward)}

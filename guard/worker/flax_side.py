@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from guard.envs.protocol import PROTOCOL, write_array
+from guard.envs.protocol import write_array
 
 LIBRARY = "transformers"
 
@@ -31,18 +31,17 @@ def version() -> str:
     return dist_version("transformers")
 
 
-def answer(request: dict[str, Any]) -> dict[str, Any]:
-    from guard.parity.accelerator import backend_figures
+def answer(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The envelope's body (``guard.worker.__main__`` wraps it as every side's): ``"parity"`` beside no loads."""
     from guard.parity.runs import Failed, Unavailable
 
     try:
-        result = _run(request, Path(request["out_dir"]))
+        result = _run(request, out_dir)
     except Unavailable as exc:
         result = {"unavailable": str(exc)}
     except Failed as exc:
         result = {"failed": {"code": exc.finding.code, "message": exc.finding.message}}
-    return {"protocol": PROTOCOL, "library": {"name": LIBRARY, "version": version()}, "backend": backend_figures(),
-            "loads": [], "parity": result}
+    return {"loads": [], "parity": result}
 
 
 def _run(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:

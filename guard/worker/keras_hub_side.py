@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from guard.worker.loads import run_loads
+
 LIBRARY = "keras-hub"
 _POLICY = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
@@ -52,3 +54,7 @@ def forward(handle: Loaded, dtype: str, input_ids: list[list[int]]) -> Any:
     hidden = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
     logits = backbone.token_embedding(hidden, reverse=True)
     return np.asarray(logits).astype(np.float32)
+
+
+def answer(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    return {"loads": run_loads(request, out_dir, load=load, parameters=parameters, forward=forward)}

@@ -19,6 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from guard.worker.loads import run_loads
+
 LIBRARY = "maxtext"
 # the same on every pass: no checkpoint writing, no tokenizer, an attention every backend has
 _COMMON = ["per_device_batch_size=1", "enable_checkpointing=false", "skip_jax_distributed_system=true",
@@ -46,7 +48,7 @@ def checkpoint_flags(items: Path) -> list[str]:
     """The flags ``convert --to maxtext`` printed for this checkpoint, from its own ``_METADATA`` record."""
     from guard.convert.maxtext.flags import maxtext_flags
     from guard.convert.maxtext.ocdbt import read_custom
-    from guard.convert.maxtext.table import ARCHITECTURES
+    from guard.targets.maxtext import ARCHITECTURES
 
     custom = read_custom(items)
     if custom is None or custom.get("row") not in ARCHITECTURES or not isinstance(custom.get("config"), dict):
@@ -104,3 +106,8 @@ def forward(handle: Loaded, dtype: str, input_ids: list[list[int]]) -> Any:
     with jax.set_mesh(mesh):
         logits = model(ids, positions, decoder_segment_ids=jnp.ones_like(ids), enable_dropout=False)
     return np.asarray(logits[0] if isinstance(logits, tuple) else logits, dtype=np.float32)
+
+
+def answer(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    return {"loads": run_loads(request, out_dir, load=load, parameters=parameters, forward=forward,
+                               forward_at_default_precision=forward_at_default_precision)}

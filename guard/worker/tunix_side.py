@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from guard.worker.loads import run_loads
+
 LIBRARY = "tunix"
 _MODULES = {"llama": "tunix.models.llama3", "qwen3": "tunix.models.qwen3"}
 
@@ -87,3 +89,7 @@ def forward(handle: Loaded, dtype: str, input_ids: list[list[int]]) -> Any:
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), dtype=jnp.bool_)), (batch, length, length))
     logits, _ = model(tokens, positions, None, mask)
     return np.asarray(logits, dtype=np.float32)
+
+
+def answer(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    return {"loads": run_loads(request, out_dir, load=load, parameters=parameters, forward=forward)}

@@ -1,9 +1,9 @@
 """MaxText as a conversion target: ``convert SRC --to maxtext --out OUT [--scan-layers]`` and the way back.
 
-table   -> the target row (library, versions, writer, forward, environment) and one literal row per
-           architecture: MaxText's parameter tree as data, written from MaxText's own conversion hooks
-steps   -> the named array steps a row's parameters use (transpose, reshape, RoPE interleave, query
-           scale), each with its inverse; the query scale is the one declared rounding
+The target's row is ``guard.targets.table``'s ("maxtext"), its layout one literal row per architecture in
+``guard.targets.maxtext`` (MaxText's parameter tree as data, written from MaxText's own conversion hooks),
+its steps (transpose, reshape, RoPE interleave, the scalings that round) ``guard.convert.steps``'.
+
 source_config -> what config.json says (sizes, tied embeddings, RoPE), under transformers 4's keys or 5's
 plan    -> a source model and its config.json against a row: every MaxText leaf with its HF sources,
            or CG304 findings (unsupported architecture, missing tensor, wrong shape, no place)

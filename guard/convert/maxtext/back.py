@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from guard.convert.maxtext import steps
+from guard.convert import steps
 from guard.convert.maxtext.ocdbt import ItemsReader, read_custom
 from guard.convert.maxtext.plan import Leaf, dimensions, plan_leaves
-from guard.convert.maxtext.table import ARCHITECTURES
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
 from guard.findings import Finding, Severity
+from guard.targets.maxtext import ARCHITECTURES
 from guard.tensors import TensorInfo
 
 

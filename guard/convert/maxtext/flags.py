@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from guard.convert.maxtext.source_config import dimensions, gemma3_query_scalar, gemma3_rope, rope_type, tied
-from guard.convert.maxtext.steps import bfloat16_sqrt
-from guard.convert.maxtext.table import Architecture
+from guard.convert.steps import bfloat16_sqrt
+from guard.targets import TARGETS
+from guard.targets.maxtext import Architecture
 
 
 def rope_theta(config: dict[str, Any]) -> float | None:
@@ -24,12 +25,13 @@ def rope_theta(config: dict[str, Any]) -> float | None:
     return float(config["rope_theta"]) if config.get("rope_theta") is not None else None
 
 
-# MaxText 0.2.5's convention, measured on tiny fp32 Gemma 2 models (docs/jax.md): every intermediate
+# MaxText's convention (0.2.5), measured on tiny fp32 Gemma 2 models (docs/jax.md): every intermediate
 # activation matched transformers' to <1e-6 and only the logits differed; rounding the table to
 # bfloat16 on transformers' side brings them to 2.7e-7.
 TIED_LOGITS_NOTE = (
-    "tied embeddings (logits_via_embedding=true): MaxText 0.2.5 rounds the embedding table to bfloat16 for the "
-    "logits in every dtype (layers/embeddings.py attend_on_embedding: jnp.asarray(embedding_table, jnp.bfloat16); "
+    f"tied embeddings (logits_via_embedding=true): MaxText {TARGETS['maxtext'].version} rounds the embedding table "
+    "to bfloat16 for the logits in every dtype (layers/embeddings.py attend_on_embedding: "
+    "jnp.asarray(embedding_table, jnp.bfloat16); "
     "no flag avoids it), so its fp32 logits differ from transformers' by about 1e-3 of their scale "
     "(measured on tiny fp32 models: 1.2e-3 for a tied Llama, 1.6e-3 to 2.3e-3 for Gemma 2); the stored table "
     "is exact")

@@ -16,10 +16,11 @@ from typing import Any
 from guard.catalogue import make_finding
 from guard.convert.maxtext.refusals import unsupported_layouts
 from guard.convert.maxtext.source_config import dimensions, rope_type, tied
-from guard.convert.maxtext.table import ARCHITECTURES, PARAM_SCAN_AXIS, Architecture, Param
 from guard.findings import Finding
+from guard.targets.maxtext import ARCHITECTURES, PARAM_SCAN_AXIS, Architecture, Param
 
 ROOT = ("params", "params")
+Spec = tuple[tuple[str, ...], tuple[tuple[tuple[int, ...], str], ...], tuple[int, ...]]  # (key, grid, stacked axes)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def plan_leaves(row: Architecture, config: dict[str, Any], tensors: dict[str, An
     """Every MaxText leaf, or the CG304 findings that stop the conversion.  ``tensors``: name -> TensorInfo."""
     import numpy as np
 
-    from guard.convert.maxtext import steps as step_table
+    from guard.convert import steps as step_table
 
     try:
         dims = dimensions(config)
@@ -86,7 +87,7 @@ def plan_leaves(row: Architecture, config: dict[str, Any], tensors: dict[str, An
         if param.optional and specs[0][1][0][1] not in tensors:
             continue
         want = tuple(dims[s] for s in param.shape)
-        piece = tuple(step_table.to_maxtext(np.empty(want, np.uint8), param.steps, dims["H"]).shape)
+        piece = tuple(step_table.to_target(np.empty(want, np.uint8), param.steps, dims["H"]).shape)
         for key, grid, axes in specs:
             seen = set()
             for _, name in grid:
@@ -136,14 +137,13 @@ def _leaf_specs(param: Param, dims: dict[str, int], *,
             for i in range(layers)]
 
 
-def _block_specs(param: Param, parts: tuple[str, ...],
-                 layers: int) -> list[tuple[tuple[str, ...], tuple[tuple[tuple[int, ...], str], ...], tuple[int, ...]]]:
+def _block_specs(param: Param, parts: tuple[str, ...], layers: int) -> list[Spec]:
     """Gemma 3 scanned (nnx_decoders.py _init_scanned_gemma3): decoder/layers/layers_{k} stacks HF layers
     block * j + k on param_scan_axis over the full blocks j; the layers after the last full block sit unstacked
     in decoder/layers_remainder/layers_{r} (none stacked when there are fewer layers than one block)."""
     block = param.block
     full = layers // block
-    specs = [(ROOT + ("decoder", "layers", f"layers_{k}") + parts[1:],
+    specs: list[Spec] = [(ROOT + ("decoder", "layers", f"layers_{k}") + parts[1:],
               tuple(((j,), param.hf.format(i=block * j + k)) for j in range(full)), (PARAM_SCAN_AXIS,))
              for k in range(block) if full]
     specs += [(ROOT + ("decoder", "layers_remainder", f"layers_{r}") + parts[1:],

@@ -8,8 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from guard.convert.maxtext.source_config import gemma3_layer_types, gemma3_query_scalar, gemma3_rope, tied
-from guard.convert.maxtext.table import GEMMA3_BLOCK, Architecture
-
+from guard.targets.maxtext import GEMMA3_BLOCK, Architecture
 
 # model_types that MaxText names but no row converts, with why (one line each); they stay out of the rows'
 # model_types, so parity --against maxtext keeps calling them an architecture MaxText has no row for (CG303)

@@ -15,17 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from guard.catalogue import make_finding
-from guard.convert.maxtext import steps
+from guard.convert import steps
 from guard.convert.maxtext.flags import flag_notes, maxtext_flags, model_name
 from guard.convert.maxtext.ocdbt import ItemsWriter, items_dir
 from guard.convert.maxtext.plan import Leaf, choose_row, dimensions, plan_leaves
 from guard.convert.maxtext.refusals import UNCONVERTED
-from guard.convert.maxtext.table import ARCHITECTURES, MAXTEXT, Architecture
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
 from guard.findings import Finding, Severity
+from guard.targets import TARGETS
+from guard.targets.maxtext import ARCHITECTURES, Architecture
 from guard.write.cast import CastCheck, CastPolicy
 
 FORMAT_VERSION = 1
+TARGET = TARGETS["maxtext"]  # its row: the library's version is its environment's
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,9 @@ def convert_to_maxtext(req: MaxTextRequest) -> tuple[list[Finding], dict[str, An
     started, started_ns = time.monotonic(), time.time_ns()
     check_paths(req.src, req.out)
     config, findings = read_config(req.src)
-    figures: dict[str, Any] = {"source": str(req.src), "output": str(req.out), "to": "maxtext", "target": MAXTEXT.name,
-                               "library": MAXTEXT.library, "scan_layers": req.scan, "written": False}
+    figures: dict[str, Any] = {"source": str(req.src), "output": str(req.out), "to": "maxtext", "target": TARGET.name,
+                               "library": f"MaxText {TARGET.version} (AI-Hypercomputer/maxtext)",
+                               "scan_layers": req.scan, "written": False}
     if findings:
         return findings, figures
     if config is None:
@@ -99,7 +102,7 @@ def _write(req: MaxTextRequest, config: dict[str, Any], row: Architecture, leave
             array = None
             for at, name in leaf.grid:
                 original = check.cast(by_name[name].load())
-                piece = steps.to_maxtext(original, leaf.param.steps, head_dim)
+                piece = steps.to_target(original, leaf.param.steps, head_dim)
                 count = steps.rounded_elements(original, piece, leaf.param.steps, head_dim)
                 if steps.ROUNDING.intersection(leaf.param.steps):
                     tally = rounded.setdefault(leaf.param.maxtext, [0, 0])
@@ -123,7 +126,7 @@ def _write(req: MaxTextRequest, config: dict[str, Any], row: Architecture, leave
         if _blocking(findings):
             discard(temp)
             return findings, figures
-        custom = {"format": FORMAT_VERSION, "target": MAXTEXT.name, "row": row.name, "scan_layers": req.scan,
+        custom = {"format": FORMAT_VERSION, "target": TARGET.name, "row": row.name, "scan_layers": req.scan,
                   "config": config, "hf_tensors": hf_tensors,
                   "declared_roundings": {k: v[0] for k, v in rounded.items()}}
         writer.finish(custom, started_ns)

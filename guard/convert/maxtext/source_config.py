@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.convert.maxtext.table import GEMMA3_BLOCK
+from guard.targets.maxtext import GEMMA3_BLOCK
 
 
 def rope_type(config: dict[str, Any]) -> str | None:

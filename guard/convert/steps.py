@@ -1,4 +1,10 @@
-"""The array steps of MaxText's layout, each with its inverse, and the ones that round.
+"""The one step vocabulary of the targets' mappings (``guard.targets``), and its one interpreter.
+
+A target's mapping names, for each Hugging Face tensor, the steps that turn it into the array the
+target holds: ``transpose`` (a matrix's ``W.T``), ``heads_in`` (q/k/v: ``W.T`` reshaped
+[hidden, heads, head_dim]), ``heads_out`` (o_proj: ``W.T`` reshaped [heads, head_dim, hidden]),
+``bias_heads``, ``interleave`` (RoPE halves -> pairs) and MaxText's scalings below.  Each step has
+its inverse, so one mapping serves the way there and the way back.
 
 Every step but the ``ROUNDING`` ones moves elements (a transpose, a reshape, the RoPE
 interleave): exact both ways.  ``scale_query`` is MaxText's ``scale_query_layer``: the
@@ -157,7 +163,7 @@ def _norm_minus_one(a: np.ndarray, head_dim: int) -> np.ndarray:
     return (a.astype(np.float32) - np.float32(1)).astype(a.dtype)
 
 
-STEPS: dict[str, tuple[Step, Step]] = {  # name -> (to MaxText, back to HF)
+STEPS: dict[str, tuple[Step, Step]] = {  # name -> (to the target, back to HF)
     "transpose": (_transpose, _transpose),
     "heads_in": (_heads_in, _heads_in_back),
     "heads_out": (_heads_out, _heads_out_back),
@@ -180,7 +186,7 @@ ROUNDING_SAYS = {
 }
 
 
-def to_maxtext(a: np.ndarray, steps: tuple[str, ...], head_dim: int) -> np.ndarray:
+def to_target(a: np.ndarray, steps: tuple[str, ...], head_dim: int) -> np.ndarray:
     for name in steps:
         a = STEPS[name][0](a, head_dim)
     return a

@@ -1,9 +1,9 @@
-"""The MaxText target as data: one row for the target, one row per architecture.
+"""MaxText's mapping as data: one row per architecture (the target's row is ``guard.targets.table``'s).
 
-Every row's parameters are written from MaxText 0.2.5's own conversion code
-(``maxtext/checkpoint_conversion/utils/param_mapping.py``, the ``*_PARAM_MAPPING`` and
-``*_PARAM_HOOK_FN`` functions named in ``cite``) and from the modules that decide what the
-forward expects (``layers/attentions.py`` ``init_query_w``: the query kernel carries
+Every row's parameters are written from MaxText's own conversion code, at the version its
+environment names (``guard.envs.registry``): ``maxtext/checkpoint_conversion/utils/param_mapping.py``,
+the ``*_PARAM_MAPPING`` and ``*_PARAM_HOOK_FN`` functions named in ``cite``, and the modules that
+decide what the forward expects (``layers/attentions.py`` ``init_query_w``: the query kernel carries
 1/sqrt(head_dim) unless the model has qk-norm or a ``query_pre_attn_scalar``;
 ``layers/embeddings.py``: ``LLaMARotaryEmbedding``, interleaved pairs, only for
 ``llama3.1`` model names, ``RotaryEmbedding``, HF's halves, otherwise).
@@ -23,33 +23,11 @@ PARAM_SCAN_AXIS = 1  # MaxText's base.yml default; scanned layers stack here (ex
 
 
 @dataclass(frozen=True)
-class Target:
-    name: str
-    library: str
-    checked_with: str
-    writer: str
-    layout: str
-    forward: str
-    environment: str
-
-
-MAXTEXT = Target(
-    name="maxtext",
-    library="MaxText 0.2.5 (AI-Hypercomputer/maxtext)",
-    checked_with="orbax-checkpoint 0.12.8, tensorstore; MaxText's param_mapping hooks imported in the tests",
-    writer="Orbax PyTree checkpoint: OCDBT + zarr3 (zstd), as MaxText's save_weights_to_checkpoint writes",
-    layout='OUT/0/items, tree {"params": {"params": ...}}; load with load_parameters_path=OUT/0/items',
-    forward="MaxText's own decoder (not run here: MaxText needs Python >= 3.12)",
-    environment="MaxText needs Python >= 3.12 and transformers >= 5.17: a venv of its own",
-)
-
-
-@dataclass(frozen=True)
 class Param:
     maxtext: str  # "/"-joined path under params/params; "layers/..." is per decoder layer
     hf: str  # the HF tensor name; {i} the layer, {e} the expert
     shape: tuple[str, ...]  # the HF tensor's dimensions, by symbol
-    steps: tuple[str, ...] = ()  # steps.STEPS names, applied in order going to MaxText
+    steps: tuple[str, ...] = ()  # guard.convert.steps names, applied in order going to MaxText
     optional: bool = False  # present in some checkpoints of the architecture only (biases)
     layer: tuple[int, int] = (1, 0)  # (stride, offset): MaxText layer i holds HF layer stride * i + offset
     # scanned only: MaxText stacks blocks of this many layers (decoder/layers/layers_{k}, block j = HF layer

@@ -1,0 +1,160 @@
+"""The targets: one literal row each, for ``convert --to`` and ``parity --against``.
+
+A row holds its name and one line for the help; the environment its library runs in, by the name of a
+row of ``guard.envs.registry`` (which holds the library's distribution and the version it was checked
+with: written once, there); what it cites; its mapping as data, in the one step vocabulary of
+``guard.convert.steps``; its writer for ``--to`` and its worker side and loads for ``--against``, named
+by dotted strings and imported only when used.  The ``--to`` and ``--against`` choices, their help and
+docs/jax.md's table are derived from these rows (``guard.targets.choices``, ``guard.targets.doc``).
+
+Adding a target is adding a row here and a side in ``guard/worker/`` (tests/test_targets.py holds it so).
+Plain data: this module imports nothing above ``guard.envs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from guard.envs.registry import ENVIRONMENTS, Environment
+from guard.targets.families import FAMILIES, Family
+from guard.targets.mappings import (
+    EASYDEL_DECODER,
+    EASYDEL_QK_NORM,
+    KERAS_DECODER,
+    KERAS_QK_NORM,
+    TUNIX_DECODER,
+    TUNIX_QK_NORM,
+    Mapped,
+)
+from guard.targets.maxtext import ARCHITECTURES as MAXTEXT_ARCHITECTURES, Architecture
+
+# the writer of the Hugging Face layouts (flax_model.msgpack or Orbax for Flax, safetensors for PyTorch)
+HF_WRITER = "guard.convert.run:convert_model"
+# EasyDeL's exact load: config.json's rope_parameters["rope_theta"] passed as config_kwargs (a worker option)
+ROPE_THETA_FROM_FILE = "rope_theta_from_file"
+
+
+@dataclass(frozen=True)
+class Load:
+    label: str  # "defaults" | "exact"
+    options: dict[str, Any]  # passed to the library's loader by the worker
+    says: str  # the option, as the library spells it, that a finding under the other load names
+    when_stored: tuple[str, ...] = ()  # run only for a file stored in one of these dtypes (empty: always)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    help: str  # one line: what the target is, in the CLI's help and docs/jax.md
+    cites: str  # the library's conversion code the mapping follows
+    environment: str = ""  # a row of guard.envs.registry.ENVIRONMENTS ("": this process, no library of its own)
+    reads: str = ""  # how the library reads a Hugging Face checkpoint (docs/jax.md)
+    # model_type -> the HF tensors' names in the library and the steps between (a library that reads HF files)
+    mapping: dict[str, tuple[Mapped, ...]] = field(default_factory=dict)
+    # a layout of its own: row name -> that architecture's parameter tree (MaxText); its model_types are mapped
+    architectures: dict[str, Architecture] = field(default_factory=dict)
+    # transformers' twin classes: model_type -> what the PyTorch and Flax classes hold (the generic rules of
+    # guard.convert.map.rules name each tensor from these rows)
+    families: dict[str, Family] = field(default_factory=dict)
+    writer: str = ""  # --to: "module:function" writing this target
+    side: str = ""  # the worker side (a guard.worker.side.Side module) running the library
+    loads: tuple[Load, ...] = ()  # --against: the loads the side is run with
+    # the library reads no HF file: the checkpoint is converted first (``convert --to <converts_to>``, in a
+    # temporary directory) and the mapping is that converter's ``architectures``
+    converts_to: str = ""
+    exact_load: str = "exact"  # the load whose options a finding under another load names
+    # "module:function": (config.json, a load's options, a failing comparison's dtype) -> what the library's
+    # forward is known to do differently there, one clause each, added to that forward finding
+    forward_causes: str = ""
+    # "module:function": (file, config.json, input ids) -> transformers' fp32 outputs with the library's declared
+    # forward conventions in them, or None where none apply: an fp32 miss this reference does not see is the
+    # conventions only (a warning); one it sees too is something else (CG302)
+    conventional_reference: str = ""
+
+    @property
+    def environment_row(self) -> Environment | None:
+        return ENVIRONMENTS[self.environment] if self.environment else None
+
+    @property
+    def library(self) -> str:
+        """The library's distribution (``google-tunix``); empty for a target of this process."""
+        row = self.environment_row
+        return row.distribution if row else ""
+
+    @property
+    def version(self) -> str:
+        """The version the mapping was written from and the tests run: the environment's first checked one."""
+        row = self.environment_row
+        return row.checked[0] if row else ""
+
+    @property
+    def model_types(self) -> frozenset[str]:
+        return (frozenset(self.mapping) | frozenset(self.families)
+                | {t for row in self.architectures.values() for t in row.model_types})
+
+
+TARGETS: dict[str, Target] = {
+    "flax": Target(
+        name="flax", help="transformers 4's Flax layout: flax_model.msgpack (or Orbax with --layout orbax)",
+        cites=("guard/targets/families.py and guard/convert/map/rules.py, proven against transformers 4's Flax "
+               "classes"),
+        environment="tf4", reads="transformers 4's FlaxAutoModel classes (parity's Flax side)", families=FAMILIES,
+        writer=HF_WRITER, side="guard.worker.flax_side"),
+    "torch": Target(
+        name="torch", help="safetensors for transformers' PyTorch classes (also the way back from MaxText)",
+        cites=("guard/targets/families.py and guard/convert/map/rules.py, proven against transformers' PyTorch "
+               "classes"),
+        families=FAMILIES, writer=HF_WRITER),
+    "tunix": Target(
+        name="tunix", help="google-tunix's Flax NNX models",
+        cites=("tunix/models/{llama3,qwen3}/params.py: _get_key_and_transform_mapping and "
+               "create_model_from_safe_tensors; tunix/models/safetensors_loader.py: load_and_create_model"),
+        environment="tunix",
+        reads="at load: `tunix.models.<arch>.params.create_model_from_safe_tensors(dir, ModelConfig, mode=...)`",
+        mapping={"llama": TUNIX_DECODER, "qwen3": TUNIX_DECODER + TUNIX_QK_NORM},
+        side="guard.worker.tunix_side",
+        loads=(Load("defaults", {"mode": "auto"}, 'mode="auto" (the optimized loader on Linux)'),
+               Load("exact", {"mode": "original"}, 'mode="original"'))),
+    "keras-hub": Target(
+        name="keras-hub", help="keras-hub's backbones on the JAX backend",
+        cites=("keras_hub/src/utils/transformers/convert_{llama3,qwen3}.py: convert_weights; "
+               "keras_hub/src/utils/transformers/safetensor_utils.py: SafetensorLoader.port_weight"),
+        environment="keras-hub",
+        reads="at load: `Backbone.from_preset(dir)`, `convert_<arch>.py` + `SafetensorLoader.port_weight`",
+        mapping={"llama": KERAS_DECODER, "qwen3": KERAS_DECODER + KERAS_QK_NORM},
+        side="guard.worker.keras_hub_side",
+        loads=(Load("defaults", {}, "no dtype (Keras' global policy)"),
+               Load("exact", {"dtype": "float32"}, 'dtype="float32"'),
+               # what keras-hub users run for a bf16 checkpoint: variables and compute in bf16
+               Load("bfloat16 policy", {"dtype": "bfloat16"}, 'dtype="bfloat16"', when_stored=("BF16",)))),
+    "easydel": Target(
+        name="easydel", help="EasyDeL's causal LMs",
+        cites=("easydel/utils/parameters_transformation.py: StateDictConverter.process_tensor; "
+               "easydel/infra/mixins/bridge.py: _from_torch_pretrained"),
+        environment="easydel",
+        reads="`AutoEasyDeLModelForCausalLM.from_pretrained(path, from_torch=True, torch_load_mode=...)`",
+        mapping={"llama": EASYDEL_DECODER, "qwen3": EASYDEL_DECODER + EASYDEL_QK_NORM},
+        side="guard.worker.easydel_side",
+        loads=(Load("defaults", {}, 'torch_load_mode="full" (loads through torch in float16)'),
+               # and rope_theta from rope_parameters, where transformers 5 writes it and EasyDeL does not look
+               Load("exact", {"torch_load_mode": "streaming", ROPE_THETA_FROM_FILE: True},
+                    'torch_load_mode="streaming", config_kwargs={"rope_theta": <rope_parameters\' value>}')),
+        forward_causes="guard.against.easydel_causes:forward_causes"),
+    "maxtext": Target(
+        name="maxtext", help="a MaxText Orbax checkpoint (its way back is --to torch)",
+        cites=("guard/targets/maxtext.py, written from maxtext/checkpoint_conversion/utils/param_mapping.py "
+               "(*_MAXTEXT_TO_HF_PARAM_MAPPING, *_PARAM_HOOK_FN); loaded by maxtext/utils/model_creation_utils.py: "
+               "from_pretrained (load_parameters_path)"),
+        environment="maxtext",
+        reads="offline: `convert --to maxtext` into an Orbax checkpoint, then `load_parameters_path=OUT/0/items`",
+        architectures=MAXTEXT_ARCHITECTURES,
+        writer="guard.convert.maxtext.run:convert_to_maxtext", side="guard.worker.maxtext_side",
+        # options are MaxText flags; base.yml's defaults: weight_dtype float32 (a bf16 file widens exactly),
+        # dtype bfloat16, scan_layers true (the conversion for --against is scanned, as MaxText's default)
+        loads=(Load("defaults", {}, "weight_dtype=float32 (base.yml's default)"),
+               Load("bfloat16 weights", {"weight_dtype": "bfloat16"}, "weight_dtype=bfloat16",
+                    when_stored=("BF16",))),
+        converts_to="maxtext", exact_load="defaults", forward_causes="guard.against.maxtext_causes:forward_causes",
+        conventional_reference="guard.against.maxtext_causes:conventional_reference"),
+}
