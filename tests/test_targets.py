@@ -165,3 +165,12 @@ def test_mapping_steps_are_the_libraries_own_transposes_and_reshapes() -> None:
                                                                                                  hidden)))
     for a, steps in ((q, ("heads_in",)), (o, ("heads_out",)), (q, ("transpose",))):
         assert np.array_equal(to_hf(to_target(a, steps, head_dim), steps, head_dim), a)
+
+
+def test_the_choices_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
+    from guard.targets.__main__ import main as targets_main
+
+    assert targets_main(["against"]) == 0 and capsys.readouterr().out.split() == list(against_choices())
+    assert targets_main(["to"]) == 0 and capsys.readouterr().out.split() == list(to_choices())
+    assert targets_main([]) == 0 and markdown_table() in capsys.readouterr().out
+    assert targets_main(["stacks"]) == 2
