@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from guard.records import record
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (the hook's path)
+if TYPE_CHECKING:
+    from typing import Any
+
 SAFETIES = ("safe", "needs-flag", "none")
 
 # Actions guard.fix knows how to apply (guard.fix.actions.ACTIONS has one entry per name).
@@ -51,7 +55,7 @@ class Fix:
         return self.safety != "none"
 
     @property
-    def arguments(self) -> dict[str, object]:
+    def arguments(self) -> dict[str, Any]:  # parsed JSON: each action checks the types it reads
         import json  # json here and below: only where a fix is planned or read (a clean scan has none)
 
         value = json.loads(self.params)

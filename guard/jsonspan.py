@@ -102,6 +102,7 @@ def _first_step(text: str, pos: int, stack: list[tuple[bool, bool, int]],
     whether that value lies on ``wanted``."""
     is_object, container_on_path, index = stack[-1]
     depth = len(stack) - 1
+    step: str | int
     if is_object:
         pos, step = _key(text, pos)
     else:

@@ -62,7 +62,7 @@ def _pin_level(logger: logging.Logger) -> None:
     ours (torch's WARNING lets a later import, transformers loading torchao, log pytree deprecations
     onto the user's terminal).  Importing them first to get that over with cost a conversion that
     needs no torch 1.5 to 4.6 s of torch's import; pinning the level costs nothing."""
-    logger.setLevel = lambda _level: None  # type: ignore[method-assign]  # an instance attribute, removed after
+    logger.setLevel = lambda level: None  # type: ignore[method-assign]  # an instance attribute, removed after
 
 
 def _transformers_verbosity(level: int | None) -> int | None:

@@ -6,9 +6,17 @@ import os
 
 from guard.errors import MalformedCheckpoint
 
+# The hook's path imports no ``typing`` (about a quarter of its start-up): ``Protocol`` is for the type
+# checker alone, and ByteSource a plain class at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
+else:
+    Protocol = object
 
-class ByteSource:
-    """The interface every reader takes (a protocol by convention: nothing needs to inherit it)."""
+
+class ByteSource(Protocol):
+    """The interface every reader takes (a protocol: nothing needs to inherit it)."""
 
     name: str  # display path, used in findings
     size: int

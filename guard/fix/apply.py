@@ -98,7 +98,8 @@ def apply_fix(planned: PlannedFix, options: FixOptions, policy: Policy, *, root:
         written, backups = publish(staged, model_dir, staging, options=options, config_only=config_only)
     except (GuardError, OSError, MalformedCheckpoint) as exc:
         reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
-        text = f"{exc.filename}: {reason}" if reason and getattr(exc, "filename", None) else str(exc)
+        filename = getattr(exc, "filename", None)
+        text = f"{filename}: {reason}" if reason and filename else str(exc)
         return Outcome(planned, False, [], [], staged.findings, "rolled back: nothing written",
                        error=text.splitlines()[0][:500] if text else type(exc).__name__, details=staged.details)
     finally:

@@ -212,14 +212,14 @@ def _file_lines(fix: Fix, root: Path) -> list[str]:
     args = fix.arguments
     if fix.action == "config-dtype":
         edits = args.get("edits") or []
-        delta = sum(len(str(e["new"]).encode()) - int(e["length"]) for e in edits)  # type: ignore[index]
+        delta = sum(len(str(e["new"]).encode()) - int(e["length"]) for e in edits)
         out = []
         for path in fix.writes:
             size = _size(root / path)
             after = f" -> {size + delta:,} bytes" if size is not None else ""
             out.append(f"rewrites {inert_text(path)} ({_shown_size(size)}{after}), only these values:")
         out += [f"  line {e['line']}: {inert_text(str(e['key']), limit=120)}: {inert_text(str(e['old']), limit=80)} "
-                f"-> {inert_text(str(e['new']), limit=80)}" for e in edits]  # type: ignore[index]
+                f"-> {inert_text(str(e['new']), limit=80)}" for e in edits]
         return out
     out = []
     for path in fix.writes:

@@ -175,7 +175,7 @@ def _class_attribute(classes: dict[str, ast.ClassDef], name: str, *, depth: int)
             if isinstance(item, ast.AnnAssign) and item.value is not None else []
         if any(isinstance(t, ast.Name) and t.id == "_tied_weights_keys" for t in targets):
             try:
-                value = ast.literal_eval(item.value)  # type: ignore[union-attr, arg-type]
+                value = ast.literal_eval(item.value)  # type: ignore[attr-defined]  # an (Ann)Assign
             except ValueError:  # computed, not a literal: the usual names stand in
                 return None
             if isinstance(value, dict):  # transformers 5: {tied name: source name}

@@ -128,7 +128,8 @@ def _fenced_json(value: Any) -> str:
 
 
 def _bounded(lines: list[str], budget: int, what: str) -> list[str]:
-    kept, used = [], 0
+    kept: list[str] = []
+    used = 0
     for line in lines:
         used += len(line) + 1
         if used > budget:

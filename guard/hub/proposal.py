@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -67,7 +68,7 @@ def find_proposals(client: HubClient, repo_id: str, author: str, *, plan: str | 
                   and (base is None or f" of {base[:12]} " in d.title)]
         found = []
         for discussion in wanted[:MAX_LOOKED_AT]:
-            details = client.call(lambda d=discussion: api.get_discussion_details(repo_id, d.num))
+            details = client.call(partial(api.get_discussion_details, repo_id, discussion.num))
             opening = str(getattr(details.events[0], "content", "") or "") if details.events else ""
             match = _MARKER.search(opening)
             if match is None or (plan and match.group(1) != plan) or (base and match.group(2) != base):
@@ -111,7 +112,7 @@ def open_once(client: HubClient, repo_id: str, operations: list[Any], *, title: 
             info = client.call(lambda: api.create_commit(
                 repo_id, operations, commit_message=title, commit_description=description, revision=branch,
                 create_pr=True, parent_commit=parent), retry=_before_the_commit)
-        except (HfHubHTTPError, *transport_errors()) as exc:
+        except (HfHubHTTPError,) + transport_errors() as exc:
             refused = status_of(exc) == 429 or (status_of(exc) == 503 and retry_after_of(exc) is not None)
             if not refused or "/commit/" not in request_url_of(exc):
                 found = existing()

@@ -183,8 +183,8 @@ class Reviewer:
                 item = None
             if item is None:
                 with self._work:
-                    self._work.wait_for(lambda seen=seen: self._submitted != seen or self._stop.is_set(),
-                                        self.settings.poll)
+                    self._work.wait_for(lambda: self._submitted != seen or self._stop.is_set(),  # noqa: B023
+                                        self.settings.poll)  # (B023: wait_for calls it now, in this iteration)
                 continue
             self._process(item)
 
@@ -202,7 +202,7 @@ class Reviewer:
         fields: dict[str, Any] = {"job": item.id, "repo": job.repo_id, "ref": job.ref, "sha": job.sha,
                                   "attempt": item.attempts}
         try:
-            outcome = self.review(job, before_post=lambda: self._still_held(item))
+            outcome: str = self.review(job, before_post=lambda: self._still_held(item))
         except LeaseLost:
             outcome = "lost"
             log.warning("lease of job %d lost: another worker answers it", item.id, extra=fields)

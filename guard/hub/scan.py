@@ -13,6 +13,7 @@ import posixpath
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from guard.catalogue import make_finding
@@ -181,7 +182,7 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
             path = _display(repo_id, directory) if directory else repo_id
             result.inventories.append(build_inventory(
                 path, tf_dirs.rebase_companions(scans, path), json_files=json_files,
-                companion_size=lambda name, d=directory: _listed_size(listed, posixpath.join(d, name) if d else name)))
+                companion_size=partial(_listed_companion_size, listed, directory)))
         for scan in checkpoint_scans.values():  # a checkpoint with nothing beside it
             result.inventories.append(build_inventory(scan.path, [scan], json_files={}))
         fetched = {name: _result(f, result) for name, f in indexes.items()}
@@ -226,6 +227,10 @@ def _group_by_directory(siblings: Sequence[Any], *, inside: tuple[str, ...] = ()
     # A directory with only a config.json is not a model (same rule as the local scan), unless a checkpoint.
     return {d: groups[d] for d in sorted(groups)
             if groups[d][0] or d in inside or any(is_index_file(posixpath.basename(n)) for n, _ in groups[d][1])}
+
+
+def _listed_companion_size(listed: dict[str, int | None], directory: str, name: str) -> int | None:
+    return _listed_size(listed, posixpath.join(directory, name) if directory else name)
 
 
 def _listed_size(listed: dict[str, int | None], name: str) -> int | None:

@@ -148,13 +148,13 @@ class HeaderMap(Mapping[str, str]):
     def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
         return self._built().get(key, default)
 
-    def keys(self):  # type: ignore[no-untyped-def]
+    def keys(self):
         return self._built().keys()
 
-    def values(self):  # type: ignore[no-untyped-def]
+    def values(self):
         return self._built().values()
 
-    def items(self):  # type: ignore[no-untyped-def]
+    def items(self):
         return self._built().items()
 
     def __eq__(self, other: object) -> bool:

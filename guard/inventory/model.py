@@ -159,7 +159,7 @@ def build_inventory(
             if parsed is not None and not isinstance(parsed, dict):
                 findings.append(make_finding("CG001", name, "config.json is not a JSON object"))
             elif parsed is not None:
-                config = parsed  # type: ignore[assignment]
+                config = parsed
         elif base in QUANT_CONFIG_FILES:
             if parsed is not None:
                 quant_files[base] = parsed

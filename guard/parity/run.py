@@ -146,7 +146,8 @@ def _run_streamed(pt_cls: Any, flax_cls: Any, hf_config: Any, torch_dir: Path, f
     leaves: list[str] = []
     # leaf units stream too unless a side reads them outside their own call (Flax's tied heads read the
     # embedding's variables); such a pass is retried with them resident
-    whole_leaves = {"torch": [], "flax": []} if not getattr(hf_config, "tie_word_embeddings", False) else {"torch": []}
+    tied = getattr(hf_config, "tie_word_embeddings", False)
+    whole_leaves: dict[str, list[str]] = {"torch": [], "flax": []} if not tied else {"torch": []}
     try:
         for label, dtype in passes:
             _give_back_freed_memory()
@@ -207,7 +208,11 @@ def _run_all(pt_cls: Any, flax_cls: Any, torch_dir: Path, flax_dir: Path, inputs
 def find_pair(config: dict[str, Any]) -> tuple[str, str]:
     """(PyTorch class, Flax class) for a config: its ``architectures`` where Flax has the twin,
     else the base models.  Raises _Unavailable when transformers pairs none."""
-    from transformers.models.auto import configuration_auto, modeling_auto, modeling_flax_auto
+    from transformers.models.auto import (  # type: ignore[attr-defined]  # modeling_flax_auto: transformers 4 only
+        configuration_auto,
+        modeling_auto,
+        modeling_flax_auto,
+    )
 
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
@@ -219,7 +224,7 @@ def find_pair(config: dict[str, Any]) -> tuple[str, str]:
 
     for arch in config.get("architectures") or ():
         twin = FLAX_NAMES.get(arch, f"Flax{arch}") if isinstance(arch, str) else None
-        if twin in flax_names:
+        if twin is not None and twin in flax_names:
             return arch, twin
     base_flax = modeling_flax_auto.FLAX_MODEL_MAPPING_NAMES.get(model_type)
     base_pt = modeling_auto.MODEL_MAPPING_NAMES.get(model_type)
@@ -227,7 +232,7 @@ def find_pair(config: dict[str, Any]) -> tuple[str, str]:
         base_pt = base_pt[0]
     if base_flax is None or base_pt is None:
         raise _Unavailable(f"transformers has no paired PyTorch/Flax classes for model_type {model_type!r}")
-    return base_pt, base_flax
+    return str(base_pt), base_flax
 
 
 @contextlib.contextmanager
@@ -236,7 +241,7 @@ def _numerics() -> Iterator[None]:
     import jax
     import torch
 
-    previous = jax.config.jax_default_matmul_precision
+    previous = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]  # an option jax's stub lacks
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     jax.config.update("jax_default_matmul_precision", "highest")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False

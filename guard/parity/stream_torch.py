@@ -130,7 +130,7 @@ def skeleton(cls: Any, config: Any, torch_dtype: Any) -> Any:
     try:  # transformers 5 moved it out of modeling_utils
         from transformers.initialization import no_init_weights
     except ImportError:
-        from transformers.modeling_utils import no_init_weights
+        from transformers.modeling_utils import no_init_weights  # type: ignore[attr-defined, no-redef]  # 4.x's home
 
     try:
         with _params_on_meta(), no_init_weights():

@@ -141,6 +141,7 @@ def _descr(descr: object) -> tuple[str, int | None, bool, str | None]:
         return ("datetime64" if kind == "M" else "timedelta64"), 8, big, f"a time dtype ({descr!r})"
     if unit:
         raise MalformedCheckpoint(f".npy descr {descr[:40]!r} is not a dtype numpy knows")
+    code: str | None
     if not digits and kind in _LETTERS:
         code = _LETTERS[kind]
     elif kind in _KINDS or kind == "b":

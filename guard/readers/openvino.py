@@ -213,8 +213,8 @@ def _first_name(names: str) -> str:
     return "".join(out).strip()
 
 
-def _refuse(what: str) -> Callable[..., None]:
-    def handler(*_args: object) -> None:
+def _refuse(what: str) -> Callable[..., int]:
+    def handler(*_args: object) -> int:  # never returns (expat's entity handler is typed to return an int)
         raise MalformedCheckpoint(f"XML {what} refused: an OpenVINO IR has none, and entities are never expanded "
                                   "or fetched")
     return handler

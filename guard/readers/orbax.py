@@ -178,7 +178,7 @@ def tree_metadata(meta: object, name: str) -> dict[str, object]:
     """``_METADATA``'s ``tree_metadata`` object (its entries are ``leaf_params``'s to check)."""
     if not isinstance(meta, dict) or not isinstance(meta.get("tree_metadata"), dict):
         raise MalformedCheckpoint(f"{name} has no tree_metadata object")
-    return meta["tree_metadata"]  # type: ignore[no-any-return]
+    return meta["tree_metadata"]
 
 
 def parse_zarr_metadata(blob: bytes, *, zarr3: bool, param: str) -> tuple[str, tuple[int, ...]]:

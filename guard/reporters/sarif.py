@@ -108,7 +108,8 @@ def sarif_fixes(finding: Finding) -> list[dict[str, Any]]:
             return []  # a report read back from a file: only well-formed edits become fixes
         replacements.append({
             "deletedRegion": {"startLine": line, "startColumn": column, "endLine": line,
-                              "endColumn": column + len(old), "byteOffset": offset, "byteLength": length},
+                              "endColumn": column + len(old),  # type: ignore[operator]  # an int: checked above
+                              "byteOffset": offset, "byteLength": length},
             "insertedContent": {"text": str(edit.get("new", ""))},
         })
     if not replacements:

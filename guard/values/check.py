@@ -130,7 +130,7 @@ def _relocate_torch_zip(path: str) -> tuple[TensorInfo, ...] | None:
     try:
         with LocalFile(path, name=path) as source:
             return read_torch_zip(source, locate_data=True).tensors
-    except (OSError, *READ_FAILURES):
+    except (OSError,) + READ_FAILURES:
         return None  # the tensors are then reported as not located
 
 

@@ -123,7 +123,7 @@ def _located(ws: WeightSet) -> dict[str, TensorInfo]:
             try:
                 with LocalFile(scan.path, name=scan.path) as source:
                     tensors = read_torch_zip(source, locate_data=True).tensors
-            except (OSError, *READ_FAILURES):
+            except (OSError,) + READ_FAILURES:
                 pass  # its tensors stay unplaced, and are counted as not compared
         out.update((t.name, t) for t in tensors)
     return out

@@ -241,7 +241,7 @@ def _relocated(path: str) -> tuple[TensorInfo, ...]:
     try:
         with LocalFile(path, name=path) as source:
             return read_torch_zip(source, locate_data=True).tensors
-    except (OSError, *READ_FAILURES):
+    except (OSError,) + READ_FAILURES:
         return ()  # not placed: the tensors are skipped, as the value scan skips them
 
 
@@ -249,4 +249,4 @@ def _index(ws: Any) -> dict[str, TensorInfo]:
     cached = ws.memo.get("values: tensors by name")
     if cached is None:
         cached = ws.memo["values: tensors by name"] = {t.name: t for t in ws.tensors}
-    return cached  # type: ignore[no-any-return]
+    return cached

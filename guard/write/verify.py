@@ -145,7 +145,7 @@ def _sampled_mismatch(tensor: OutputTensor, places: list[tuple[Path, int, int]])
             f"{bit_view(want)[at]:#x} there")
 
 
-def _source_elements(source, flat: list[int], dtype: np.dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
+def _source_elements(source, flat: list[int], dtype: np.dtype) -> np.ndarray:
     import numpy as np
 
     info = source.info

@@ -166,7 +166,7 @@ def _write_files(directory: Path, shards: list[list[OutputTensor]], layout: str,
         else:
             by_key = {tuple(t.name.split("/")): t for t in shard}
 
-            def leaf(key: tuple[str, ...], file: str = name, by_key: dict = by_key) -> None:  # type: ignore[type-arg]
+            def leaf(key: tuple[str, ...], file: str = name, by_key: dict = by_key) -> None:
                 t = by_key[key]  # the leaf's dtype name is flax's dtype.name; its bytes are only moved
                 emitter.tensor(t, file, leaf_segments(t.shape, numpy_name(t.dtype), storage_dtype(t.dtype).itemsize))
 

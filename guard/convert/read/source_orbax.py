@@ -33,7 +33,7 @@ def open_orbax(src: Path) -> SourceModel:
             model.findings.append(make_finding("CG001", str(src), f"unreadable Orbax leaf: {exc}",
                                                tensor="/".join(key)))
     specs = {"/".join(leaf.key): leaf.spec for leaf in leaves if leaf.spec is not None}
-    ranges, stores = RangeLoader(), TensorStoreLoader(specs)  # type: ignore[arg-type]
+    ranges, stores = RangeLoader(), TensorStoreLoader(specs)
     for leaf in leaves:
         name = "/".join(leaf.key)
         if leaf.chunk is not None:

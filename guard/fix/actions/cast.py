@@ -272,7 +272,7 @@ def _torch_tensors(ctx: ActionContext, path: Path, scan: FileScan, source: Sourc
         try:
             with LocalFile(path, name=scan.path) as file:
                 infos = read_torch_zip(file, locate_data=True).tensors
-        except (OSError, *READ_FAILURES) as exc:
+        except (OSError,) + READ_FAILURES as exc:
             raise GuardError(f"{scan.path}: cannot place its tensors ({str(exc)[:200]}); nothing written") from None
     settled = settle_shared(infos, _config(ctx.model_dir))
     source.ties += [tie.to_json() for tie in settled.ties]

@@ -27,7 +27,7 @@ class StaleConfig(GuardError):
 def stage_config_dtype(fix: Fix, ctx: ActionContext) -> Staged:
     args = fix.arguments
     name = str(args.get("file", "config.json"))
-    edits = sorted(args.get("edits") or [], key=lambda e: int(e["offset"]))  # type: ignore[index,union-attr]
+    edits = sorted(args.get("edits") or [], key=lambda e: int(e["offset"]))
     source = ctx.final(name)
     shown = fix.writes[0] if fix.writes else name
     old = _read(source, shown)

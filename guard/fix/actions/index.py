@@ -75,7 +75,7 @@ def stage_index_rebuild(fix: Fix, ctx: ActionContext) -> Staged:
     final = ctx.final(index_name)
     if final.exists() or final.is_symlink():
         raise GuardError(f"{display}/{index_name} already exists; index-rebuild only adds a missing index")
-    shards = shard_run([str(name) for name in args.get("reads", [])])  # type: ignore[union-attr]
+    shards = shard_run([str(name) for name in args.get("reads", [])])
     weight_map: dict[str, str] = {}
     total = 0
     for name in shards:

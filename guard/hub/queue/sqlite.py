@@ -121,7 +121,7 @@ class SqliteQueue:
             return _job(db.execute(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (row[0],)).fetchone())
 
     def extend(self, claims: Sequence[tuple[int, str]], *, lease: float) -> set[int]:
-        held = set()
+        held: set[int] = set()
         if not claims:
             return held
         now = time.time()
@@ -193,7 +193,7 @@ class SqliteQueue:
             self._db.close()
 
 
-def _job(row: tuple) -> QueuedJob:  # type: ignore[type-arg]
+def _job(row: tuple) -> QueuedJob:
     job_id, endpoint, repo, ref, sha, state, attempts, enqueued, updated, worker, error, old_sha = row
     return QueuedJob(int(job_id), Job(repo, ref, sha, endpoint, old_sha), state, int(attempts), float(enqueued),
                      float(updated), worker, error)

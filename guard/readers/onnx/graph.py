@@ -284,7 +284,7 @@ class _Walk:
         found += [(f"{where}[{k}]", *read_sparse(self.wire, spans, depth, self.source.name))
                   for k, spans in enumerate(attr.sparses)]
         attr.tensor, attr.sparse, attr.tensors, attr.sparses = [], [], [], []  # read: nothing left to validate
-        out = []
+        out: list[tuple[TensorInfo, bool, RawTensor | None]] = []
         for name, raw, dims in found:
             raw.name = name
             info, unknown = tensor_info(raw, self.source.name, dims=dims, what="attribute tensor")

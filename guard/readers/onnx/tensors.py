@@ -125,8 +125,8 @@ def tensor_info(raw: RawTensor, path: str, *, dims: tuple[int, ...] | None = Non
         if size != nbytes:
             raise MalformedCheckpoint(f"{what} {shown(name)}: raw_data of {size:,} bytes is not "
                                       f"the {nbytes:,} bytes of {code}{list(shape)}")
-        start, end = raw.raw if dims is None else (None, None)
-        return TensorInfo(name, code, shape, path, start, end), False
+        span: tuple[int, int] | tuple[None, None] = raw.raw if dims is None else (None, None)
+        return TensorInfo(name, code, shape, path, *span), False
     number, per, elements = TYPED_FIELDS[code]
     want = -(-values * per // elements)
     if raw.counts.get(number, 0) != want:

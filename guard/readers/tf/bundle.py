@@ -76,6 +76,7 @@ def _signed(value: int, bits: int = 64) -> int:
 
 class _Entry:
     __slots__ = ("dtype", "shape", "shard", "offset", "size", "sliced", "crc")
+    shape: tuple[int, ...]
 
     def __init__(self) -> None:
         self.dtype, self.shape, self.shard, self.offset, self.size, self.sliced = 0, (), 0, 0, 0, False

@@ -92,7 +92,7 @@ def _constant_spans(fb: FlatBuffer, program: int, segment_base: int, size: int) 
     the segment base), else from the inline ``constant_buffer[].storage`` vectors."""
     constant_segment = fb.table(program, 5)
     offsets = [int(n) for n in fb.numbers(constant_segment, 1, "Q")] if constant_segment is not None else []
-    if not offsets:
+    if constant_segment is None or not offsets:  # (no offsets without a constant segment)
         spans = []
         for buffer in fb.tables(program, 2):
             found = fb.vector(buffer, 0, 1)

@@ -277,7 +277,7 @@ class PickleWalker:
                     raise _bad(f"bad {name} argument before byte {stream.tell()}: {exc}") from None
                 if name in ("SHORT_BINSTRING", "BINSTRING"):  # a Python 2 str: torch.load decodes it as UTF-8
                     try:
-                        arg = arg.encode("latin-1").decode("utf-8")  # type: ignore[union-attr]
+                        arg = arg.encode("latin-1").decode("utf-8")  # type: ignore[attr-defined]  # a str here
                     except UnicodeDecodeError:
                         raise _bad(f"Python 2 string before byte {stream.tell()} is not UTF-8") from None
                 if name in _PUSH_ARG:
@@ -295,7 +295,7 @@ class PickleWalker:
             elif name in ("BINGET", "LONG_BINGET", "GET"):
                 if arg not in memo:
                     raise _bad(f"pickle memo slot {arg} read before it is written")
-                stack.append(memo[arg])  # type: ignore[index]
+                stack.append(memo[arg])
             elif name == "MARK":
                 if len(marks) >= MAX_MARKS:
                     raise _bad(f"pickle nests more than {MAX_MARKS} MARKs")
@@ -641,7 +641,7 @@ def _ints(value: object, what: str) -> tuple[int, ...]:
         raise _bad(f"tensor {what} is not a tuple of integers")
     if not all(type(v) is int and v >= 0 for v in value):
         raise _bad(f"tensor {what} holds a negative or non-integer value")
-    return tuple(value)  # type: ignore[arg-type]
+    return tuple(value)
 
 
 def _torch_dtype(value: object) -> str:

@@ -101,6 +101,7 @@ def iter_named_tensors(root: object, *, budget: int,
             for key, ref in node.components:
                 yield stem + key, ref
             continue
+        children: list[tuple[str | None, object]]
         if isinstance(node, DictDesc):
             children = [(_component(k), v) for k, v in node.items]
         elif isinstance(node, (list, tuple)):
@@ -281,7 +282,9 @@ def torchao_subclasses(metadata: Mapping[str, str]) -> dict[str, dict[str, objec
         for name in names if isinstance(names, list) else []:
             record = json.loads(metadata.get(name, "null")) if isinstance(name, str) else None
             if isinstance(record, dict) and record.get("_type") not in (None, "Tensor", "torch.Tensor"):
-                data = record.get("_data") if isinstance(record.get("_data"), dict) else {}
+                data = record.get("_data")
+                if not isinstance(data, dict):
+                    data = {}
                 out[name] = {"_type": record["_type"], "_tensor_data_names": record.get("_tensor_data_names"),
                              **{k: v for k, v in data.items() if isinstance(v, (int, float, str, list, type(None)))}}
         return out
