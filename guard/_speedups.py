@@ -18,6 +18,8 @@ import os
 from collections.abc import Callable
 from operator import itemgetter
 
+__all__ = ["PURE_PYTHON", "make_scanner", "quote_ascii", "tuple_field"]
+
 PURE_PYTHON = os.environ.get("CKPT_GUARD_PURE_PYTHON", "") not in ("", "0")
 
 
@@ -29,10 +31,11 @@ def _py_make_scanner(context: object) -> Callable[[str, int], tuple[object, int]
     """json's pure-Python scanner with the settings ``context`` holds (those a JSONDecoder holds)."""
     from json import decoder, scanner
 
+    given = vars(context)  # the settings a JSONDecoder holds, as guard.jsonload.scanner passes them
     settings = decoder.JSONDecoder(
-        object_hook=context.object_hook, object_pairs_hook=context.object_pairs_hook,  # type: ignore[attr-defined]  # a JSONDecoder's settings
-        parse_float=context.parse_float, parse_int=context.parse_int,  # type: ignore[attr-defined]
-        parse_constant=context.parse_constant, strict=context.strict)  # type: ignore[attr-defined]
+        object_hook=given["object_hook"], object_pairs_hook=given["object_pairs_hook"],
+        parse_float=given["parse_float"], parse_int=given["parse_int"], parse_constant=given["parse_constant"],
+        strict=given["strict"])
     settings.parse_string = decoder.py_scanstring
     scan: Callable[[str, int], tuple[object, int]] = scanner.py_make_scanner(settings)
     return scan

@@ -13,7 +13,7 @@ from guard import dtypes
 from guard.catalogue import RULES_BY_CODE
 from guard.errors import ConfigError
 from guard.findings import FAIL_ON_CHOICES
-from guard.records import record
+from guard.records import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (~3 ms, the hook's path)
 if TYPE_CHECKING:  # annotations only
@@ -27,8 +27,7 @@ TARGET_FRAMEWORKS = ("torch", "flax", "jax", "numpy")
 CONFIG_FILES = (".ckpt-guard.toml", "pyproject.toml")
 
 
-@record
-class Target:
+class Target(Record):
     framework: str  # torch | flax | jax | numpy
     dtype: str | None = None  # a cast target such as F16 (torch:fp16)
 
@@ -36,8 +35,7 @@ class Target:
         return self.framework + (f":{dtypes.display_name(self.dtype)}" if self.dtype else "")
 
 
-@record
-class Policy:
+class Policy(Record):
     expect: str = "F32"  # a dtype code, "uniform" or "config"
     keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32
     targets: tuple[Target, ...] = (Target("torch"), Target("flax"))

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Iterable
 
 from guard.fixes import Fix
-from guard.records import record
+from guard.records import Record
 
 
 class Severity(str, enum.Enum):
@@ -45,8 +45,7 @@ def shown(name: str, limit: int = 120) -> str:
     return repr(name[:limit]) + f"…(+{len(name) - limit} chars)"
 
 
-@record
-class Finding:
+class Finding(Record):
     code: str
     severity: Severity
     path: str

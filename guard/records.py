@@ -1,45 +1,69 @@
-"""Immutable records without ``typing``: a class body of annotated fields becomes a tuple subclass.
+"""Immutable records without ``typing``: ``class Point(Record): x: int; y: int = 0`` is a NamedTuple.
 
-``typing.NamedTuple`` imports typing (about a quarter of a hook's start-up) and compiles every
-deferred annotation into a ForwardRef; ``collections.namedtuple`` compiles a ``__new__`` per class
-with ``eval`` (about 0.1 ms each: a hook imports 26 records before its first read).  ``@record``
-keeps the annotated-class syntax (fields with their types and defaults, then methods, properties
-and classmethods) and builds what namedtuple builds, with one shared ``__new__``: a tuple subclass
-with ``__slots__ = ()``, a property per field, ``_fields``, ``_field_defaults``, ``_make``,
-``_replace``, ``_asdict``, namedtuple's ``repr`` and pickling.  Methods must not use zero-argument
-``super()`` (the class they close over is the one the decorator replaces).
+The package's one record type.  To a type checker ``Record`` is ``typing.NamedTuple`` (the class
+statement means the same: fields with their types and defaults, then methods, properties and
+classmethods).  At run time it builds what namedtuple builds without importing typing (about a quarter
+of a hook's start-up, docs/benchmarks.md) and with one shared ``__new__`` (``collections.namedtuple``
+compiles one per class with ``eval``: ~0.1 ms each, and a hook imports 26 records before its first read):
+a tuple subclass with ``__slots__ = ()``, a field accessor per field, ``_fields``, ``_field_defaults``,
+``_make``, ``_replace``, ``_asdict``, namedtuple's ``repr`` and pickling.  ``@record`` on a plain class
+body is the same; ``class X(Record)`` is the spelling a type checker reads.  Methods must not use
+zero-argument ``super()`` (the class they close over is not the record).
 """
 
 from __future__ import annotations
 
 from guard._speedups import tuple_field  # namedtuple's own field accessor (a C descriptor), or its fallback
 
-_SKIP = {"__dict__", "__weakref__", "__annotations__", "__qualname__", "__module__"}
+_SKIP = {"__dict__", "__weakref__", "__annotations__", "__qualname__", "__module__", "__doc__"}
 _tuple_new = tuple.__new__  # the one constructor every record shares (namedtuple compiles one per class)
 _MISSING = object()  # a field with no default, not given: compared by identity only
 
 
 def record(cls: type) -> type:
-    fields = tuple(cls.__dict__.get("__annotations__", {}))
-    with_default = [name for name in fields if name in cls.__dict__]
+    return _build(cls.__name__, dict(cls.__dict__))
+
+
+def _build(name: str, body: dict[str, object]) -> type:
+    """The record class of a class statement's body (its namespace)."""
+    annotations: dict[str, object] = body.get("__annotations__", {})  # type: ignore[assignment]  # a class body's
+    fields = tuple(annotations)
+    with_default = [field for field in fields if field in body]
     if fields[len(fields) - len(with_default):] != tuple(with_default):
-        raise TypeError(f"{cls.__name__}: fields with defaults must come after those without")
+        raise TypeError(f"{name}: fields with defaults must come after those without")
     namespace: dict[str, object] = {
-        "__slots__": (), "__doc__": cls.__doc__ or f"{cls.__name__}({', '.join(fields)})",
-        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-        "__annotations__": cls.__dict__.get("__annotations__", {}),
-        "_fields": fields, "_field_defaults": {name: cls.__dict__[name] for name in with_default},
-        "_padding": tuple(cls.__dict__.get(name, _MISSING) for name in fields),  # each field's default
+        "__slots__": (), "__doc__": body.get("__doc__") or f"{name}({', '.join(fields)})",
+        "__module__": body["__module__"], "__qualname__": body.get("__qualname__", name),
+        "__annotations__": annotations,
+        "_fields": fields, "_field_defaults": {field: body[field] for field in with_default},
+        "_padding": tuple(body.get(field, _MISSING) for field in fields),  # each field's default
         "_required": len(fields) - len(with_default),
         "__match_args__": fields, "__new__": _new, "_make": classmethod(_make), "_replace": _replace,
         "_asdict": _asdict, "__repr__": _repr, "__getnewargs__": _getnewargs,
     }
-    for index, name in enumerate(fields):
-        namespace[name] = tuple_field(index, f"Alias for field number {index}")
-    for key, value in cls.__dict__.items():  # the body: methods, properties, constants
-        if key not in _SKIP and key not in fields and key != "__doc__":
+    for index, field in enumerate(fields):
+        namespace[field] = tuple_field(index, f"Alias for field number {index}")
+    for key, value in body.items():  # the body: methods, properties, constants
+        if key not in _SKIP and key not in fields:
             namespace[key] = value
-    return type(cls.__name__, (tuple,), namespace)
+    return type(name, (tuple,), namespace)
+
+
+class _RecordMeta(type):
+    """``class X(Record)`` builds the record of its body, as typing.NamedTuple's metaclass builds a namedtuple."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, object]) -> type:
+        if not bases:  # Record itself
+            return super().__new__(mcls, name, bases, namespace)
+        return _build(name, namespace)
+
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (the hook's path)
+if TYPE_CHECKING:
+    from typing import NamedTuple as Record
+else:
+    class Record(metaclass=_RecordMeta):
+        """The base of every record: ``class Finding(Record): code: str; ...``."""
 
 
 def _new(cls, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ from guard import __version__, dtypes
 from guard.findings import Finding, Severity, failing_findings
 from guard.inventory import DtypeStats, ModelInventory, WeightSet
 from guard.inventory.quantization import Quantization, bits_per_weight, logical_by_dtype, logical_parameters
-from guard.records import record
+from guard.records import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (~3 ms, the hook's path)
 if TYPE_CHECKING:  # annotations only
@@ -20,8 +20,7 @@ class ReportFormatError(ValueError):
     pass
 
 
-@record
-class FileSummary:
+class FileSummary(Record):
     path: str
     format: str | None
     size: int
@@ -29,8 +28,7 @@ class FileSummary:
     unsupported: str | None = None  # CG006: the format no reader handles; the file was not scanned
 
 
-@record
-class SetSummary:
+class SetSummary(Record):
     name: str
     role: str
     layout: str
@@ -146,8 +144,7 @@ def _dtypes_from_json(obj: dict[str, Any]) -> dict[str, DtypeStats]:
     return {str(code): DtypeStats(int(s["tensors"]), int(s["parameters"]), int(s["bytes"])) for code, s in obj.items()}
 
 
-@record
-class ModelSummary:
+class ModelSummary(Record):
     path: str
     files: tuple[FileSummary, ...]
     dtypes: dict[str, DtypeStats]

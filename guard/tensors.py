@@ -16,11 +16,10 @@ from types import MappingProxyType
 
 from guard import dtypes
 from guard.findings import Finding
-from guard.records import record
+from guard.records import Record
 
 
-@record
-class TensorInfo:
+class TensorInfo(Record):
     """One tensor, from headers only.
 
     ``data_start``/``data_end`` are absolute byte offsets of the tensor's bytes in
@@ -241,8 +240,7 @@ FORMATS = ("safetensors", "torch-zip", "torch-legacy", "torchscript", "torch-exp
 NO_METADATA: Mapping[str, str] = MappingProxyType({})
 
 
-@record
-class FileScan:
+class FileScan(Record):
     """A reader's result for one file: tensors plus findings in the file itself."""
 
     path: str

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import math
 
+from guard import __version__
+from guard.findings import Finding, failing_findings
+from guard.records import Record
+from guard.report import Report
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a diff imports none (~3 ms of its ~40)
 if TYPE_CHECKING:  # annotations only
     from typing import Any
-
-from guard import __version__
-from guard.findings import Finding, failing_findings
-from guard.records import record
-from guard.report import Report
 
 DIFF_VERSION = 1
 CHANGE_KINDS = ("recast", "reshaped", "values")  # what can differ between two tensors of one name
 
 
-@record
-class TensorRef:
+class TensorRef(Record):
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -32,8 +31,7 @@ class TensorRef:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
-@record
-class TensorChange:
+class TensorChange(Record):
     """One name on both sides whose dtype, shape or (with ``--values``) bytes differ.
 
     ``max_abs`` is max |new - old| over the elements both hold; ``max_rel`` is that divided by
@@ -57,8 +55,7 @@ class TensorChange:
                 "overlap_rows": self.overlap}
 
 
-@record
-class SetTotals:
+class SetTotals(Record):
     tensors: int
     parameters: int  # logical, as the scan report counts them (guard.report.SetSummary)
     bytes: int  # stored
@@ -70,8 +67,7 @@ class SetTotals:
                 "dtypes": dict(self.dtypes), "format": self.format}
 
 
-@record
-class SetChange:
+class SetChange(Record):
     key: str  # the set's name, or "OLD -> NEW" for two lone primaries of other names
     old_name: str | None
     new_name: str | None
@@ -114,8 +110,7 @@ class SetChange:
         }
 
 
-@record
-class ModelChange:
+class ModelChange(Record):
     key: str  # the model's path under its side's root ("." for the root itself)
     old_path: str | None
     new_path: str | None
@@ -128,8 +123,7 @@ class ModelChange:
                 "note": self.note, "sets": [s.to_json() for s in self.sets]}
 
 
-@record
-class ChangeReport:
+class ChangeReport(Record):
     old_label: str
     new_label: str
     policy: dict[str, Any]

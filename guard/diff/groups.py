@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+
+from guard.records import Record
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a diff imports none (~3 ms of its ~40)
 if TYPE_CHECKING:  # annotations only
     from typing import Any
-
-from guard.records import record
 
 EXAMPLES = 3
 MAX_PATTERN_GROUPS = 6  # added/removed patterns beyond this regroup by dtype
 _NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
 
-@record
-class ChangeGroup:
+class ChangeGroup(Record):
     kind: str  # "added" | "removed" | "recast" | "reshaped" | "values"
     label: str  # "F32 -> BF16", "[50257, 768] -> [50260, 768]", "h.*.attn.bias F32 [768]"
     count: int

@@ -7,15 +7,19 @@ from collections.abc import Sequence
 
 from guard.errors import UsageError
 from guard.inventory import (
-    CONFIG_NAME, LocalModel, ModelInventory, discover_models, display_path, load_local_model,
+    CONFIG_NAME,
+    LocalModel,
+    ModelInventory,
+    discover_models,
+    display_path,
+    load_local_model,
 )
 from guard.inventory.pipelines import Pipeline, local_pipelines
 from guard.paths import clean_path, path_parent
-from guard.records import record
+from guard.records import Record
 
 
-@record
-class Side:
+class Side(Record):
     label: str  # what the views call this side: a path, "main@1a2b3c4", "base"
     inventories: tuple[ModelInventory, ...]
     root: str = ""  # display prefix of this side's paths, stripped to pair models and files across sides

@@ -5,12 +5,13 @@ Every string from a checkpoint (names, paths, dtype strings) goes through ``iner
 
 from __future__ import annotations
 
+from guard.reporters.inert import inert_text
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a diff imports none (~3 ms of its ~40)
 if TYPE_CHECKING:  # annotations only: an unchanged model prints neither groups nor totals
     from guard.diff.change import ChangeReport, ModelChange, SetChange, SetTotals
     from guard.diff.groups import ChangeGroup
     from guard.findings import Finding
-from guard.reporters.inert import inert_text
 
 MARKS = {"removed": "-", "added": "+", "recast": "~", "reshaped": "~", "values": "~"}
 MAX_GROUPS = 12  # lines of changes per set; the JSON lists every tensor
@@ -80,7 +81,8 @@ def totals_text(old: SetTotals | None, new: SetTotals | None) -> str:
 def group_text(group: ChangeGroup) -> str:
     names = ", ".join(inert_text(n, limit=120) for n in group.examples)
     more = ": " if group.count <= len(group.examples) else ", e.g. "
-    text = f"{MARKS[group.kind]} {group.kind} {inert_text(group.label, limit=200)} ({group.count:,} tensor(s){more}{names})"
+    label = inert_text(group.label, limit=200)
+    text = f"{MARKS[group.kind]} {group.kind} {label} ({group.count:,} tensor(s){more}{names})"
     if group.max_abs is not None:
         text += f"; {figures_text(group)}"
     return text

@@ -18,15 +18,14 @@ from guard.inventory.conventions import (
     Convention,
     name_claimed_dtype,
 )
-from guard.records import record
+from guard.records import Record
 
 _PARSED = tuple((tuple(c.template.split(".")), c) for c in CONVENTIONS)
 _SHARD_SUFFIX = len("-00001-of-00002")
 _VARIANT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
-@record
-class FileRole:
+class FileRole(Record):
     name: str  # the file's base name
     role: str
     kind: str

@@ -28,13 +28,13 @@ from guard.inventory.quant_conventions import (
     Part,
 )
 from guard.inventory.sets import WeightSet
-from guard.records import record
+from guard.records import Record
 from guard.tensors import TENSOR_DTYPE, TENSOR_NAME, TENSOR_SHAPE, TensorInfo, column, select
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a quantized set's scan imports none (~3 ms)
 if TYPE_CHECKING:  # the inventory and its Quantization import this module (inside functions): no import back
-    from guard.inventory.model import ModelInventory
-    from guard.inventory.quantization import Quantization
+    # Any, not the classes: even a type-only import back is one tests/test_architecture.py refuses
+    from typing import Any as ModelInventory, Any as Quantization
 
 BY_DTYPES = frozenset({"tensor dtypes", "file metadata"})  # quantized by dtype or a reader's word: no layout
 _GENERIC = frozenset({".weight", ""})  # payload names every model has: evidence must come from elsewhere
@@ -56,8 +56,7 @@ _NEEDED: dict[str, tuple[tuple[str, str, str], ...]] = {
 _FLOATS = frozenset(code for code in dtypes.ALL_DTYPES if dtypes.is_float(code))
 
 
-@record
-class QuantModule:
+class QuantModule(Record):
     prefix: str
     method: str
     payload: str  # tensor name of the packed weight
@@ -71,8 +70,7 @@ class QuantModule:
     missing: tuple[str, ...] = ()  # required component roles not found (CG110)
 
 
-@record
-class Kind:
+class Kind(Record):
     """The modules of one signature (their suffixes and dtypes): one plan, worked out once, for all of them."""
 
     plan: _Plan
@@ -297,8 +295,7 @@ def _module(plan: _Plan, prefix: str, parts: Mapping[str, TensorInfo], quant: Qu
                        _logical_shape(layout, payload, bits), bits, group, fmt, layout.name, plan.missing)
 
 
-@record
-class _Plan:
+class _Plan(Record):
     layout: Layout | None
     floats: tuple[str, ...]  # the suffixes of the floating components
     components: dict[str, str]  # role -> suffix: QuantModule.components, in the parts' order

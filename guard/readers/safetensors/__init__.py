@@ -8,7 +8,13 @@ the headers they can prove they read as the reference does and leave it every ot
 from __future__ import annotations
 
 from guard.readers.safetensors.fast import read_fast
-from guard.readers.safetensors.reference import MAX_HEADER_SIZE, framed, parse_header, read_parsed, read_safetensors_header
+from guard.readers.safetensors.reference import (
+    MAX_HEADER_SIZE,
+    framed,
+    parse_header,
+    read_parsed,
+    read_safetensors_header,
+)
 from guard.sources import ByteSource
 from guard.tensors import FileScan
 

@@ -81,12 +81,12 @@ def frame(raw: bytes) -> Frame | None:
 # matches with nothing between them tile the header: nothing in it was skipped.  Each field is taken up
 # to the character that ends it (a dtype to its quote, a shape to its bracket, an offset to its comma or
 # bracket): a class of "anything but" costs the engine least (11 % less than digits and word characters
-# on a 20-component pipeline's 4,800 entries).  What a field holds is checked after the pattern, as the stricter classes once checked it
-# (a word for a dtype, digits and commas for a shape, up to 20 digits for an offset): the dtype and the
-# shape once per distinct pair (``_span_of_entry_key``: a known code, digits), the offsets together
-# (each end the digits of the sum of the sizes before it: digits, no leading zero).  A shape past 255
-# characters or an offset past 20 (never a real tensor's) goes to the JSON parse, which bounds its work
-# on a hostile one.
+# on a 20-component pipeline's 4,800 entries).  What a field holds is checked after the pattern, as the
+# stricter classes once checked it (a word for a dtype, digits and commas for a shape, up to 20 digits for an
+# offset): the dtype and the shape once per distinct pair (``_span_of_entry_key``: a known code, digits),
+# the offsets together (each end the digits of the sum of the sizes before it: digits, no leading zero).
+# A shape past 255 characters or an offset past 20 (never a real tensor's) goes to the JSON parse, which
+# bounds its work on a hostile one.
 _COMPACT = (r'([,{])"([^"]*)":\{"dtype":"([^"]+","shape":\[[^\]]{0,255})\],'
             r'"data_offsets":\[([^,]{1,20}),([^\]]{1,20})\]\}')
 # The same entries as ``json.dumps`` writes them with its default separators (", " and ": "): what
@@ -116,7 +116,8 @@ OPENER_TEXTS = tuple((opener, opener.decode("ascii")) for opener in _OPENERS.val
 _ASCII_CONTROL = bytes([*range(0x20), 0x7F])  # the ASCII characters str.isprintable turns away
 _SPANS: dict[str, Span | None] = {}  # ``BF16","shape":[8,4`` -> (code, shape, bytes)
 _SPANS_HELD = 1 << 14  # bounded: a hostile file's distinct shapes
-_TILINGS: dict[str, tuple[tuple[int, ...], int]] = {}  # a header's ends as text -> the sizes that spell them, the last end
+# a header's ends as text -> the sizes that spell them, and the last end
+_TILINGS: dict[str, tuple[tuple[int, ...], int]] = {}
 _TILINGS_HELD, _TILING_CHARS = 256, 8192  # bounded: 256 headers' offsets of up to 8,192 characters (2 MB)
 SPAN_BYTES = itemgetter(2)
 
@@ -206,7 +207,9 @@ def read_compact(raw: bytes, source: ByteSource, length: int, framed: Frame | No
                 listed.count(",0") != listed.count(",0,") + listed.endswith(",0"):
             return None
         begins, ends = list(map(int, begins_text)), list(map(int, ends_text))
-        if list(map(sub, ends, begins)) != list(map(SPAN_BYTES, infos)) or not tiles(begins, ends, source.size - buffer_start):
+        if list(map(sub, ends, begins)) != list(map(SPAN_BYTES, infos)):
+            return None
+        if not tiles(begins, ends, source.size - buffer_start):
             return None
     # the tensors in columns (guard.tensors.TensorColumns): the names and the spans shared with every header
     # of the same dtype and shape (the offsets follow from them where they are in header order); records are

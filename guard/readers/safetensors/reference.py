@@ -114,7 +114,8 @@ def read_parsed(raw: bytes, source: ByteSource, length: int) -> FileScan:
         if size is None:
             unknown.setdefault(dtype, []).append(name)
         elif end - begin != size:
-            raise MalformedCheckpoint(f"tensor {shown(name)}: {dtype}{list(shape)} needs {size} bytes but spans {end - begin}")
+            raise MalformedCheckpoint(
+                f"tensor {shown(name)}: {dtype}{list(shape)} needs {size} bytes but spans {end - begin}")
         # stride, storage, storage_offset: safetensors tensors are C-contiguous and share no storage
         tensors.append(TensorInfo(name, dtype, shape, source.name, buffer_start + begin, buffer_start + end))
         spans.append((begin, end, name))
