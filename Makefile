@@ -9,7 +9,7 @@ MLX_VENV := .venv-mlx
 # auto-gptq's torch dequantization (its QuantLinear), the reference for GPTQ: unpacked, not installed
 AUTO_GPTQ := .auto-gptq
 
-.PHONY: demo test bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
+.PHONY: demo test test-pythons bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
 
 # The development pins, with the environments' constraints: package data (guard/envs/), shipped in the wheel.
 CONSTRAINTS := guard/envs/constraints.txt
@@ -42,7 +42,11 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
 	touch $@
 
-demo: $(STAMP)
+# The README's first command: sample checkpoints scanned, then converted to Flax with parity, PyTorch on the
+# main venv's transformers 5 and Flax on transformers 4 in the managed environment, which convert finds as a
+# user's (CKPT_GUARD_HOME).  Every step is checked: a step that ends otherwise fails the demo (.ci/run runs it
+# before `make test`).
+demo: $(STAMP) tf4-venv
 	$(PY) -m guard.demo
 
 $(MLX_VENV)/.installed: guard/envs/mlx.txt
@@ -109,6 +113,7 @@ test: dev-tools $(STAMP) node_modules/.installed $(MLX_VENV)/.installed $(AUTO_G
 	$(PY) -m pytest -q -m "not transformers4"
 	$(TF4_PY) -m pytest -q -m transformers4
 	$(MAKE) --no-print-directory test-latest
+	$(MAKE) --no-print-directory test-pythons
 
 bench: $(STAMP)
 	$(PY) bench/scan.py
@@ -142,8 +147,41 @@ $(LATEST_VENV)/.installed: pyproject.toml
 latest-venv: $(LATEST_VENV)/.installed
 	$(LATEST_PY) -m pip install -q --no-deps --force-reinstall .
 
+# (no dev extra there, so no required-modules check; a skip still fails: CKPT_GUARD_STRICT_SKIPS)
 test-latest: latest-venv
-	CKPT_GUARD_PARTIAL_ENV=1 $(LATEST_PY) -m pytest -q -p no:cacheprovider $(LATEST_TESTS)
+	CKPT_GUARD_PARTIAL_ENV=1 CKPT_GUARD_STRICT_SKIPS=1 $(LATEST_PY) -m pytest -q -p no:cacheprovider $(LATEST_TESTS)
+
+# Every Python the package claims (requires-python >= 3.10): the oldest and the newest run the fast part of
+# the suite too, in venvs built here from pyenv's (or PATH's) python3.10 and python3.13 with '.[values,hub]'.
+# torch has no CPU wheel for them offline (only 3.11's lies on disk; PyPI's Linux torch is a multi-GB CUDA build),
+# so what writes its fixtures with torch is left out: LATEST_TESTS' files that import torch at the top
+# (scan_cli, safetensors_reader, precommit, values, values_chunks), and by -k the few tests of the rest that
+# import torch or flax (deselected, never skipped: a skip fails here).  Kept: the safetensors header's fast
+# paths against the plain parse, the hot path, the JSON loader, the minifloats and the streamed transposes:
+# where the private CPython modules and their fallbacks are.  ~20 s a Python, ~1 min to build each venv.
+PYTHON_VERSIONS := 3.10 3.13
+PYTHONS_TESTS := tests/test_scan_hot_path.py tests/test_safetensors_compact.py tests/test_safetensors_templates.py \
+	tests/test_values_minifloats.py tests/test_convert_stream.py tests/test_jsonload.py
+PYTHONS_NEED_TORCH := save_pretrained_reads_its_repeated_shards or rounds_as_torch_rounds or \
+	never_imports_ml_dtypes or what_flax_reads or narrows_as_torch_does
+PYTHONS_TOOLS := pytest pytest-timeout hypothesis safetensors
+
+.venv-py%/.installed: pyproject.toml
+	@py=$$(for p in python$* $$(pyenv root 2>/dev/null)/versions/$*.*/bin/python$*; do \
+		$$p -c 'import sys; print(sys.executable)' 2>/dev/null && break; done); \
+	test -n "$$py" || { echo "make test needs Python $* (on PATH or in pyenv) for requires-python's range" >&2; \
+		exit 1; }; \
+	rm -rf .venv-py$* && echo "$$py -m venv .venv-py$*" && $$py -m venv .venv-py$*
+	.venv-py$*/bin/python -m pip install -q '.[values,hub]' $(PYTHONS_TOOLS)
+	touch $@
+
+# `python -m pytest` puts the checkout first on the path: the tree's code is what runs
+test-pythons: $(PYTHON_VERSIONS:%=.venv-py%/.installed)
+	set -e; for v in $(PYTHON_VERSIONS); do \
+		echo "== Python $$v"; \
+		CKPT_GUARD_PARTIAL_ENV=1 CKPT_GUARD_STRICT_SKIPS=1 .venv-py$$v/bin/python -m pytest -q -p no:cacheprovider \
+			$(PYTHONS_TESTS) -k 'not ($(PYTHONS_NEED_TORCH))'; \
+	done
 
 # bench/values.py runs both environments in the same rounds; the others run with the latest interpreter
 bench-latest: $(STAMP) latest-venv
@@ -161,4 +199,4 @@ mlx-venv: $(MLX_VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(MLX_VENV) $(LATEST_VENV) $(AUTO_GPTQ) .envs \
-		$(MAXTEXT_LIB) build *.egg-info .pytest_cache demo-models
+		$(MAXTEXT_LIB) $(PYTHON_VERSIONS:%=.venv-py%) build *.egg-info .pytest_cache demo-models

@@ -1,7 +1,9 @@
 """`make demo`: build sample checkpoints with the real libraries, then scan them.
 
-Run as ``python -m guard.demo [DIR]`` (default ``demo-models``).  Needs the
-``parity`` extra (torch, transformers) and diffusers; the scan itself needs none of it.
+Run as ``python -m guard.demo [DIR] [--flax-python PATH]`` (default ``demo-models``).  Needs the
+``parity`` extra (torch, transformers) and diffusers; the scan itself needs none of it.  Parity's Flax side
+runs on transformers 4 wherever ``convert --parity`` finds it (``--flax-python``, passed on to it, names one).
+Every step must end as the demo says it does: the first that does not stops the demo with exit 1.
 """
 
 from __future__ import annotations
@@ -16,6 +18,15 @@ MARKER = ".ckpt-guard-demo"  # a folder this demo made, and may therefore remove
 # what it makes at the top of its folder (a folder of these names only, from before the marker, is its own)
 MADE = frozenset({MARKER, "bart-fp16-decoder", "clean-bert-fp32", "converted", "layouts", "lfs-pointer-checkout",
                   "mistral-bf16-config-fp32", "report.json"})
+
+
+# what the samples are built to show: (code, the sample it is found in)
+EXPECTED_FINDINGS = frozenset({
+    ("CG002", "lfs-pointer-checkout"),  # an LFS pointer where the weights should be
+    ("CG102", "bart-fp16-decoder"),  # an fp16 decoder beside an fp32 encoder
+    ("CG103", "mistral-bf16-config-fp32"),  # bf16 weights, a config that says float32
+    ("CG107", "layouts"),  # bart-large's fp16 PyTorch copy and fp32 Flax copy
+})
 
 
 def fresh_root(root: Path) -> str | None:
@@ -98,17 +109,26 @@ def build_samples(root: Path) -> list[Path]:
     return made
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    root = Path(args[0] if args else "demo-models")
-    from guard.errors import GuardError
-    from guard.parity.needs import require_flax_transformers
+class StepFailed(Exception):
+    """A step of the demo did not end as it must: the demo stops there and fails."""
 
-    try:  # its samples include transformers' own Flax copy, and it runs convert --parity
-        require_flax_transformers("the demo")
-    except GuardError as exc:
-        print(f"ckpt-guard demo: {exc}; nothing written", file=sys.stderr)
-        return 2
+
+def run_step(cli: list[str], args: list[str], *, expect: int) -> None:
+    """``ckpt-guard ARGS``, which must exit ``expect``: 1 where the samples hold what the scan exists to catch,
+    0 where they are clean; 2 (the tool could not do what was asked) is never expected."""
+    code = subprocess.run([*cli, *args], check=False).returncode
+    if code != expect:
+        raise StepFailed(f"`ckpt-guard {' '.join(args)}` exited {code}, not {expect}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    flax_python: list[str] = []
+    if "--flax-python" in args:  # parity's Flax side: a transformers-4 environment (convert finds one otherwise)
+        at = args.index("--flax-python")
+        flax_python = args[at:at + 2]
+        del args[at:at + 2]
+    root = Path(args[0] if args else "demo-models")
     problem = fresh_root(root)
     if problem:
         print(f"ckpt-guard demo: {problem}", file=sys.stderr)
@@ -120,43 +140,52 @@ def main(argv: list[str] | None = None) -> int:
         made = build_samples(root)
     for path in made:
         print(f"   {path}")
-    cli = [sys.executable, "-m", "guard"]
-    print(f"\n== ckpt-guard scan {root}")
-    subprocess.run([*cli, "scan", str(root), "--no-summary"], check=False)
-    layouts = root / "layouts"
-    print("\n== a diffusers pipeline with its fp16 variant: one table per component, a row per weight set;"
-          " clean")
-    subprocess.run([*cli, "scan", str(layouts / "sd-pipeline-with-fp16-variant"), "--no-summary"], check=False)
-    print("\n== bart-large's case: fp16 PyTorch weights beside an fp32 Flax copy are CG107, not a mix")
-    subprocess.run([*cli, "scan", str(layouts / "bart-fp16-pytorch-fp32-flax"), "--expect", "uniform", "--no-summary"],
-                   check=False)
-    report = root / "report.json"
-    subprocess.run([*cli, "scan", str(root), "--format", "json", "-o", str(report), "--no-summary"],
-                   check=False)
-    print(f"\n== the same findings as JSON for machines: {report}")
-    print(f"   (render it again with: ckpt-guard report {report} --format markdown)")
-
-    converted = root / "converted"
-    converted.mkdir(exist_ok=True)
-    print("\n== the bf16 Mistral to Flax, bit-exact (no fp32 bridge), with the parity smoke test")
-    _fresh(converted / "mistral-flax")
-    subprocess.run([*cli, "convert", str(root / "mistral-bf16-config-fp32"), "--to", "flax",
-                    "--out", str(converted / "mistral-flax"), "--parity"], check=False)
-    print("\n== the BART with the fp16 decoder to uniform fp32 Flax, with the parity smoke test")
-    _fresh(converted / "bart-flax-fp32")
-    subprocess.run([*cli, "convert", str(root / "bart-fp16-decoder"), "--to", "flax", "--dtype", "fp32",
-                    "--out", str(converted / "bart-flax-fp32"), "--parity"], check=False)
-    print(f"\n== scanning the converted models: {converted}")
-    subprocess.run([*cli, "scan", str(converted), "--expect", "uniform", "--no-summary"], check=False)
+    try:
+        run_steps(root, [sys.executable, "-m", "guard"], flax_python)
+    except StepFailed as exc:
+        print(f"\nckpt-guard demo: a step failed: {exc}", file=sys.stderr)
+        return 1
+    print("\n== the demo ran every step as it should")
     return 0
 
 
-def _fresh(path: Path) -> None:
-    """Re-running the demo replaces its own earlier outputs (convert refuses to overwrite)."""
-    import shutil
+def run_steps(root: Path, cli: list[str], flax_python: list[str]) -> None:
+    print(f"\n== ckpt-guard scan {root}: the LFS pointer, the fp16 decoder and the bf16 weights under an fp32 config")
+    run_step(cli, ["scan", str(root), "--no-summary"], expect=1)
+    layouts = root / "layouts"
+    print("\n== a diffusers pipeline with its fp16 variant: one table per component, a row per weight set;"
+          " clean")
+    run_step(cli, ["scan", str(layouts / "sd-pipeline-with-fp16-variant"), "--no-summary"], expect=0)
+    print("\n== bart-large's case: fp16 PyTorch weights beside an fp32 Flax copy are CG107 (two copies disagree),"
+          " not a mix")
+    run_step(cli, ["scan", str(layouts / "bart-fp16-pytorch-fp32-flax"), "--expect", "uniform", "--no-summary"],
+             expect=1)
+    report = root / "report.json"
+    run_step(cli, ["scan", str(root), "--format", "json", "-o", str(report), "--no-summary"], expect=1)
+    print(f"\n== the same findings as JSON for machines: {report}")
+    findings = json.loads(report.read_text())["findings"]
+    found = {(f["code"], Path(f["path"]).relative_to(root).parts[0]) for f in findings}
+    missed = sorted(EXPECTED_FINDINGS - found)
+    if missed:
+        raise StepFailed(f"{report} lacks the findings the samples were built to show: {missed}")
+    print(f"   (render it again with: ckpt-guard report {report} --format markdown)")
 
-    if path.exists():
-        shutil.rmtree(path)
+    mistral = root / "mistral-bf16-config-fp32"
+    print("\n== the fix: the bf16 Mistral's config.json said float32 (CG103); under a bf16 policy, `fix --write`"
+          " rewrites that one value, verifies and scans again")
+    run_step(cli, ["fix", str(mistral), "--expect", "bf16", "--write"], expect=0)
+
+    converted = root / "converted"
+    converted.mkdir(exist_ok=True)
+    print("\n== the bf16 Mistral to Flax, bit-exact (no fp32 bridge), with the parity smoke test"
+          " (PyTorch on this transformers, Flax on transformers 4 in its own environment)")
+    run_step(cli, ["convert", str(mistral), "--to", "flax",
+                   "--out", str(converted / "mistral-flax"), "--parity", *flax_python], expect=0)
+    print("\n== the BART with the fp16 decoder to uniform fp32 Flax, with the parity smoke test")
+    run_step(cli, ["convert", str(root / "bart-fp16-decoder"), "--to", "flax", "--dtype", "fp32",
+                   "--out", str(converted / "bart-flax-fp32"), "--parity", *flax_python], expect=0)
+    print(f"\n== scanning the converted models: {converted}")
+    run_step(cli, ["scan", str(converted), "--expect", "uniform", "--no-summary"], expect=0)
 
 
 if __name__ == "__main__":
