@@ -20,7 +20,6 @@ import pytest
 
 from guard.cli import main
 from guard.envs import home
-from guard.envs.build import install
 from guard.envs.find import find, find_managed
 from guard.envs.registry import ENVIRONMENTS
 from guard.envs.worker import PACKAGE_DIR, worker_path
@@ -199,18 +198,19 @@ def test_the_workers_path_holds_no_other_distribution(tmp_path: Path) -> None:
 
     lib = ensure("keras-hub").path[0]
     record = tmp_path / "pythonpath.txt"
-    wrapper = script(tmp_path / "python", f'printf "%s\\n" "$PYTHONPATH" >> "{record}"\n'
-                                          f'PYTHONPATH="$PYTHONPATH:{lib}" exec "{sys.executable}" "$@"\n')
+    # each entry of the path it was given, and what that folder holds, while it exists
+    wrapper = script(tmp_path / "python", f'IFS=:; for d in $PYTHONPATH; do printf "%s=" "$d" >> "{record}"; '
+                                          f'ls -A "$d" | tr "\\n" " " >> "{record}"; echo >> "{record}"; done; '
+                                          f'unset IFS\nPYTHONPATH="$PYTHONPATH:{lib}" exec "{sys.executable}" "$@"\n')
     src = save_tiny(tmp_path / "m", "qwen3", "float32")
     out = tmp_path / "r.json"
     assert main(["parity", str(src), "--against", "keras-hub", "--against-python", str(wrapper), "-f", "json",
                  "-o", str(out)]) == 0
     assert json.loads(out.read_text())["extra"]["parity"]["environment"]["where"] == "named"
-    paths = record.read_text().split()
-    assert len(paths) >= 2  # the probe and the worker
-    for entry in (p for line in paths for p in line.split(os.pathsep)):
-        held = sorted(p.name for p in Path(entry).iterdir())
-        assert held == ["guard"], (entry, held)  # no site-packages, no *.dist-info, no other package
+    entries = [line.split("=", 1) for line in record.read_text().splitlines()]
+    assert len(entries) >= 2  # the probe's and the worker's
+    for folder, held in entries:
+        assert held.split() == ["guard"], (folder, held)  # no site-packages, no *.dist-info, no other package
 
 
 # ---- the silent pass

@@ -46,7 +46,7 @@ def list_(fmt: str) -> int:
     click.echo(f"managed environments: {envs_home()}")
     width = max(len(n) for n in ENVIRONMENTS)
     for row in rows:
-        size = f"{row['size'] / 1e6:,.0f} MB" if row.get("size") else "-"
+        size = f"{int(str(row['size'])) / 1e6:,.0f} MB" if row.get("size") else "-"
         state = "ready" if row["ready"] else "missing"
         click.echo(f"{row['name']:<{width}}  {state:<7}  {row['version'] or '-':<10}  {size:>9}  {row['where']}"
                    + (f"  ({row['note']})" if row.get("note") else ""))
@@ -102,7 +102,7 @@ def _where(name: str) -> dict[str, object]:
         row["where"] = f"this process ({found.python})"
     if found.warning:
         row["note"] = found.warning
-    managed = find_managed(env)
-    if managed is not None and found.where != "managed":
-        row["managed"] = managed.label
+    built = find_managed(env)
+    if built is not None and found.where != "managed":
+        row["managed"] = built.label
     return row

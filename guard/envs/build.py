@@ -24,8 +24,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from guard.envs.home import (STAMP, constraints_file, envs_home, managed_dir, others, read_stamp, size_on_disk,
-                             venv_python)
+from guard.envs.home import (
+    STAMP,
+    constraints_file,
+    envs_home,
+    managed_dir,
+    others,
+    read_stamp,
+    size_on_disk,
+    venv_python,
+)
 from guard.envs.registry import Environment
 from guard.errors import UsageError
 
@@ -42,6 +50,10 @@ def install(env: Environment, *, say: Callable[[str], None] = print) -> Path:
     if read_stamp(final) is not None:
         say(f"{env.name}: ready in {final}")
         return final
+    running = [p for p in others(env) if _building_pid(p)]
+    if running:
+        raise UsageError(f"env install {env.name}: another install is under way (pid {_building_pid(running[0])}, "
+                         f"{running[0]}): run it again when it is done")
     for stale in [*others(env), *([final] if final.exists() else [])]:  # other keys, half-built folders
         say(f"{env.name}: removing {stale.name} ({'another key' if stale.name[0] != '.' else 'half-built'})"
             if stale != final else f"{env.name}: removing {final.name} (half-built: no stamp)")
@@ -76,6 +88,20 @@ def install(env: Environment, *, say: Callable[[str], None] = print) -> Path:
     say(f"{env.name}: built in {final} ({time.perf_counter() - started:.0f} s, "
         f"{size_on_disk(final) / 1e6:.0f} MB)")
     return final
+
+
+def _building_pid(folder: Path) -> int | None:
+    """The pid of the live process building into ``folder`` (``.NAME-KEY.tmp-PID``), else None."""
+    head, sep, pid = folder.name.rpartition(".tmp-")
+    if not sep or not pid.isdigit() or int(pid) == os.getpid():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return None
+    except OSError:  # alive, another user's
+        return int(pid)
+    return int(pid)
 
 
 def remove(env: Environment) -> list[Path]:

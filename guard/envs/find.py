@@ -131,10 +131,8 @@ def find_managed(env: Environment) -> Found | None:
     if stamp is None:
         return None
     version = str(stamp.get("versions", {}).get(env.distribution) or "")
-    if env.kind == "lib":
-        python, path = Path(sys.executable), (directory,)
-    else:
-        python, path = venv_python(directory), ()
+    path: tuple[Path, ...] = (directory,) if env.kind == "lib" else ()
+    python = Path(sys.executable) if env.kind == "lib" else venv_python(directory)
     if not python.exists():
         return None
     return Found(env.name, "managed", python, version, path=path, label=str(directory),
