@@ -103,7 +103,7 @@ def _by_unit(slots: list[Slot], blocks: list[str], units: set[str]) -> dict[str,
                   for n in slot[0]}
         if None not in owners:
             for owner in owners:
-                per_unit[owner].append(slot)
+                per_unit[owner].append(slot)  # type: ignore[index]  # no None among the owners: checked above
     return per_unit
 
 
@@ -196,9 +196,10 @@ def _load_buffers(model: Any, weights: CheckpointWeights) -> None:
     buffers = dict(model.named_buffers())
     naming = weights.naming(set(buffers), model.base_model_prefix)
     for name, buffer in buffers.items():
-        if naming[name] is not None and weights.shape(naming[name]) == tuple(buffer.shape):
+        stored = naming[name]
+        if stored is not None and weights.shape(stored) == tuple(buffer.shape):
             owner, _, leaf = name.rpartition(".")
-            model.get_submodule(owner)._buffers[leaf] = to_torch(weights.load(naming[name]), buffer.dtype)
+            model.get_submodule(owner)._buffers[leaf] = to_torch(weights.load(stored), buffer.dtype)
 
 
 def _block_of(name: str, blocks: list[str]) -> str | None:

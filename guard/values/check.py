@@ -27,7 +27,7 @@ import mmap
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -93,7 +93,7 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
             continue
         stats.append({**_where(info), **_figures(result), "numel": info.numel})
         findings.extend(_tensor_findings(info, result, in_play, labels))
-        for code, cast in result.casts.items():
+        for code, cast in result.casts.items():  # type: ignore[union-attr]  # a result whenever skip is None
             if code in requested and cast.rounded:
                 rounding.setdefault((info.file, code), []).append(
                     (cast.max_rel_error, cast.worst_rel_value, info.name, cast.rounded))
@@ -122,7 +122,7 @@ def _located_tensors(inv: ModelInventory) -> Iterator[TensorInfo]:
         yield from tensors
 
 
-def _relocate_torch_zip(path: str) -> tuple[TensorInfo, ...] | None:
+def _relocate_torch_zip(path: str) -> Sequence[TensorInfo] | None:
     from guard.readers import READ_FAILURES
     from guard.readers.torch.zip import read_torch_zip
     from guard.sources import LocalFile

@@ -187,7 +187,8 @@ def _digest(side: Side, pool: Any, buffer: Any, chunk: mmap.mmap) -> bytes:
         if piece[0] == "range":
             _hash_range(digest, piece[1], piece[2], piece[3], chunk)
         else:
-            digest.update(np.ascontiguousarray(piece[1]).reshape(-1).view(np.uint8))
+            flat = np.ascontiguousarray(piece[1]).reshape(-1).view(np.uint8)
+            digest.update(flat)  # type: ignore[arg-type]  # numpy types __buffer__ from 3.12
             if piece[2] is not None:
                 piece[2]()  # the band goes back to the pool
     return digest.digest()

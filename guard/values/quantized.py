@@ -24,7 +24,7 @@ out of the value scan altogether (``packed_under_float``): their bit patterns ar
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from guard.catalogue import make_finding
@@ -232,7 +232,7 @@ class _Located:
         return self.by_file[info.file].get(name, info)
 
 
-def _relocated(path: str) -> tuple[TensorInfo, ...]:
+def _relocated(path: str) -> Sequence[TensorInfo]:
     """A torch zip's tensors with their bytes placed (a headers-only scan leaves them unplaced)."""
     from guard.readers import READ_FAILURES
     from guard.readers.torch.zip import read_torch_zip

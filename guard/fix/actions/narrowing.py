@@ -126,5 +126,5 @@ def _chunks(source: SourceTensor) -> Iterator[memoryview]:
 
     flat = np.ascontiguousarray(source.load()).reshape(-1).view(np.uint8)
     for start in range(0, flat.size, CHUNK_BYTES):
-        yield memoryview(flat[start:start + CHUNK_BYTES])
+        yield memoryview(flat[start:start + CHUNK_BYTES])  # type: ignore[arg-type]  # numpy types __buffer__ from 3.12
 
