@@ -8,6 +8,9 @@ weights of their own (the HF storage writer's safetensors shards).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 from guard.lazy import attribute
 from guard.readers import unreadable
 from guard.records import record
@@ -24,16 +27,16 @@ class TrainingDir:
     parent_names: tuple[str, ...] = ()  # names beside the directory the layout needs (DeepSpeed's `latest`)
 
 
-def _function(dotted: str) -> object:
+def _function(dotted: str) -> Callable[..., Any]:
     module, _, name = dotted.partition(":")
-    return attribute(module, name)
+    return cast("Callable[..., Any]", attribute(module, name))
 
 
 def claim_training_dirs(directory: str, names: frozenset[str]) -> tuple[TrainingDir, ...]:
     """Each trainer that claims the directory (by names alone), in the table's order."""
     found = []
     for row in TRAINERS:
-        claim = _function(row.claim)(directory, names)  # type: ignore[operator]
+        claim = _function(row.claim)(directory, names)
         if claim is not None:
             found.append(claim)
     return tuple(found)
@@ -43,6 +46,6 @@ def scan_training_dir(found: TrainingDir, *, name: str) -> FileScan:
     """The trainer's reader over the directory; an I/O failure is a one-line CG001 naming it."""
     scan = _function(trainer(found.layout).scan)
     try:
-        return scan(found, name=name)  # type: ignore[operator,no-any-return]
+        return cast(FileScan, scan(found, name=name))
     except OSError as exc:
         return unreadable(BytesSource(b"", name=name), f"read failed ({exc.strerror or exc})")

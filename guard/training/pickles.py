@@ -69,7 +69,7 @@ class AllowListWalker(PickleWalker):
         self.accepts = {dotted: (tuple((value,) for value in values), what)
                         for dotted, values, what in allowed.accepts}
 
-    def _global(self, module: str, name: str) -> Global | Unsafe:  # type: ignore[override]
+    def _global(self, module: str, name: str) -> Global | Unsafe:
         dotted = f"{module}.{name}"
         if dotted in self.allowed.records or dotted in self.allowed.values:
             return Global(module, name)

@@ -9,8 +9,9 @@ which give the trainer's own names as HF's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from guard.convert.read.source import SourceModel
 from guard.lazy import attribute
@@ -18,9 +19,9 @@ from guard.records import record
 from guard.training.registry import TRAINERS, trainer
 
 
-def _function(dotted: str) -> Any:
+def _function(dotted: str) -> Callable[..., Any]:
     module, _, name = dotted.partition(":")
-    return attribute(module, name)
+    return cast("Callable[..., Any]", attribute(module, name))
 
 
 @record
@@ -30,7 +31,7 @@ class TrainingSource:
     config_dir: Path  # where config.json and the tokenizer files are
 
     def open(self) -> SourceModel:
-        return _function(f"{trainer(self.layout).source}:open_checkpoint")(self.checkpoint)
+        return cast(SourceModel, _function(f"{trainer(self.layout).source}:open_checkpoint")(self.checkpoint))
 
 
 def find_training_source(src: Path) -> TrainingSource | None:
