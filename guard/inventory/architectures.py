@@ -135,13 +135,19 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
             files = {(k if k in heads else dotted + k): v for k, v in files.items()}
     renames = [(re.compile(a), b) for a, b in row.renames]  # type: ignore[attr-defined]
     if renames:
+        # one search per name for all the renames: a 200,000-tensor set has almost no name to rename
+        any_rename = re.compile("|".join(f"(?:{a})" for a, _ in row.renames), re.M)  # type: ignore[attr-defined]
+        if any_rename.search("\n".join(files)) is None:  # one pass in C over every name: the usual answer
+            renames = []
         renamed = {}
-        for name, shape in files.items():
-            for pattern, target in renames:
-                if pattern.search(name):
-                    name = pattern.sub(target, name)
+        for name, shape in files.items() if renames else ():
+            if any_rename.search(name):
+                for pattern, target in renames:
+                    if pattern.search(name):
+                        name = pattern.sub(target, name)
             renamed[name] = shape
-        files = renamed
+        if renames:
+            files = renamed
     tie = config.get("tie_word_embeddings")
     if not isinstance(tie, bool):
         text = config.get("text_config")
@@ -155,9 +161,15 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
     ignore_missing = [re.compile(p) for p in row.ignore_missing]  # type: ignore[attr-defined]
     ignore_unexpected = [re.compile(p) for p in row.ignore_unexpected]  # type: ignore[attr-defined]
     missing, missing_experts, mismatched = [], [], []
+    cache: dict[tuple[object, ...], tuple[int | None, ...]] = {}
     for name, shape in expected.items():
-        if name in loose:
-            _compare(name, loose[name], shape, config, mismatched)
+        held = loose.get(name)
+        if held is not None:
+            want = cache.get(shape)  # per distinct shape (every layer repeats its entries' shapes)
+            if want is None:
+                want = cache[shape] = tuple(evaluate(e, config) for e in shape)
+            if held != want:
+                _compare(name, held, shape, config, mismatched)
         elif name in pieces:
             experts = evaluate(shape[0], config) if shape else None
             found = pieces[name]
@@ -189,7 +201,7 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
         if experts is not None:
             unexpected.extend(f"{name}[{e}]" for (e, s) in found if e >= experts and s == 0)
     return Loading(class_name, tuple(missing), tuple(missing_experts), tuple(sorted(unexpected)),
-                   tuple(mismatched), _extra_layers(row, config, expected, files, unexpected))
+                   tuple(mismatched), _extra_layers(row, config, expected, files, unexpected) if unexpected else ())
 
 
 def _merge_experts(row: object, files: dict[str, tuple[int, ...]]
@@ -203,7 +215,13 @@ def _merge_experts(row: object, files: dict[str, tuple[int, ...]]
             converters.append((pattern, target, index, len(sources), dim))
     pieces: dict[str, dict[tuple[int, int], tuple[tuple[int, ...], int, int | None]]] = {}
     loose: dict[str, tuple[int, ...]] = {}
+    any_source = re.compile("|".join(p.pattern for p, *_ in converters), re.M) if converters else None
+    if any_source is not None and any_source.search("\n".join(files)) is None:
+        return {}, dict(files)  # no per-expert tensor at all (a fused file): one pass in C
     for name, shape in files.items():
+        if any_source is None or not any_source.search(name):
+            loose[name] = shape
+            continue
         for pattern, target, index, count, dim in converters:
             match = pattern.search(name)
             if match:

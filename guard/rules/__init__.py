@@ -57,7 +57,8 @@ def _has_quantized_set(inventory: ModelInventory) -> bool:
 
 def _names_model_type(inventory: ModelInventory) -> bool:
     config = inventory.config  # guard.rules.loading.applies, without importing it for a bare weight file
-    return isinstance(config, dict) and isinstance(config.get("model_type"), str)
+    return (isinstance(config, dict) and isinstance(config.get("model_type"), str)
+            and isinstance(config.get("architectures"), list))
 
 
 _PICKLE_ONLY, _QUANTIZED, _LOADING = "guard.rules.pickle_only", "guard.rules.quantized", "guard.rules.loading"
