@@ -50,8 +50,20 @@ class TensorInfo(Record):
 
 # TensorInfo's fields as getters that run in C: ``map(TENSOR_NAME, tensors)`` makes no Python call per tensor
 # (records are tuples), which the rules over a 200,000-tensor sharded set rely on.
-TENSOR_NAME, TENSOR_DTYPE, TENSOR_SHAPE, TENSOR_FILE, TENSOR_STORAGE = (
-    itemgetter(TensorInfo._fields.index(field)) for field in ("name", "dtype", "shape", "file", "storage"))
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (the hook's path)
+if TYPE_CHECKING:  # to the type checker a getter is a function of a TensorInfo, and a column holds its values
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    _V = TypeVar("_V")
+    TENSOR_NAME: Callable[[TensorInfo], str]
+    TENSOR_DTYPE: Callable[[TensorInfo], str]
+    TENSOR_SHAPE: Callable[[TensorInfo], tuple[int, ...]]
+    TENSOR_FILE: Callable[[TensorInfo], str]
+    TENSOR_STORAGE: Callable[[TensorInfo], str | None]
+else:
+    TENSOR_NAME, TENSOR_DTYPE, TENSOR_SHAPE, TENSOR_FILE, TENSOR_STORAGE = (
+        itemgetter(TensorInfo._fields.index(field)) for field in ("name", "dtype", "shape", "file", "storage"))
 
 
 
@@ -123,7 +135,7 @@ class TensorColumns(_AsTuple):
                 for name, (code, shape, _), start, stop in zip(self.names, self.spans, starts, stops))
         return made
 
-    def column(self, getter: itemgetter[TensorInfo]) -> Iterable[object]:
+    def column(self, getter: Callable[[TensorInfo], Any]) -> Iterable[Any]:
         if getter is TENSOR_NAME:
             return self.names
         if getter is TENSOR_DTYPE:
@@ -150,7 +162,7 @@ class TensorColumns(_AsTuple):
     def __iter__(self) -> Iterator[TensorInfo]:
         return iter(self._records or self.records())
 
-    def __getitem__(self, index):  # type: ignore[no-untyped-def]  # an int or a slice, as a tuple's
+    def __getitem__(self, index):  # an int or a slice, as a tuple's
         return (self._records or self.records())[index]
 
     def __contains__(self, value: object) -> bool:
@@ -170,7 +182,7 @@ class TensorChain(_AsTuple):
         self.parts = parts
         self._starts = list(accumulate(map(len, parts), initial=0))
 
-    def column(self, getter: itemgetter[TensorInfo]) -> Iterable[object]:
+    def column(self, getter: Callable[[TensorInfo], Any]) -> Iterable[Any]:
         return chain.from_iterable(column(getter, part) for part in self.parts)
 
     def __len__(self) -> int:
@@ -179,7 +191,7 @@ class TensorChain(_AsTuple):
     def __iter__(self) -> Iterator[TensorInfo]:
         return chain.from_iterable(self.parts)
 
-    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return tuple(self)[index]
         if index < 0:
@@ -199,11 +211,11 @@ _COLUMNAR = (TensorColumns, TensorChain)
 _SPAN_CODE, _SPAN_SHAPE, _SPAN_BYTES = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
-def column(getter: itemgetter[TensorInfo], tensors: Iterable[TensorInfo]) -> Iterable[object]:
+def column(getter: Callable[[TensorInfo], _V], tensors: Iterable[TensorInfo]) -> Iterable[_V]:
     """One field of every tensor (``TENSOR_NAME``, ...), in order: a columnar file's own column, else the
     field of each record, in C either way."""
     if type(tensors) in _COLUMNAR:
-        return tensors.column(getter)  # type: ignore[union-attr]
+        return tensors.column(getter)  # type: ignore[attr-defined]  # a columnar type: checked above
     return map(getter, tensors)
 
 

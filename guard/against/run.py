@@ -96,9 +96,9 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
                                             "drift": drift},
                             Path(tmp), extra_path=extra_path, env=_worker_env(target))
         figures.update(answer.get("backend", {}), library=answer.get("library"))
-        from guard.parity.runs import Failed, Unavailable
         from guard.envs.protocol import ProtocolError
         from guard.envs.worker import WorkerFailed
+        from guard.parity.runs import Failed, Unavailable
 
         try:
             findings += _judge(target, loads, answer, config, src, input_ids, passes, stored, Path(tmp), figures,
@@ -120,9 +120,9 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
            where: str, checkpoint: Path) -> list[Finding]:
     from guard.against.maxtext_tree import compare_maxtext_tree
     from guard.against.tree import compare_tree
+    from guard.envs.protocol import DRIFT_PASS, read_array
     from guard.parity.accelerator import drift_figures
     from guard.parity.verdict import compare_runs, comparison_findings
-    from guard.envs.protocol import DRIFT_PASS, read_array
 
     file_tensors = _file_tensors(src)
     torch_runs = _torch_runs(src, config, input_ids, passes)

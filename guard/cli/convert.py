@@ -111,9 +111,9 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
                          "(convert with --layout msgpack for parity)")
     if run_parity:  # where the Flax side runs (this process or a transformers-4 environment), before writing
         flax_python = parity_requirements(src, to, variant=variant, dequantize=dequantize, flax_python=flax_python)
-    from guard.write.cast import DTYPE_CHOICES, CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
     from guard.report import Report
+    from guard.write.cast import DTYPE_CHOICES, CastPolicy
 
     request = ConvertRequest(src, out, to, CastPolicy(DTYPE_CHOICES[dtype], tuple(keep_fp32)),
                              parse_size(max_shard_size), allow_lossy, strict, layout=layout, verify=verify,
@@ -167,9 +167,9 @@ def _add_parity(report, request, figures, flax_python=None) -> None:  # type: ig
     import tempfile
 
     dequantized = bool(figures.get("dequantized"))  # the quantized source has no twin: pair the output with itself
-    from guard.write.cast import CastPolicy
     from guard.convert.run import ConvertRequest, convert_model
     from guard.parity.run import run_parity
+    from guard.write.cast import CastPolicy
 
     with tempfile.TemporaryDirectory(prefix="ckpt-guard-parity-") as scratch:
         pair = request.src

@@ -57,8 +57,8 @@ def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_
 
 def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None, drift: bool | None,
             flax_python: Path | None = None) -> int:
-    from guard.parity.run import run_parity  # torch, jax, flax, transformers: the `parity` extra
     from guard.inventory import discover_models, load_local_model
+    from guard.parity.run import run_parity  # torch, jax, flax, transformers: the `parity` extra
     from guard.report import ModelSummary, Report
     from guard.reporters import render
 

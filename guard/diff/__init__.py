@@ -11,7 +11,13 @@ May import the inventory, scan, report and reporters; never the CLI.
 from __future__ import annotations
 
 from guard.diff.change import (
-    DIFF_VERSION, ChangeReport, ModelChange, SetChange, SetTotals, TensorChange, TensorRef,
+    DIFF_VERSION,
+    ChangeReport,
+    ModelChange,
+    SetChange,
+    SetTotals,
+    TensorChange,
+    TensorRef,
 )
 from guard.diff.compare import compare_sides
 from guard.diff.render import VIEWS, render_change

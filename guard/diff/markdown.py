@@ -66,7 +66,8 @@ def what_changed(ws: SetChange) -> str:
     reshaped = sum(1 for c in ws.changed if "reshaped" in c.kinds)
     dtypes = sorted({f"{c.old.dtype}→{c.new.dtype}" for c in ws.changed if "recast" in c.kinds})
     parts = [f"+{len(ws.added):,} added" if ws.added else "", f"−{len(ws.removed):,} removed" if ws.removed else "",
-             f"{recast:,} recast" + (f" ({md_escape(dtypes[0], limit=40)})" if len(dtypes) == 1 else "") if recast else "",
+             (f"{recast:,} recast" + (f" ({md_escape(dtypes[0], limit=40)})" if len(dtypes) == 1 else "")
+              if recast else ""),
              f"{reshaped:,} reshaped" if reshaped else "",
              f"{ws.values_differ:,} values changed" if ws.values_differ else "",
              f"{len(ws.unreadable)} file(s) unreadable" if ws.unreadable else "",

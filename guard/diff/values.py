@@ -17,13 +17,14 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from math import prod
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: a diff imports no typing
-    from typing import Any
 
 from guard.errors import MissingExtraError
 from guard.records import record
 from guard.tensors import TensorInfo
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a diff imports no typing
+    from typing import Any
 
 CHUNK_BYTES = 1024 * 1024
 WORKERS = min(4, os.cpu_count() or 1)

@@ -77,12 +77,12 @@ def _both_sides(torch_dir: Path, flax_dir: Path, python: Path, config: dict[str,
     import transformers
 
     from guard.envs.find import version_warning
+    from guard.envs.protocol import ProtocolError, read_array
     from guard.envs.registry import ENVIRONMENTS
+    from guard.envs.worker import run_worker
     from guard.parity.config_check import config_disagreements, meant_values, read_values
     from guard.parity.needs import check_worker_transformers
     from guard.parity.verdict import low_dtype
-    from guard.envs.worker import run_worker
-    from guard.envs.protocol import ProtocolError, read_array
 
     hf_config = transformers.AutoConfig.from_pretrained(torch_dir, local_files_only=True)
     meant = meant_values(config, hf_config)

@@ -23,8 +23,8 @@ from guard.tensors import TensorInfo
 from guard.training.dcp.dirs import claim, folder_sizes, read_metadata, scan
 from guard.training.dcp.hf_shards import is_hf_shard, read_hf_shards
 from guard.training.dcp.layout import DcpChunk, DcpStorage
-from guard.training.megatron.dirs import NEMO_CONTEXT, NEMO_WEIGHTS, TRACKER, read_tracker
 from guard.training.dcp.roles import item_role, publish_kind
+from guard.training.megatron.dirs import NEMO_CONTEXT, NEMO_WEIGHTS, TRACKER, read_tracker
 from guard.training.state import model_key
 from guard.write.plan import SourceTensor
 

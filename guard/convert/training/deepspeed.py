@@ -80,7 +80,8 @@ def open_zero(tag_dir: Path) -> SourceModel:
     if model.findings:
         return model
     if not placed:
-        model.findings.append(make_finding("CG001", name, "the ZeRO checkpoint places no tensor: nothing to consolidate"))
+        model.findings.append(make_finding("CG001", name,
+                                           "the ZeRO checkpoint places no tensor: nothing to consolidate"))
         return model
     read = {Path(piece.file) for p in placed for piece in p.pieces}  # the files whose bytes are read: bytes_in
     model.files = sorted(read | {tag_dir / n for n in found.claimed if not n.endswith("/")})

@@ -85,6 +85,7 @@ def chunk_problem(shape: tuple[int, ...], chunks: tuple[DcpChunk, ...]) -> str |
         for i, a in enumerate(chunks):
             for b in chunks[i + 1:]:
                 if prod(a.sizes) and prod(b.sizes) and all(
-                        ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a.offsets, a.sizes, b.offsets, b.sizes)):
+                        ao < bo + bs and bo < ao + as_
+                        for ao, as_, bo, bs in zip(a.offsets, a.sizes, b.offsets, b.sizes)):
                     return f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap"
     return None

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from guard.tensors import TensorInfo
 from guard.training.dcp.layout import DcpItem, DcpMetadata
 from guard.training.state import TrainingState, count_homes, model_key
-from guard.tensors import TensorInfo
 
 MODEL_CONTAINERS = frozenset({"model", "models", "module", "app"})  # {"model": ...}; torchtitan's ModelWrapper
 OPTIMIZER_CONTAINERS = frozenset({"optim", "optimizer", "optimizers", "optim_state", "optimizer_state"})
