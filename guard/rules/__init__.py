@@ -17,12 +17,12 @@ from guard.config import Policy
 from guard.findings import Finding
 from guard.inventory import ModelInventory
 from guard.lazy import attribute
-from guard.rules.copies import check_copies_agree
 from guard.rules.config_dtype import check_config_dtype
+from guard.rules.copies import check_copies_agree
 from guard.rules.dtype_policy import check_float64, check_mixed_float_dtypes, check_unexpected_dtype
 from guard.rules.formats import check_declared_dtypes
-from guard.rules.norms import check_low_precision_norms
 from guard.rules.no_tensors import no_tensor_findings
+from guard.rules.norms import check_low_precision_norms
 from guard.rules.shards import check_shard_index
 from guard.rules.targets import check_target_support
 from guard.rules.training import file_findings
