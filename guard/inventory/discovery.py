@@ -18,7 +18,7 @@ from guard.inventory.model import (
 )
 from guard.readers import READ_FAILURES, scan_file, sniff_format, unreadable
 from guard.paths import clean_path, path_name, path_parent
-from guard.records import record
+from guard.records import Record
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
 from guard.training.registry import has_training_marker  # the trainers' marker names (their code: lazily)
@@ -45,8 +45,7 @@ _NOT_WEIGHTS = frozenset({
 _WEIGHT_MAGIC = (b"GGUF", b"\x89HDF\r\n\x1a\n", b"\x93NUMPY", bytes.fromhex("80028a0a6cfc9c46f9206aa850192e"))
 
 
-@record
-class LocalModel:
+class LocalModel(Record):
     directory: str
     weight_files: tuple[str, ...]
     json_files: tuple[str, ...]

@@ -13,14 +13,13 @@ from typing import Any, cast
 
 from guard.lazy import attribute
 from guard.readers import unreadable
-from guard.records import record
+from guard.records import Record
 from guard.sources import BytesSource
 from guard.tensors import FileScan
 from guard.training.registry import TRAINERS, trainer
 
 
-@record
-class TrainingDir:
+class TrainingDir(Record):
     directory: str  # the checkpoint's directory, as discovery walks it
     layout: str  # its trainer's row (``Trainer.layout``)
     claimed: tuple[str, ...] = ()  # names in the directory that belong to the checkpoint, not read on their own

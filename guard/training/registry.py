@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from guard.records import record
+from guard.records import Record
 
 
-@record
-class Markers:
+class Markers(Record):
     """Names that make a directory worth asking the trainer's ``claim``: a suffix, a prefix or a whole name."""
 
     suffixes: tuple[str, ...] = ()
@@ -26,8 +25,7 @@ class Markers:
     names: tuple[str, ...] = ()
 
 
-@record
-class PickleGlobals:
+class PickleGlobals(Record):
     """The globals one of a trainer's pickles may hold, beyond the shared list it starts from."""
 
     pickle: str  # which file holds the pickle
@@ -39,8 +37,7 @@ class PickleGlobals:
     accepts: tuple[tuple[str, tuple[object, ...], str], ...] = ()
 
 
-@record
-class Trainer:
+class Trainer(Record):
     layout: str  # the training-state set's layout (``TrainingState.layout``)
     writes: str  # who writes it, and what
     markers: Markers

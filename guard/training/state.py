@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from guard import dtypes
 from guard.findings import Finding
-from guard.records import record
+from guard.records import Record
 from guard.tensors import FileScan, TensorInfo
 
 # What each kind of tensor is, as the reports say it.
@@ -29,8 +29,7 @@ KINDS: dict[str, str] = {
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
 
-@record
-class DtypeHome:
+class DtypeHome(Record):
     """Where one dtype lives: e.g. ("module", "BF16", 291, 1_034_752)."""
 
     kind: str  # a KINDS key
@@ -42,8 +41,7 @@ class DtypeHome:
         return f"{KINDS.get(self.kind, self.kind)} {dtypes.display_name(self.dtype)}"
 
 
-@record
-class TrainingState:
+class TrainingState(Record):
     """One training checkpoint, read from its metadata (never by executing a pickle)."""
 
     trainer: str  # who wrote it, as far as the files tell: "torch.distributed.checkpoint", "FSDP2", "DeepSpeed", ...

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from guard.convert.read.source import SourceModel
 from guard.lazy import attribute
-from guard.records import record
+from guard.records import Record
 from guard.training.registry import TRAINERS, trainer
 
 
@@ -24,8 +24,7 @@ def _function(dotted: str) -> Callable[..., Any]:
     return cast("Callable[..., Any]", attribute(module, name))
 
 
-@record
-class TrainingSource:
+class TrainingSource(Record):
     layout: str
     checkpoint: Path
     config_dir: Path  # where config.json and the tokenizer files are

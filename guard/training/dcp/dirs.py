@@ -14,7 +14,7 @@ from collections.abc import Callable
 from guard.catalogue import make_finding
 from guard.findings import Finding
 from guard.readers import READ_FAILURES
-from guard.records import record
+from guard.records import Record
 from guard.tensors import FileScan
 from guard.training.dcp.hf_shards import ScanShard, is_hf_shard, scan_hf_shards
 from guard.training.dcp.integrity import integrity_findings
@@ -122,8 +122,7 @@ def _scan_read(read: MetadataRead, common: Callable[[], tuple[list[Finding], int
     return training_scan(state, path=name, fmt="dcp", size=total, findings=findings, bytes_read=bytes_read)
 
 
-@record
-class MetadataRead:
+class MetadataRead(Record):
     metadata: DcpMetadata | None  # None: the findings say why (CG001, CG003, CG117)
     findings: tuple[Finding, ...]
     bytes_read: int

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from guard.catalogue import make_finding
 from guard.findings import Finding
 from guard.readers import scan_file
-from guard.records import record
+from guard.records import Record
 from guard.sources import LocalFile
 from guard.tensors import FileScan, TensorInfo
 from guard.training.dcp.integrity import chunk_problem
@@ -31,8 +31,7 @@ def is_hf_shard(name: str) -> bool:
     return SHARD_NAME.match(name) is not None
 
 
-@record
-class HfShards:
+class HfShards(Record):
     state: TrainingState
     findings: tuple[Finding, ...]
     bytes_read: int

@@ -9,21 +9,19 @@ from __future__ import annotations
 from guard import dtypes
 from guard.errors import MalformedCheckpoint
 from guard.readers.torch.pickle import DictDesc, Global, Unsafe
-from guard.records import record
+from guard.records import Record
 from guard.training.dcp.metadata import MEM_FORMAT_CLASSES, walk_metadata
 from guard.training.pickles import InertRecord
 
 _MAX_DIMS = 64
 
 
-@record
-class DcpChunk:
+class DcpChunk(Record):
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
 
 
-@record
-class DcpItem:
+class DcpItem(Record):
     """One entry of ``state_dict_metadata``: a tensor (dtype, global shape, chunks) or a BYTE_IO item."""
 
     fqn: str
@@ -33,8 +31,7 @@ class DcpItem:
     chunks: tuple[DcpChunk, ...] = ()
 
 
-@record
-class DcpStorage:
+class DcpStorage(Record):
     """One ``storage_data`` entry: the bytes of one chunk (or BYTE_IO item), in which file."""
 
     fqn: str
@@ -45,8 +42,7 @@ class DcpStorage:
     transforms: tuple[str, ...] = ()
 
 
-@record
-class DcpMetadata:
+class DcpMetadata(Record):
     items: tuple[DcpItem, ...]
     storage: tuple[DcpStorage, ...]
     version: str | None

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
-from guard.records import record
+from guard.records import Record
 from guard.sources import ByteSource, LocalFile
 from guard.tensors import FileScan, TensorInfo
 from guard.training.deepspeed.files import ZeroFile, parse_name, read_zero_file
@@ -63,8 +63,7 @@ def latest_problem(directory: str, names: frozenset[str]) -> str | None:
     return None
 
 
-@record
-class ZeroRanks:
+class ZeroRanks(Record):
     """Every rank's files of one tag directory, read (tensor-parallel ranks past 0 counted, not read)."""
 
     models: dict[int, ModelStates]

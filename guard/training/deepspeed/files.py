@@ -17,7 +17,7 @@ from guard.readers.torch.archive import locate_storages, storage_locator, walk_r
 from guard.readers.torch.pickle import TensorRef
 from guard.readers.torch.records import check_directory, check_small_records
 from guard.readers.torch.tensors import CountingSource, Locate, build_tensor_infos
-from guard.records import record
+from guard.records import Record
 from guard.sources import ByteSource
 from guard.tensors import TensorInfo
 from guard.training.pickles import AllowListWalker
@@ -31,8 +31,7 @@ FILE_NAME = re.compile(r"(?P<bf16>bf16_)?(?:zero_pp_rank_(?P<dp>\d{1,6})_)?mp_ra
                        r"(?P<kind>model|optim)_states\.pt")
 
 
-@record
-class ZeroName:
+class ZeroName(Record):
     kind: str  # "model" | "optim"
     dp: int | None  # the data-parallel rank (None: the one model-states file of stages 0-2)
     mp: int
@@ -47,8 +46,7 @@ def parse_name(name: str) -> ZeroName | None:
                     bool(found["bf16"]))
 
 
-@record
-class ZeroFile:
+class ZeroFile(Record):
     """A walked file: its pickle's description, how to place a tensor's bytes, the globals refused."""
 
     path: str

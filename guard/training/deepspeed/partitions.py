@@ -14,20 +14,18 @@ import math
 from collections.abc import Sequence
 
 from guard import dtypes
-from guard.records import record
+from guard.records import Record
 from guard.tensors import TensorInfo
 from guard.training.deepspeed.records import ModelStates, OptimStates
 
 
-@record
-class Piece:
+class Piece(Record):
     file: str
     start: int | None  # absolute byte offset in ``file``; None where the scan did not place it (a Hub file)
     numel: int
 
 
-@record
-class Placed:
+class Placed(Record):
     """One tensor of the consolidated state dict: its pieces in order (their elements, then ``shape``)."""
 
     name: str

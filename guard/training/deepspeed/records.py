@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from guard.errors import MalformedCheckpoint
 from guard.readers.torch.pickle import DictDesc, TensorRef
-from guard.records import record
+from guard.records import Record
 from guard.tensors import TensorInfo
 from guard.training.deepspeed.files import ZeroFile
 from guard.training.pickles import InertRecord
@@ -15,8 +15,7 @@ from guard.training.pickles import InertRecord
 _MAX_DIMS = 64
 
 
-@record
-class ModelStates:
+class ModelStates(Record):
     """``*_model_states.pt``: the 16-bit module (ZeRO-3: zero-size placeholders) and the shapes that order the
     masters."""
 
@@ -35,8 +34,7 @@ class ModelStates:
     bf16: bool = False  # ds_config's bf16.enabled: the optimizer files are then named bf16_...
 
 
-@record
-class OptimStates:
+class OptimStates(Record):
     """``*_optim_states.pt``: this rank's flat fp32 (or bf16) master partition per group and its moments."""
 
     path: str

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 
 from guard.catalogue import make_finding
-from guard.records import record
+from guard.records import Record
 from guard.tensors import FileScan
 from guard.training.dirs import TrainingDir
 from guard.training.state import TrainingState, training_scan
@@ -26,8 +26,7 @@ _MAX_TRACKER = 64
 _ITERATION = re.compile(r"\d{1,12}")
 
 
-@record
-class Tracked:
+class Tracked(Record):
     folder: str | None  # the iteration folder's name (None: the file names none)
     problem: str | None  # why it names no folder beside it; None when it does
 
