@@ -57,7 +57,6 @@ def _rank(rank: int, world: int, port: int, root: str, mixed_precision: str) -> 
     from accelerate import Accelerator
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-
     from dcp_writers import tiny_llama
 
     torch.set_num_threads(1)
@@ -98,7 +97,6 @@ def main(root: str, mixed_precision: str = "no") -> int:
     mp.spawn(_rank, args=(2, _free_port(), root, mixed_precision), nprocs=2, join=True)
 
     from accelerate.utils import merge_fsdp_weights
-
     from dcp_writers import tiny_llama, tiny_llama_config
 
     merge_fsdp_weights(os.path.join(root, "step-2", "pytorch_model_fsdp_0"), os.path.join(root, "merged"))

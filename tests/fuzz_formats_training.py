@@ -111,9 +111,8 @@ def reference_dcp_metadata(data: bytes) -> DcpInventory | str:
 
 def _reference_dcp_metadata(data: bytes) -> DcpInventory | str:
     """torch's Metadata of ``data``, as an inventory, or why it could not be built."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
-
     import torch
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 
     codes = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from hub_standin import StandinHub, tiny_safetensors
 
 from guard.config import build_policy

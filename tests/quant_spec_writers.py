@@ -106,7 +106,6 @@ def write_gptq(out: Path, *, bits: int = 4, group_size: int = 128, desc_act: boo
     """GPTQ as auto-gptq (``checkpoint_format`` gptq: zeros stored minus one) or gptqmodel (gptq_v2)
     saves it; ``legacy_config`` writes the old quantize_config.json and no quantization_config."""
     import torch
-
     from quant_writers import tiny_llama
 
     if 32 % bits:
@@ -142,7 +141,6 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 def write_awq(out: Path, *, group_size: int = 128) -> Path:
     """AutoAWQ gemm, 4 bits, zero point (what ``AutoAWQForCausalLM.save_quantized`` writes)."""
     import torch
-
     from quant_writers import tiny_llama
 
     model = tiny_llama(dtype="float16")
@@ -169,7 +167,6 @@ def _fp8(weight: Any, scale: Any) -> Any:
 def write_fp8_block(out: Path, *, block: int = 128) -> Path:
     """DeepSeek-V3 style fine-grained FP8: one F32 scale per 128x128 block, config as DeepSeek ships it."""
     import torch
-
     from quant_writers import tiny_llama
 
     model = tiny_llama()
@@ -205,9 +202,8 @@ def write_modelopt(out: Path, *, algo: str = "FP8") -> Path:
     """NVIDIA ModelOpt's export (``quant_method`` modelopt). NVFP4 starts from compressed-tensors'
     own NVFP4 compressor and renames it the way ModelOptNvfp4Converter maps it back (the packing is one)."""
     import torch
-    from safetensors.torch import load_file
-
     from quant_writers import tiny_llama, write_compressed_tensors
+    from safetensors.torch import load_file
 
     model = tiny_llama()
     packed: dict[str, Any] = {}
@@ -309,9 +305,8 @@ def write_eetq(out: Path) -> Path:
 def write_bitnet(out: Path) -> Path:
     """BitNet b1.58 offline: absmean ternary weights packed by transformers' own ``pack_weights``."""
     import torch
-    from transformers.integrations.bitnet import pack_weights
-
     from quant_writers import tiny_llama
+    from transformers.integrations.bitnet import pack_weights
 
     model = tiny_llama()
     packed: dict[str, Any] = {}

@@ -62,7 +62,6 @@ def tiny_llama(*, dtype: str = "bfloat16", seed: int = SEED) -> Any:
 
 def twin(writer: Callable[..., Path]) -> Any:
     """The unquantized model a writer started from (``twin(write_hqq).num_parameters()``)."""
-    from quant_spec_writers import tiny_gpt_oss
 
     return tiny_gpt_oss() if writer.__name__ == "write_mxfp4" else tiny_llama()
 
@@ -190,8 +189,7 @@ def write_compressed_tensors(out: Path, *, scheme: str = "W4A16", format: str | 
     0.20 removed its sparsity compressors, so no sparse format is written here.
     """
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationConfig, apply_quantization_config,
-                                                 preset_name_to_scheme)
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
 
     model = tiny_llama()
     inputs = _input_ranges(model)
@@ -267,9 +265,22 @@ def _calibrate_min_max(module: Any, input_range: tuple[Any, Any]) -> None:
         module.weight_zero_point.data.copy_(zero_point.reshape(module.weight_zero_point.shape))
 
 
-from quant_spec_writers import (  # noqa: E402,F401 - re-exported: one import for every writer
-    tiny_gpt_oss, write_awq, write_bitnet, write_eetq, write_fbgemm_fp8, write_fp8_block, write_gptq,
-    write_modelopt, write_mxfp4)
 from quant_mlx import MlxUnavailable, write_mlx  # noqa: E402,F401
 from quant_plants import (  # noqa: E402,F401
-    plant_corrupt_quant_state, plant_missing_scale, plant_nan_scales, plant_truncated_payload, plant_wrong_bits)
+    plant_corrupt_quant_state,
+    plant_missing_scale,
+    plant_nan_scales,
+    plant_truncated_payload,
+    plant_wrong_bits,
+)
+from quant_spec_writers import (  # noqa: E402,F401 - re-exported: one import for every writer
+    tiny_gpt_oss,
+    write_awq,
+    write_bitnet,
+    write_eetq,
+    write_fbgemm_fp8,
+    write_fp8_block,
+    write_gptq,
+    write_modelopt,
+    write_mxfp4,
+)

@@ -173,8 +173,8 @@ def write_orbax_mutants(out: Path, count: int) -> dict[str, Any]:
     import numpy as np
     import orbax.checkpoint as ocp
     import tensorstore as ts
-
     from fuzz_inputs import apply_all, random_mutations
+
     from guard.dtypes import NUMPY_NAMES
 
     tree = {"params": {"w": np.ones((3, 4), np.float32), "b": np.zeros((4,), np.float16)},

@@ -10,10 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
+from scanning import json_scan  # noqa: E402
 
 from guard.catalogue import RULES_BY_CODE  # noqa: E402
 from guard.cli import main  # noqa: E402
-from scanning import json_scan  # noqa: E402
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -15,9 +15,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from flax.serialization import msgpack_restore  # noqa: E402
 from flax.traverse_util import flatten_dict  # noqa: E402
-from safetensors import safe_open  # noqa: E402
-
 from legacy_env import here_has_flax_transformers, legacy_python  # noqa: E402
+from safetensors import safe_open  # noqa: E402
 
 from guard.cli import main  # noqa: E402
 from guard.samples import save_torch_bin  # noqa: E402

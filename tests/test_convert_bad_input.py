@@ -14,9 +14,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from test_convert import convert, tiny_mistral  # noqa: E402
 
+from guard.progress import progress  # noqa: E402
 from guard.write import writer  # noqa: E402
 from guard.write.bitviews import numpy_to_torch, torch_to_numpy  # noqa: E402
-from guard.progress import progress  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,9 @@ import pytest
 pytest.importorskip("transformers")
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from legacy_env import here_has_flax_transformers  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from test_convert import convert, flax_params, safetensors_bits  # noqa: E402
-from legacy_env import here_has_flax_transformers  # noqa: E402
 from tiny_pairs import pairs, reference_tree, tiny_config  # noqa: E402
 
 from guard.convert.map.families import ALIASES, FAMILIES, Family  # noqa: E402
@@ -151,8 +151,8 @@ def old_clip() -> Any:
 
 def flax_load_check(out: Path, flax_name: str, monkeypatch: pytest.MonkeyPatch, log: LoadLog) -> set[Any]:
     """transformers' own Flax loader: the keys it loads, with no "newly initialized" / "not used" line."""
-    from flax.traverse_util import flatten_dict
     import jax.numpy as jnp
+    from flax.traverse_util import flatten_dict
 
     cls = getattr(transformers, flax_name)
     monkeypatch.setattr(jnp, "clip", old_clip())  # T5 family: jnp.clip(a_max=) is gone from jax 0.10

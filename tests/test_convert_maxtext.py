@@ -18,9 +18,9 @@ pytest.importorskip("transformers")
 ocp = pytest.importorskip("orbax.checkpoint")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from against_envs import managed_python  # noqa: E402
 from flax.traverse_util import flatten_dict  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
-from against_envs import managed_python  # noqa: E402
 from test_convert import _offline  # noqa: E402,F401
 
 from guard.against.maxtext_causes import tied_logits_as_maxtext  # noqa: E402

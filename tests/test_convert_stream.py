@@ -304,8 +304,8 @@ def test_reads_without_mmap_give_the_same_bytes(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.parametrize("perms", [{}, PERMS], ids=["copied", "transposed"])
 def test_a_source_deleted_mid_conversion_is_one_guard_error(tmp_path: Path,
                                                             perms: dict) -> None:  # type: ignore[type-arg]
-    from guard.write.writer import write_output
     from guard.errors import GuardError
+    from guard.write.writer import write_output
 
     arrays = arrays_for_writer(np.random.default_rng(2))
     outputs = plan(source_model(tmp_path, arrays), perms)

@@ -21,9 +21,9 @@ from bounds import no_hang, traced
 from ir_package_writers import built
 from scanning import codes, json_scan, sets_of
 
+from guard.inventory.package_dirs import scan_local_package
 from guard.readers import READ_FAILURES, scan_file
 from guard.readers.coreml.blob import read_mil_blobs
-from guard.inventory.package_dirs import scan_local_package
 from guard.sources import BytesSource, LocalFile
 
 pytest.importorskip("coremltools")

@@ -413,9 +413,9 @@ np.savez(sys.argv[1], **out)
 
 def test_mlx_equals_mlx_core_dequantize(tmp_path: Path) -> None:
     """Affine (2-8 bits, codes straddling words included), mxfp4, nvfp4 and mxfp8, against mlx itself."""
-    from guard.convert.read.dequant import mlx
-
     from quant_mlx import MlxUnavailable, mlx_python
+
+    from guard.convert.read.dequant import mlx
 
     try:
         python = mlx_python()

@@ -11,14 +11,14 @@ import pytest
 
 pytest.importorskip("diffusers")
 
+import layouts  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
+from scanning import codes, copy_tree, json_scan, tree_state  # noqa: E402
 
-import layouts  # noqa: E402
 from guard.cli import main  # noqa: E402
 from guard.fixes import Fix  # noqa: E402
 from guard.samples import save_torch_bin  # noqa: E402
-from scanning import codes, copy_tree, json_scan, tree_state  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

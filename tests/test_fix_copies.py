@@ -14,6 +14,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from flax.traverse_util import flatten_dict  # noqa: E402
+from scanning import tree_state  # noqa: E402
+from test_convert import _offline  # noqa: E402,F401  (autouse: no Hub, no network)
 
 from guard.cli import main  # noqa: E402
 from guard.config import Policy  # noqa: E402
@@ -24,8 +26,6 @@ from guard.fixes import Fix, make_fix  # noqa: E402
 from guard.inventory import discover_models, load_local_model  # noqa: E402
 from guard.rules.copies import plan_add_copy  # noqa: E402
 from guard.samples import save_torch_bin  # noqa: E402
-from scanning import tree_state  # noqa: E402
-from test_convert import _offline  # noqa: E402,F401  (autouse: no Hub, no network)
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
+from scanning import tree_state
 
 from guard.cli import main
 from guard.config import Policy
@@ -24,7 +24,6 @@ from guard.fix.context import FixOptions, Staged
 from guard.fix.plan import plan_fixes, render_plan, selected
 from guard.jsonspan import JsonSpanError, find_values
 from guard.scan import scan_paths
-from scanning import tree_state
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text(encoding="utf-8"))
 

@@ -199,8 +199,8 @@ def test_a_killed_cast_in_place_leaves_old_or_new(bf16_set: tuple[Path, dict[str
 
 def test_a_killed_config_rewrite_leaves_old_or_new(tmp_path: Path) -> None:
     """The smallest write: killed at once, or as the staging directory appears; never a partial config.json."""
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     model = tmp_path / "m"
     model.mkdir()

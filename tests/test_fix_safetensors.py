@@ -13,6 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from scanning import tree_state  # noqa: E402
+
 from guard.cli import main  # noqa: E402
 from guard.config import Policy  # noqa: E402
 from guard.errors import GuardError  # noqa: E402
@@ -28,7 +30,6 @@ from guard.samples import save_torch_bin  # noqa: E402
 from guard.scan import scan_paths  # noqa: E402
 from guard.tensors import TensorInfo  # noqa: E402
 from guard.write.writer import Naming, plan_shards  # noqa: E402
-from scanning import tree_state  # noqa: E402
 
 
 class Foreign:

@@ -11,8 +11,7 @@ import msgpack
 import numpy as np
 import pytest
 from bounds import no_hang
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 serialization = pytest.importorskip("flax.serialization")

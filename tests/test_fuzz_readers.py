@@ -33,8 +33,7 @@ from fuzz_inputs import (
     explain,
     sample_checkpoints,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")

@@ -22,11 +22,9 @@ from guard.sources import LocalFile
 np = pytest.importorskip("numpy")
 gguf = pytest.importorskip("gguf")
 ml_dtypes = pytest.importorskip("ml_dtypes")
+from fuzz_formats_a import write_gguf  # noqa: E402
 from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
-from fuzz_formats_a import write_gguf  # noqa: E402
-
-
 
 
 def add_quantized(writer: Any, name: str, array: Any, qtype: Any) -> None:

@@ -18,8 +18,7 @@ from fuzz_inputs import assert_well_behaved, bounded_scan
 
 from guard.cli import main
 from guard.readers import scan_file, sniff_format
-from guard.readers.hdf5 import file as hdf5_reader
-from guard.readers.hdf5 import walk as hdf5_walk
+from guard.readers.hdf5 import file as hdf5_reader, walk as hdf5_walk
 from guard.sources import BytesSource, LocalFile
 
 h5py = pytest.importorskip("h5py")
@@ -248,8 +247,12 @@ def test_a_scan_without_hdf5_files_never_imports_h5py(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ property: any h5py file reads back
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import (  # noqa: E402
+    HealthCheck,
+    given,
+    settings,
+    strategies as st,  # noqa: E402
+)
 
 H5_DTYPES = ["f2", "f4", "f8", ">f4", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "?", "c8", "bfloat16"]
 h5_names = st.text("abcdefghijklmnopqrstuvwxyz0123456789_:.", min_size=1, max_size=8).filter(

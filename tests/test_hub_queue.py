@@ -8,7 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from hub_postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 
 from guard.cli import main

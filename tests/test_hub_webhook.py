@@ -396,6 +396,7 @@ def test_the_previous_head_is_read_from_old_sha(old: object, expected: str | Non
 def test_checkpoint_files_are_the_hooks_and_the_actions_selection() -> None:
     """One selection of "a checkpoint changed": the reviewer's, the pre-commit hook's and the action's."""
     import re
+
     import yaml
 
     from guard.hub.changes import CHECKPOINT_FILES

@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from guard.cli import main
-from guard.inventory import discover_models, load_local_model
-from guard.inventory import discovery, index_proof
+from guard.inventory import discover_models, discovery, index_proof, load_local_model
 from guard.inventory.index_proof import HeaderMap
 
 INDEX = "model.safetensors.index.json"

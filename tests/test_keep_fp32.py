@@ -14,12 +14,11 @@ import pytest
 transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
+from scanning import codes, json_scan, tree_state  # noqa: E402
 
 from guard.cli import main  # noqa: E402
-from guard.inventory.keep_fp32 import (KEEP_IN_FP32, TRANSFORMERS_VERSION, Keeps, component_globs,  # noqa: E402
-                                       kept_modules)
 from guard.config import fp32_keeper  # noqa: E402
-from scanning import codes, json_scan, tree_state  # noqa: E402
+from guard.inventory.keep_fp32 import KEEP_IN_FP32, TRANSFORMERS_VERSION, Keeps, component_globs, kept_modules  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ROUTER = ("model.layers.1.mlp.gate.weight", "model.layers.1.mlp.gate.e_score_correction_bias")

@@ -15,9 +15,7 @@ from typing import Any
 
 import pytest
 from fuzz_inputs import assert_refused, assert_well_behaved, bounded_scan
-from onnx_reference import len_field as _len_field
-from onnx_reference import onnx_weights
-from onnx_reference import varint as _varint
+from onnx_reference import len_field as _len_field, onnx_weights, varint as _varint
 
 from guard.readers import scan_file
 from guard.readers.onnx.graph import external_data_findings

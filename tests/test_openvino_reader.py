@@ -117,8 +117,8 @@ def _const(offset: str = "0", size: str = "16", shape: str = "4", element: str =
 LAUGHS = ('<?xml version="1.0"?>\n<!DOCTYPE net [<!ENTITY a "aaaaaaaaaa">'
           + "".join(f'<!ENTITY {chr(98 + i)} "{("&" + chr(97 + i) + ";") * 10}">' for i in range(9))
           + ']>\n<net name="&j;" version="11"><layers/></net>').encode()
-EXTERNAL = ('<?xml version="1.0"?>\n<!DOCTYPE net [<!ENTITY x SYSTEM "file:///etc/passwd">]>\n'
-            '<net name="&x;" version="11"><layers/></net>').encode()
+EXTERNAL = (b'<?xml version="1.0"?>\n<!DOCTYPE net [<!ENTITY x SYSTEM "file:///etc/passwd">]>\n'
+            b'<net name="&x;" version="11"><layers/></net>')
 
 
 @pytest.mark.parametrize("data,contains", [

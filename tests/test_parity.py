@@ -17,9 +17,9 @@ serialization = pytest.importorskip("flax.serialization")
 from flax.traverse_util import flatten_dict, unflatten_dict  # noqa: E402
 
 from guard.cli import main  # noqa: E402
-from guard.parity.run import run_parity  # noqa: E402
 from guard.parity.metrics import TOLERANCES, compare_output, judge  # noqa: E402
 from guard.parity.relative import RULES, RelativeRule, judge_low_precision, low_precision_outputs  # noqa: E402
+from guard.parity.run import run_parity  # noqa: E402
 
 # transformers' own Flax classes write the Flax side and run in this process: transformers 4 (`.venv-tf4`)
 pytestmark = pytest.mark.transformers4

@@ -177,8 +177,9 @@ def test_convert_parity_runs_maxtexts_forward_on_the_output(tmp_path: Path) -> N
 
 
 def test_maxtext_tied_logit_conventions_named_where_they_apply() -> None:
-    from guard.against.maxtext_causes import embed_step, forward_causes
     from test_convert_maxtext import EMBED_STEPS
+
+    from guard.against.maxtext_causes import embed_step, forward_causes
 
     gemma3 = {"model_type": "gemma3_text"}  # tied by default, as transformers' Gemma configs are
     assert len(forward_causes(gemma3, {}, "F32")) == 2 and forward_causes(gemma3, {}, "BF16") == ()

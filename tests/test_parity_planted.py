@@ -21,9 +21,9 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 from flax import serialization  # noqa: E402
 from flax.traverse_util import flatten_dict, unflatten_dict  # noqa: E402
+from legacy_env import here_has_flax_transformers, legacy_python  # noqa: E402
 from test_convert import convert  # noqa: E402
 from test_convert_families import save_tiny  # noqa: E402
-from legacy_env import here_has_flax_transformers, legacy_python  # noqa: E402
 
 from guard.parity.run import run_parity  # noqa: E402
 

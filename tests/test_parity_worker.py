@@ -26,8 +26,8 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 from test_convert import convert  # noqa: E402
 
 from guard.cli import main  # noqa: E402
-from guard.parity import needs  # noqa: E402
 from guard.envs.protocol import ProtocolError, check_answer  # noqa: E402
+from guard.parity import needs  # noqa: E402
 
 LLAMA = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}

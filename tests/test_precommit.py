@@ -11,8 +11,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from project_copy import copy_project
 import torch
+from project_copy import copy_project
 from safetensors.torch import save_file
 
 from guard.cli import main

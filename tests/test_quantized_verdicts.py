@@ -21,8 +21,9 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import quant_writers as qw  # noqa: E402
-from guard.cli import main  # noqa: E402
 from scanning import json_scan, tree_state  # noqa: E402
+
+from guard.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

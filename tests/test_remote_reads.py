@@ -21,8 +21,9 @@ from guard.tensors import FileScan
 
 pytest.importorskip("huggingface_hub")  # HubFile's errors are huggingface_hub's
 pytest.importorskip("onnx")
-from guard.hub.remote import HubFile  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from guard.hub.remote import HubFile  # noqa: E402
 
 LARGE = (256, 1024)  # 1 MiB of F32: far more than a block, so each payload is jumped
 

@@ -20,8 +20,7 @@ from safetensors.numpy import save
 
 from guard.errors import MalformedCheckpoint
 from guard.readers import safetensors as reader
-from guard.readers.safetensors import fast, pattern, reference
-from guard.readers.safetensors import templates as templates_module
+from guard.readers.safetensors import fast, pattern, reference, templates as templates_module
 from guard.sources import BytesSource, LocalFile
 from guard.tensors import TensorColumns
 

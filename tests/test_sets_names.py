@@ -10,13 +10,13 @@ import struct
 from pathlib import Path
 
 import pytest
+from scanning import codes, json_scan, sets_of
 
 from guard.inventory import build_inventory
 from guard.inventory.conventions import CONVENTIONS, NAME_DTYPES, name_claimed_dtype
 from guard.inventory.names import classify, convention_of
 from guard.readers import scan_file
 from guard.sources import BytesSource
-from scanning import codes, json_scan, sets_of
 
 EXAMPLES: dict[str, tuple[str, str]] = {  # row pattern's example -> (expected role/kind/variant, built by)
     "model.safetensors.index.json": ("weights index -", "test_sets_transformers::mistral (save_pretrained, sharded)"),

@@ -11,9 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from safetensors.torch import save_file  # noqa: E402
-
 import layouts  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 from scanning import codes, copy_tree, errors, json_scan, model, sets_of  # noqa: E402
 
 pytestmark = pytest.mark.slow

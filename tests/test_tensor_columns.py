@@ -18,8 +18,19 @@ import pytest
 from guard.cli import main
 from guard.readers import safetensors as reader
 from guard.sources import BytesSource, LocalFile
-from guard.tensors import (TENSOR_DTYPE, TENSOR_FILE, TENSOR_NAME, TENSOR_SHAPE, TENSOR_STORAGE, TensorChain,
-                           TensorColumns, TensorInfo, column, joined, select)
+from guard.tensors import (
+    TENSOR_DTYPE,
+    TENSOR_FILE,
+    TENSOR_NAME,
+    TENSOR_SHAPE,
+    TENSOR_STORAGE,
+    TensorChain,
+    TensorColumns,
+    TensorInfo,
+    column,
+    joined,
+    select,
+)
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")

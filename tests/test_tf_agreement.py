@@ -13,8 +13,15 @@ import warnings
 import pytest
 from fuzz_formats_tf import repair_crcs, warm_up
 from fuzz_inputs import (
-    FILE_NAMES, REFERENCES, apply_all, assert_well_behaved, bounded_scan, differential_run, explain,
-    random_mutations, sample_checkpoints,
+    FILE_NAMES,
+    REFERENCES,
+    apply_all,
+    assert_well_behaved,
+    bounded_scan,
+    differential_run,
+    explain,
+    random_mutations,
+    sample_checkpoints,
 )
 
 pytest.importorskip("tensorflow")

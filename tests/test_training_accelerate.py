@@ -19,8 +19,9 @@ pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import accelerate_writers  # noqa: E402
-from guard.cli import main  # noqa: E402
 from scanning import codes, json_scan, model  # noqa: E402
+
+from guard.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

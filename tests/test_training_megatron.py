@@ -283,8 +283,8 @@ def test_convert_refuses_a_layout_it_cannot_map(fp32: tuple[Path, dict], tmp_pat
 def test_a_megatron_name_outside_the_llama_table_is_refused() -> None:
     """A fused qkv bias (Qwen2's layout, not Llama's) has no row: CG304 naming it, and no tensor to write."""
     from guard.convert.read.source import SourceModel
-    from guard.tensors import TensorInfo
     from guard.convert.training.megatron import from_megatron
+    from guard.tensors import TensorInfo
     from guard.write.plan import SourceTensor
 
     config = {"model_type": "llama", **megatron_writers.TINY}

@@ -16,8 +16,9 @@ pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import deepspeed_writers  # noqa: E402
-from guard.cli import main  # noqa: E402
 from scanning import codes, json_scan, model, sets_of  # noqa: E402
+
+from guard.cli import main  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not deepspeed_writers.deepspeed_available(), reason="make test installs deepspeed")]

@@ -17,9 +17,10 @@ pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import deepspeed_writers  # noqa: E402
-from guard.cli import main  # noqa: E402
-from scanning import codes, json_scan, model  # noqa: E402
 from hub_standin import StandinHub, standin_fixture  # noqa: E402
+from scanning import codes, json_scan, model  # noqa: E402
+
+from guard.cli import main  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not deepspeed_writers.deepspeed_available(), reason="make test installs deepspeed")]
@@ -514,10 +515,10 @@ def test_mutated_rank_files_are_findings_never_crashes_hangs_or_imports(zero, tm
     from bounds import no_hang, traced
     from fuzz_inputs import SCAN_PEAK_BYTES, apply_all, random_mutations
 
+    from guard.readers import READ_FAILURES
     from guard.sources import BytesSource
     from guard.training.deepspeed.files import read_zero_file
     from guard.training.deepspeed.records import read_model_states, read_optim_states
-    from guard.readers import READ_FAILURES
 
     rng = random.Random(30)
     bases = [p for name in ("z2-bf16", "z3-bf16") for p in sorted((zero(name)[0] / "global_step1").glob("*.pt"))]

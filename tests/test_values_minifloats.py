@@ -24,8 +24,7 @@ import pytest
 np = pytest.importorskip("numpy")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from guard.values import minifloats  # noqa: E402
-from guard.values import stats  # noqa: E402
+from guard.values import minifloats, stats  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ML = {"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,

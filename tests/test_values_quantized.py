@@ -167,8 +167,8 @@ def test_planted_saturation_in_a_compressed_tensors_payload_is_cg206(tmp_path: P
 
 def test_names_are_escaped_by_the_reporters_not_trusted(tmp_path: Path) -> None:
     """The finding carries the raw name in ``tensor`` and a bounded repr in its message."""
-    from guard.values.quantized import _scale_findings
     from guard.tensors import TensorInfo
+    from guard.values.quantized import _scale_findings
 
     path = tmp_path / "s.bin"
     np.array([np.nan], dtype=np.float32).tofile(path)
