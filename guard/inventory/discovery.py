@@ -6,18 +6,24 @@ import functools
 import os
 from collections.abc import Iterable, Iterator
 
+import guard.inventory.tf_dirs as tf_dirs  # the module itself: `from guard.inventory` would be a cycle with __init__
 from guard.catalogue import make_finding
 from guard.collector import settle
 from guard.errors import UsageError
-import guard.inventory.tf_dirs as tf_dirs  # the module itself: `from guard.inventory` would be a cycle with __init__
 from guard.inventory.conventions import UNSUPPORTED_SUFFIXES
-from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
-from guard.inventory.package_dirs import enclosing_package, is_package, local_weights, scan_local_package
 from guard.inventory.model import (
-    CONFIG_NAME, MAX_JSON_BYTES, PIPELINE_INDEX, ModelInventory, build_inventory, is_index_file, is_weight_file,
+    CONFIG_NAME,
+    MAX_JSON_BYTES,
+    PIPELINE_INDEX,
+    ModelInventory,
+    build_inventory,
+    is_index_file,
+    is_weight_file,
 )
-from guard.readers import READ_FAILURES, scan_file, sniff_format, unreadable
+from guard.inventory.package_dirs import enclosing_package, is_package, local_weights, scan_local_package
+from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
 from guard.paths import clean_path, path_name, path_parent
+from guard.readers import READ_FAILURES, scan_file, sniff_format, unreadable
 from guard.records import Record
 from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
@@ -115,13 +121,15 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
     models = []
     for directory, named in directories.items():
         model = _local_model(directory, named, listed.get(directory))
-        if model.weight_files or model.orbax or model.training or any(is_index_file(path_name(p)) for p in model.json_files):
+        if (model.weight_files or model.orbax or model.training
+                or any(is_index_file(path_name(p)) for p in model.json_files)):
             models.append(model)
     roots = [m.directory for m in models if m.orbax]  # nothing inside an Orbax checkpoint
     # nor inside a folder a training checkpoint claims (a claimed name ending in "/": DeepSpeed's universal zero/)
     owned = [os.path.join(t.directory, c.rstrip("/")) for m in models for t in m.training  # type: ignore[attr-defined]
              for c in t.claimed if c.endswith("/")]
-    models = [m for m in models if not any(m.directory == o or _inside(m.directory, o) for o in owned)] if owned else models
+    if owned:
+        models = [m for m in models if not any(m.directory == o or _inside(m.directory, o) for o in owned)]
     return [m for m in models if not any(_inside(m.directory, r) for r in roots)] if roots else models
 
 

@@ -18,8 +18,10 @@ from guard.tensors import FileScan, TensorInfo
 
 # What each kind of tensor is, as the reports say it.
 KINDS: dict[str, str] = {
-    "module": "module weights",  # the state dict the model itself holds (FSDP2's sharded params, ZeRO's 16-bit `module`)
-    "master": "master weights",  # the optimizer's own full-precision copy (ZeRO's fp32 partitions, Megatron's fp32_param)
+    # the state dict the model itself holds (FSDP2's sharded params, ZeRO's 16-bit `module`)
+    "module": "module weights",
+    # the optimizer's own full-precision copy (ZeRO's fp32 partitions, Megatron's fp32_param)
+    "master": "master weights",
     "optimizer": "optimizer state",  # moments (exp_avg, exp_avg_sq), step counters
     "other": "other state",  # tensors of neither (an EMA copy, a scheduler's tensors, dataloader state)
 }

@@ -19,10 +19,10 @@ from guard.tensors import FileScan
 from guard.training.dcp.hf_shards import ScanShard, is_hf_shard, scan_hf_shards
 from guard.training.dcp.integrity import integrity_findings
 from guard.training.dcp.layout import DcpMetadata, parse_metadata
-from guard.training.megatron.common import COMMON, check_common
-from guard.training.megatron.dirs import nemo_context
 from guard.training.dcp.roles import build_state
 from guard.training.dirs import TrainingDir
+from guard.training.megatron.common import COMMON, check_common
+from guard.training.megatron.dirs import nemo_context
 from guard.training.state import training_scan
 
 METADATA = ".metadata"

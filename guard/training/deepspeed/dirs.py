@@ -205,7 +205,8 @@ def _missing_ranks(found: TrainingDir, *, name: str, stage: int | None, dp: int 
     elif None not in have_model and 0 not in have_model:
         missing.append("mp_rank_00_model_states.pt")
     if stage and not have_optim:  # ZeRO 1-3 keep the masters in the optimizer files: none at all is no checkpoint
-        missing += [f"{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in range(dp or 1)]
+        missing += [f"{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+                    for rank in range(dp or 1)]
     if not missing:
         return []
     expects = f"partition_count {count}" if count else "the ZeRO layout"

@@ -40,7 +40,8 @@ class ZeroName(Record):
 
 def parse_name(name: str) -> ZeroName | None:
     found = FILE_NAME.fullmatch(name)
-    if found is None or (found["kind"] == "optim" and found["dp"] is None) or (found["bf16"] and found["kind"] != "optim"):
+    if (found is None or (found["kind"] == "optim" and found["dp"] is None)
+            or (found["bf16"] and found["kind"] != "optim")):
         return None
     return ZeroName(found["kind"], int(found["dp"]) if found["dp"] is not None else None, int(found["mp"]),
                     bool(found["bf16"]))
