@@ -9,23 +9,22 @@ from pathlib import Path
 from typing import Any
 
 from guard import dtypes
-from guard.convert.read.dequant import DequantError
 from guard.convert.carry import carry_files, main_dtype, read_config
-from guard.write.cast import CastPolicy
-from guard.convert.read.io_orbax import is_orbax_checkpoint
 from guard.convert.legacy_config import flax_target_config
 from guard.convert.map.mapping import plan_mapping
-from guard.write.publish import discard, make_temp_dir, publish
+from guard.convert.read.dequant import DequantError
+from guard.convert.read.dequant.full_precision import dequantized_cast, drop_quantization_files, full_precision_config
+from guard.convert.read.io_orbax import is_orbax_checkpoint
 from guard.convert.read.source import SourceModel, open_source
 from guard.convert.read.source_orbax import open_orbax
 from guard.convert.read.source_training import adapt_names, find_training_source
-from guard.write.verify import verify_output
-from guard.write.writer import LAYOUTS, Naming, OutputTensor, plan_shards, write_output
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
 from guard.findings import Finding, Severity
 from guard.progress import progress
-from guard.convert.read.dequant.full_precision import (dequantized_cast, drop_quantization_files,
-                                                       full_precision_config)
+from guard.write.cast import CastPolicy
+from guard.write.publish import discard, make_temp_dir, publish
+from guard.write.verify import verify_output
+from guard.write.writer import LAYOUTS, Naming, OutputTensor, plan_shards, write_output
 
 
 @dataclass(frozen=True)
@@ -196,7 +195,7 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
     return findings, figures
 
 
-def _quantization(req: ConvertRequest, source: SourceModel):  # type: ignore[no-untyped-def]
+def _quantization(req: ConvertRequest, source: SourceModel):
     """The source's quantization; refused in one line (exit 2) unless --dequantize asks for full precision."""
     from guard.convert.read.dequant.source import open_quantization
 
