@@ -9,7 +9,7 @@ MLX_VENV := .venv-mlx
 # auto-gptq's torch dequantization (its QuantLinear), the reference for GPTQ: unpacked, not installed
 AUTO_GPTQ := .auto-gptq
 
-.PHONY: demo test test-pythons bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
+.PHONY: demo lint test test-pythons bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
 
 # The development pins, with the environments' constraints: package data (guard/envs/), shipped in the wheel.
 CONSTRAINTS := guard/envs/constraints.txt
@@ -108,12 +108,18 @@ dev-tools:
 
 # The whole suite in the pinned environment (transformers 5), the tests that need transformers 4's Flax
 # classes in the managed tf4 environment, then the fast part on the latest releases (test-latest).
-test: dev-tools $(STAMP) node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed $(DEEPSPEED_STAMP) $(MEGATRON_STAMP) \
+test: dev-tools $(STAMP) lint node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed $(DEEPSPEED_STAMP) $(MEGATRON_STAMP) \
 		tunix-venv keras-hub-lib easydel-venv $(MAXTEXT_LIB)/.installed maxtext-venv tf4-venv
 	$(PY) -m pytest -q -m "not transformers4"
 	$(TF4_PY) -m pytest -q -m transformers4
 	$(MAKE) --no-print-directory test-latest
 	$(MAKE) --no-print-directory test-pythons
+
+# The project's own checks, first in `make test` and the repository's pre-commit hooks (.pre-commit-config.yaml):
+# ruff over the tree and mypy over the package, both configured in pyproject.toml, both pinned in the dev extra.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) bench/scan.py
