@@ -119,11 +119,11 @@ def _params_on_meta() -> Iterator[None]:
         if param is not None and param.device.type != "meta":  # a meta one is a tie (lm_head = wte): keep it
             self._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=False)
 
-    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]  # restored below
     try:
         yield
     finally:
-        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]  # the original back
 
 
 def skeleton(cls: Any, config: Any, torch_dtype: Any) -> Any:
