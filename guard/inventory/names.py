@@ -63,9 +63,13 @@ def _classify_name(name: str, weights: bool) -> FileRole:
         if shard is not None:
             role = _classify(f"{name[:at - 6]}-00001-of-00001{name[at + 9:]}", weights)
             if role.shard is not None:  # the numbers were the shard's, not part of a stem
-                return role._replace(name=name, shard=shard)
+                # the record from its fields, not role._replace (a Python call with a dict of keywords): ~5 M
+                # instructions less on a 1,000-shard scan (callgrind), once per shard name
+                return _tuple_new(FileRole, (name, *role[1:7], shard))
     return _classify(name, weights)
 
+
+_tuple_new = tuple.__new__
 
 
 @functools.lru_cache(maxsize=1 << 10)  # the names' forms: a shard stands for all of its set's shards
