@@ -95,7 +95,7 @@ def keras_hub_wheel_vs_checkout(rounds: int = 3) -> dict[str, object]:
 
     with tempfile.TemporaryDirectory(prefix="bench-envs-") as scratch:
         tmp = Path(scratch)
-        _link_closure(tmp / "deps", ("parity",), also=("keras",))
+        _link_closure(tmp / "deps", ("parity",), also=("keras", "sentencepiece"))
         python = _venv(tmp / "venv", getattr(sys, "_base_executable", sys.executable), _wheel(tmp), tmp / "deps")
         src = save_tiny(tmp / "m", "qwen3", "float32")
         commands = {"wheel": str(python.parent / "ckpt-guard"), "checkout": str(ROOT / ".venv" / "bin" / "ckpt-guard")}

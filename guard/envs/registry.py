@@ -45,7 +45,7 @@ ENVIRONMENTS: dict[str, Environment] = {
         name="keras-hub", constraints="keras-hub.txt", python="", requirements=("keras-hub",),
         module="keras_hub", distribution="keras-hub", checked=("0.32.0",), kind="lib",
         why="keras-hub's tensorflow-text would install a second TensorFlow: keras-hub alone, --no-deps, beside "
-            "a Python that has keras and jax",
+            "a Python that has jax and the rest of what keras-hub imports (keras, sentencepiece)",
         env={"KERAS_BACKEND": "jax"}),
     "easydel": Environment(
         name="easydel", constraints="easydel.txt", python="", requirements=("easydel", "Pillow", "torch"),

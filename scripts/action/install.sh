@@ -44,9 +44,10 @@ command -v "$python" >/dev/null 2>&1 || python=python
 bindir="$venv/bin"
 [ -d "$bindir" ] || bindir="$venv/Scripts"  # Windows
 # parity's Flax side runs in the transformers-4 environment `ckpt-guard env install tf4` builds (convert.sh);
-# keras-hub runs beside this venv (installed alone, --no-deps): its keras comes from here
+# keras-hub runs beside this venv (installed alone, --no-deps: its tensorflow-text would pull a second
+# TensorFlow): the rest of what it imports comes from here
 pins=()
-[ "${CG_PARITY_AGAINST:-}" = keras-hub ] && pins+=("keras>=3.3")
+[ "${CG_PARITY_AGAINST:-}" = keras-hub ] && pins+=("keras>=3.15" sentencepiece)
 "$bindir/python" -m pip install --quiet --disable-pip-version-check "$spec" ${pins[@]+"${pins[@]}"}
 
 {
