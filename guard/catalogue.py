@@ -7,11 +7,10 @@ README lists every code.
 from __future__ import annotations
 
 from guard.findings import Finding, Severity
-from guard.records import record
+from guard.records import Record
 
 
-@record
-class Rule:
+class Rule(Record):
     code: str
     name: str
     severity: Severity

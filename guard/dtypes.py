@@ -5,11 +5,10 @@ strings, complex128).  ``DTYPES`` stays exactly safetensors' set: its reader ref
 
 from __future__ import annotations
 
-from guard.records import record
+from guard.records import Record
 
 
-@record
-class DtypeInfo:
+class DtypeInfo(Record):
     code: str
     bits: int  # per element; 0 for block-quantized types (see ``block``) and strings
     kind: str  # "float" | "int" | "uint" | "bool" | "complex" | "quantized" | "string"

@@ -9,7 +9,7 @@ JSON report and hashable in the record.
 
 from __future__ import annotations
 
-from guard.records import record
+from guard.records import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (the hook's path)
 if TYPE_CHECKING:
@@ -41,8 +41,7 @@ NO_FIX = {
 }
 
 
-@record
-class Fix:
+class Fix(Record):
     action: str  # one of ACTIONS, or "" when safety is "none"
     description: str  # what the fix changes; with safety "none", why no fix exists
     safety: str = "safe"  # one of SAFETIES

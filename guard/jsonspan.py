@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Iterator
 
-from guard.records import record
+from guard.records import Record
 
 _PLAIN = r'[^"\\\x00-\x1f]*'  # what json.loads accepts between escapes (strict: no control characters)
 _STRING = re.compile(rf'"{_PLAIN}(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{{4}}){_PLAIN})*"')
@@ -27,8 +27,7 @@ class JsonSpanError(ValueError):
     pass
 
 
-@record
-class Span:
+class Span(Record):
     start: int  # character offsets into the text: text[start:end] is the token
     end: int
     offset: int  # the same in UTF-8 bytes: the file's own bytes

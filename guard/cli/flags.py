@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 
-from guard.records import record
+from guard.records import Record
 
 FAIL_ON = ("error", "warning", "note", "never")
 FORMATS = ("text", "json", "sarif", "github", "markdown")  # guard.reporters.REPORTERS, in order
 
 
-@record
-class Flag:
+class Flag(Record):
     names: tuple[str, ...]
     dest: str
     kind: str  # "value" | "multiple" | "flag"

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from math import prod
 
 from guard.errors import MissingExtraError
-from guard.records import record
+from guard.records import Record
 from guard.tensors import TensorInfo
 
 TYPE_CHECKING = False
@@ -32,8 +32,7 @@ _INTS = {"I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64", "U8": "ui
          "U32": "uint32", "U64": "uint64", "BOOL": "bool"}
 
 
-@record
-class ValueResult:
+class ValueResult(Record):
     identical: bool | None  # None: not compared (``reason`` says why)
     max_abs: float | None = None
     max_rel: float | None = None

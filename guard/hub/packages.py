@@ -16,13 +16,12 @@ from guard.hub.client import HubClient
 from guard.hub.remote import HubFile, RemoteBudgetExceeded
 from guard.inventory.package_dirs import hub_packages, in_package
 from guard.readers import READ_FAILURES, unreadable
-from guard.records import record
+from guard.records import Record
 from guard.sources import BytesSource
 from guard.tensors import FileScan
 
 
-@record
-class PackageEntry:
+class PackageEntry(Record):
     rfilename: str
     size: int
 

@@ -12,22 +12,20 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from guard.records import record
+from guard.records import Record
 
 _NAME = r"[a-z_][a-z0-9_.]*"  # a config field; a sub-config's as text_config.hidden_size
 _EXPRESSION = re.compile(rf"^(?:(\d+)\*)?({_NAME}(?:\*{_NAME})*)?(?://\(?([a-z0-9_.*]+)\)?)?$")
 
 
-@record
-class Mismatch:
+class Mismatch(Record):
     tensor: str
     shape: tuple[int, ...]
     expected: tuple[int | None, ...]
     fields: tuple[str, ...]  # per dimension: the config expression it follows ("" where unchecked)
 
 
-@record
-class Loading:
+class Loading(Record):
     class_name: str
     missing: tuple[str, ...]  # parameters no tensor fills (random at load)
     missing_experts: tuple[tuple[str, tuple[int, ...], int], ...]  # fused parameter, absent experts, of how many

@@ -15,21 +15,19 @@ may be left out of the file where the config ties the embeddings (``tie_default`
 
 from __future__ import annotations
 
-from guard.records import record
+from guard.records import Record
 
 Shape = tuple[object, ...]  # an int, an expression over config fields, or None per dimension
 Entry = tuple[str, Shape]
 
 
-@record
-class Layers:
+class Layers(Record):
     count: str | None  # the config field with the number of layers
     selector: str | None  # None: every layer alike; "first_k_dense_replace", "first_layer"
     kinds: dict[str, tuple[Entry, ...]]
 
 
-@record
-class Row:
+class Row(Record):
     prefix: str  # base_model_prefix: a base model's checkpoint names lack it
     base: str  # the base model's class (names without the prefix)
     tied: tuple[str, ...]

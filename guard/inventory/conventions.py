@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import posixpath
 
-from guard.records import record
+from guard.records import Record
 
 # The stems of one model's format copies (transformers, diffusers), and their suffixes.
 _HF = frozenset({"model", "pytorch_model", "flax_model", "tf_model", "diffusion_pytorch_model",
@@ -20,8 +20,7 @@ _HF = frozenset({"model", "pytorch_model", "flax_model", "tf_model", "diffusion_
 HF_EXTENSIONS = frozenset({"safetensors", "bin", "msgpack", "h5"})
 
 
-@record
-class Convention:
+class Convention(Record):
     """A name template: dot-separated parts, each a literal or a placeholder.
 
     ``{stem}`` (one of ``stems``, or anything when None; ``numbered`` also allows ``_N``),

@@ -20,13 +20,12 @@ so nothing is left out here that transformers would not keep.
 
 from __future__ import annotations
 
-from guard.records import record
+from guard.records import Record
 
 TRANSFORMERS_VERSION = "5.25.0"  # the wheel the table was read from
 
 
-@record
-class Keeps:
+class Keeps(Record):
     strict: tuple[str, ...] = ()  # fp32 whatever the load dtype (bf16 or fp16)
     fp16: tuple[str, ...] = ()  # fp32 when loaded in fp16 (the fp16-overflow cases)
 

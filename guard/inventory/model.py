@@ -18,7 +18,7 @@ from guard.inventory.quant_conventions import QUANT_CONFIG_FILES
 from guard.inventory.quantization import Quantization, set_quantization
 from guard.inventory.sets import WeightSet, group_sets, mark_primary
 from guard.inventory.stats import ConfigDtype, DtypeStats, ShardIndex
-from guard.records import record
+from guard.records import Record
 from guard.sources import ByteSource, BytesSource
 from guard.tensors import FileScan, TensorInfo
 
@@ -38,8 +38,7 @@ def is_index_file(name: str) -> bool:
     return classify(name).kind == "index"
 
 
-@record
-class ModelInventory:
+class ModelInventory(Record):
     path: str  # the model directory, as displayed
     files: tuple[FileScan, ...] = ()
     indexes: tuple[ShardIndex, ...] = ()

@@ -14,13 +14,12 @@ from collections.abc import Iterable, Mapping
 from guard import jsonload
 from guard.inventory.model import MAX_JSON_BYTES, PIPELINE_INDEX
 from guard.paths import clean_path, path_parent
-from guard.records import record
+from guard.records import Record
 
 MAX_COMPONENTS = 256
 
 
-@record
-class Pipeline:
+class Pipeline(Record):
     path: str  # the root, as displayed
     components: dict[str, tuple[str, ...]]  # component folder -> the file names in it
 

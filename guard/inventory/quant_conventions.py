@@ -15,18 +15,16 @@ payload's, where headers can tell.
 
 from __future__ import annotations
 
-from guard.records import record
+from guard.records import Record
 
 
-@record
-class Part:
+class Part(Record):
     suffix: str  # after the module prefix: ".qweight", ".weight.absmax", "_blocks"
     role: str  # "payload" or a component role (ROLES)
     need: str = "required"  # "required" | "asymmetric" (zero points: a symmetric scheme has none) | "optional"
 
 
-@record
-class Layout:
+class Layout(Record):
     """How one method (one of its formats) stores one quantized module."""
 
     method: str

@@ -17,7 +17,7 @@ from guard import dtypes
 from guard.inventory.conventions import DTYPE_VARIANTS, FORMAT_ORDER, LAYOUT_ORDER, LIGHTNING_STATE_KEYS
 from guard.inventory.names import FileRole, claimed_dtype, classify
 from guard.inventory.stats import DtypeStats, ShardIndex, dtype_summary, grouped_dtype_summary
-from guard.records import record
+from guard.records import Record
 from guard.tensors import (
     TENSOR_DTYPE,
     TENSOR_SHAPE,
@@ -35,8 +35,7 @@ _READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "torchscript"
 _DIFFUSERS_STEMS = ("diffusion_pytorch_model", "diffusion_flax_model")
 
 
-@record
-class WeightSet:
+class WeightSet(Record):
     name: str  # unique within the model: a file name, an index name, or a shard pattern
     role: str  # "weights" | "adapter" | "training-state"
     layout: str  # "hf" | "original" | "peft" | "trainer" | "fsdp" | "lightning" | "file"

@@ -6,12 +6,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from math import prod
 
 from guard import dtypes
-from guard.records import record
+from guard.records import Record
 from guard.tensors import TensorInfo
 
 
-@record
-class DtypeStats:
+class DtypeStats(Record):
     tensors: int = 0
     parameters: int = 0
     bytes: int = 0
@@ -20,15 +19,13 @@ class DtypeStats:
         return {"tensors": self.tensors, "parameters": self.parameters, "bytes": self.bytes}
 
 
-@record
-class ConfigDtype:
+class ConfigDtype(Record):
     key: str  # "torch_dtype", "text_config.dtype", ...
     value: str
     line: int | None
 
 
-@record
-class ShardIndex:
+class ShardIndex(Record):
     path: str
     weight_map: Mapping[str, str]  # tensor -> shard file name; empty when the index is unusable
     text: str = ""  # the JSON, for the line of a finding; "" where the index is proven

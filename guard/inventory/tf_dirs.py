@@ -25,7 +25,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Sequence
 
-from guard.records import record
+from guard.records import Record
 from guard.tensors import FileScan
 
 SAVED_MODEL_GRAPHS = frozenset({"saved_model.pb", "saved_model.pbtxt"})
@@ -98,8 +98,7 @@ def _has_table_magic(path: str) -> bool:
 # ---------------------------------------------------------------- Hub listing
 
 
-@record
-class TfListing:
+class TfListing(Record):
     indexes: dict[str, str]  # bundle index path -> the directory of the model it belongs to
     members: frozenset[str]  # data shards and SavedModel .pb files: part of a set, never scanned alone
 
