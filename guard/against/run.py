@@ -189,7 +189,7 @@ def _conventions_comparison(target: Target, fp32: dict[str, Any], runs: dict[str
     from guard.parity import metrics as pm
     from guard.parity.verdict import fixed_comparison
 
-    if target.conventional_reference is None or fp32["passed"] or "flax:fp32" not in runs:
+    if not target.conventional_reference or fp32["passed"] or "flax:fp32" not in runs:
         return None
     ref = reference()
     if ref is None:
