@@ -137,7 +137,8 @@ LATEST_TORCH := torch==2.13.0
 # venv: minutes.)  ~3 min on 2 CPUs, plus ~20 s reinstalling the tree.
 LATEST_TESTS := tests/test_scan_cli.py tests/test_scan_hot_path.py tests/test_safetensors_reader.py \
 	tests/test_safetensors_compact.py tests/test_safetensors_templates.py tests/test_precommit.py tests/test_values.py \
-	tests/test_values_chunks.py tests/test_values_minifloats.py tests/test_convert_stream.py -k 'not fixer_hook'
+	tests/test_values_chunks.py tests/test_values_minifloats.py tests/test_convert_stream.py tests/test_speedups.py \
+	-k 'not fixer_hook'
 # what those tests import beyond ".[all]" (the dev extra's heavy writers are not needed by them)
 LATEST_TEST_TOOLS := pytest pytest-timeout hypothesis pre-commit
 
@@ -167,7 +168,7 @@ test-latest: latest-venv
 # where the private CPython modules and their fallbacks are.  ~20 s a Python, ~1 min to build each venv.
 PYTHON_VERSIONS := 3.10 3.13
 PYTHONS_TESTS := tests/test_scan_hot_path.py tests/test_safetensors_compact.py tests/test_safetensors_templates.py \
-	tests/test_values_minifloats.py tests/test_convert_stream.py tests/test_jsonload.py
+	tests/test_values_minifloats.py tests/test_convert_stream.py tests/test_jsonload.py tests/test_speedups.py
 PYTHONS_NEED_TORCH := save_pretrained_reads_its_repeated_shards or rounds_as_torch_rounds or \
 	never_imports_ml_dtypes or what_flax_reads or narrows_as_torch_does
 PYTHONS_TOOLS := pytest pytest-timeout hypothesis safetensors
