@@ -36,8 +36,8 @@ def _py_make_scanner(context: object) -> Callable[[str, int], tuple[object, int]
         object_hook=given["object_hook"], object_pairs_hook=given["object_pairs_hook"],
         parse_float=given["parse_float"], parse_int=given["parse_int"], parse_constant=given["parse_constant"],
         strict=given["strict"])
-    settings.parse_string = decoder.py_scanstring
-    scan: Callable[[str, int], tuple[object, int]] = scanner.py_make_scanner(settings)
+    settings.parse_string = decoder.py_scanstring  # type: ignore[attr-defined]  # the pure-Python scanner's hook and function, which typeshed leaves out
+    scan: Callable[[str, int], tuple[object, int]] = scanner.py_make_scanner(settings)  # type: ignore[attr-defined]  # json.scanner's pure-Python make_scanner, not in typeshed
     return scan
 
 
@@ -53,10 +53,10 @@ make_scanner: Callable[[object], Callable[[str, int], tuple[object, int]]] = _py
 quote_ascii: Callable[[str], str] = _py_quote_ascii
 if not PURE_PYTHON:
     try:
-        from _collections import _tuplegetter as tuple_field
+        from _collections import _tuplegetter as tuple_field  # type: ignore[no-redef]  # the C accessor replaces the fallback of the same signature
     except ImportError:  # another interpreter: the fallback above
         pass
     try:
-        from _json import encode_basestring_ascii as quote_ascii, make_scanner
+        from _json import encode_basestring_ascii as quote_ascii, make_scanner  # type: ignore[assignment]  # _json's C make_scanner, typed as a class, is the callable the fallback is
     except ImportError:
         pass

@@ -295,7 +295,7 @@ def build_policy(
         for key in ("select", "extend-select", "ignore"):
             if key in merged:
                 codes = parse_codes(_as_list(merged[key], key), key=key)
-                policy = policy._replace(**{key.replace("-", "_"): codes})
+                policy = policy._replace(**{key.replace("-", "_"): codes})  # type: ignore[arg-type]  # key is one of select, extend_select, ignore: tuple[str, ...] fields
         if "per-file-ignores" in merged:
             value = merged["per-file-ignores"]
             if not isinstance(value, dict):

@@ -80,7 +80,7 @@ def build_samples(root: Path) -> list[Path]:
     mistral = root / "mistral-bf16-config-fp32"
     MistralForCausalLM(MistralConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64)).to(torch.bfloat16).save_pretrained(mistral)
+        num_key_value_heads=2, max_position_embeddings=64)).to(torch.bfloat16).save_pretrained(mistral)  # type: ignore[arg-type]  # transformers' decorated .to() takes a dtype
     config = json.loads((mistral / "config.json").read_text())
     config.pop("dtype", None)
     config["torch_dtype"] = "float32"

@@ -66,7 +66,7 @@ else:
         """The base of every record: ``class Finding(Record): code: str; ...``."""
 
 
-def _new(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+def _new(cls, *args, **kwargs):
     fields = cls._fields
     count = len(args)
     if count > len(fields):
@@ -87,27 +87,27 @@ def _new(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
     return _tuple_new(cls, values)
 
 
-def _make(cls, iterable):  # type: ignore[no-untyped-def]
+def _make(cls, iterable):
     made = _tuple_new(cls, iterable)
     if len(made) != len(cls._fields):
         raise TypeError(f"Expected {len(cls._fields)} arguments, got {len(made)}")
     return made
 
 
-def _replace(self, /, **kwargs):  # type: ignore[no-untyped-def]
+def _replace(self, /, **kwargs):
     made = self._make(map(kwargs.pop, self._fields, self))
     if kwargs:
         raise ValueError(f"Got unexpected field names: {list(kwargs)!r}")
     return made
 
 
-def _asdict(self):  # type: ignore[no-untyped-def]
+def _asdict(self):
     return dict(zip(self._fields, self))
 
 
-def _repr(self):  # type: ignore[no-untyped-def]
+def _repr(self):
     return f"{type(self).__name__}({', '.join(f'{name}={value!r}' for name, value in zip(self._fields, self))})"
 
 
-def _getnewargs(self):  # type: ignore[no-untyped-def]
+def _getnewargs(self):
     return tuple(self)

@@ -59,9 +59,9 @@ def diffusers_pipeline(root: Path, *, variant: str | None = "fp16",
                                    requires_safety_checker=False)
     counts = {"unet": _params(unet), "vae": _params(vae), "text_encoder": _params(text_encoder)}
     shard = {"max_shard_size": max_shard_size} if max_shard_size else {}
-    pipe.save_pretrained(root, **shard)
+    pipe.save_pretrained(root, **shard)  # type: ignore[attr-defined]  # DiffusionPipeline's save_pretrained, which its stubs' class does not declare
     if variant is not None:
-        pipe.to(torch.float16).save_pretrained(root, variant=variant, **shard)
+        pipe.to(torch.float16).save_pretrained(root, variant=variant, **shard)  # type: ignore[attr-defined]  # DiffusionPipeline's to(), which its stubs' class does not declare
     return counts
 
 

@@ -154,14 +154,14 @@ def parity_requirements(src: Path, to: str, *, variant: str | None, dequantize: 
     return flax_side_python(flax_python, "--parity", after="; nothing written")
 
 
-def _summaries(out: Path) -> list:  # type: ignore[type-arg]
+def _summaries(out: Path) -> list:
     from guard.inventory import discover_models, load_local_model
     from guard.report import ModelSummary
 
     return [ModelSummary.from_inventory(load_local_model(m)) for m in discover_models([out])]
 
 
-def _add_parity(report, request, figures, flax_python=None) -> None:  # type: ignore[no-untyped-def]
+def _add_parity(report, request, figures, flax_python=None) -> None:
     """Compare like with like: after a cast, or from a variant (which transformers would not pick up from SRC
     unasked), the other side is the output converted back bit-exactly."""
     import tempfile
@@ -209,12 +209,12 @@ NEXT_STEPS = {  # the first error's code -> what the user can do about it
 }
 
 
-def next_step(findings: list) -> str:  # type: ignore[type-arg]
+def next_step(findings: list) -> str:
     errors = [f.code for f in findings if f.severity.value == "error"]
     return NEXT_STEPS.get(errors[0], "fix the findings above and run convert again") if errors else ""
 
 
-def decision_lines(figures: dict) -> list[str]:  # type: ignore[type-arg]
+def decision_lines(figures: dict) -> list[str]:
     """"dropped 2 buffer(s) the FlaxBertModel class does not hold: embeddings.position_ids, ..."."""
     from guard.reporters.inert import inert_text
 
@@ -226,7 +226,7 @@ def decision_lines(figures: dict) -> list[str]:  # type: ignore[type-arg]
     return lines
 
 
-def conversion_line(figures: dict) -> str:  # type: ignore[type-arg]
+def conversion_line(figures: dict) -> str:
     if not figures.get("written"):
         return f"ckpt-guard: convert: refused, nothing written to {figures['output']}"
     casts = ", ".join(f"{k} x{n}" for k, n in figures.get("casts", {}).items()) or "none (bit-exact)"

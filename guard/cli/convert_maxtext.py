@@ -81,7 +81,7 @@ def parity_requirements(to: str, dtype: str) -> None:
         raise UsageError(f"--parity: {exc}; nothing written") from None
 
 
-def summary_lines(figures: dict) -> list[str]:  # type: ignore[type-arg]
+def summary_lines(figures: dict) -> list[str]:
     from guard.reporters.inert import inert_text
 
     if figures.get("to") == "torch":

@@ -45,14 +45,14 @@ def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_
 
         return parity_against(torch_dir, against, against_python, seed, fmt, output, verbose, drift)
     for directory in (torch_dir, flax_dir):
-        if not directory.is_dir():
+        if not directory.is_dir():  # type: ignore[union-attr]  # flax_dir is given when --against is not (checked above)
             raise UsageError(f"{directory}: not a directory")
     from guard.parity.needs import flax_side_python
     from guard.quiet import quiet_libraries
 
     python = flax_side_python(flax_python, "parity")  # where the Flax side runs, or the one line saying why not
     with quiet_libraries(verbose=verbose):
-        return _parity(torch_dir, flax_dir, seed, fmt, output, drift, python)
+        return _parity(torch_dir, flax_dir, seed, fmt, output, drift, python)  # type: ignore[arg-type]  # flax_dir is given when --against is not (checked above)
 
 
 def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None, drift: bool | None,

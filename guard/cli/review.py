@@ -54,7 +54,7 @@ def run_textconv(file: Path) -> int:
     return 0
 
 
-def plain_review(args: list[str]):  # type: ignore[no-untyped-def]
+def plain_review(args: list[str]):
     """A call of `diff OLD NEW [flags]` or `textconv FILE` in plain spellings, ready to run; else None."""
     if args[:1] == ["textconv"] and len(args) == 2 and not args[1].startswith("-"):
         return lambda: run_textconv(Path(args[1]))

@@ -41,7 +41,7 @@ def rope_meaning(config: dict[str, Any]) -> tuple[float | None, dict[str, Any] |
     if params is None:
         theta = config.get("rope_theta")
         scaling = config.get("rope_scaling")
-        return (float(theta) if _number(theta) else None), (scaling if isinstance(scaling, dict) else None), None
+        return (float(theta) if _number(theta) else None), (scaling if isinstance(scaling, dict) else None), None  # type: ignore[arg-type]  # _number(theta) holds: theta is an int or float
     if not isinstance(params, dict):
         return None, None, f"rope_parameters is {type(params).__name__}, not an object"
     if params and all(isinstance(v, dict) or v is None for v in params.values()):

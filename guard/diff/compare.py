@@ -289,7 +289,7 @@ def _ref(t: TensorInfo) -> TensorRef:
     return TensorRef(t.name, t.dtype, tuple(t.shape))
 
 
-def _unvouched(ws: WeightSet | None):  # type: ignore[no-untyped-def]
+def _unvouched(ws: WeightSet | None):
     """Whether this side cannot say if it holds a name: a file of the set was unreadable (its tensors
     are unknown, not removed); with a shard index, only the names it places in such a file."""
     bad = {s.path.rpartition("/")[2] for s in (ws.files if ws is not None else ()) if s.format is None}

@@ -27,7 +27,7 @@ _NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)")
 class ChangeGroup(Record):
     kind: str  # "added" | "removed" | "recast" | "reshaped" | "values"
     label: str  # "F32 -> BF16", "[50257, 768] -> [50260, 768]", "h.*.attn.bias F32 [768]"
-    count: int
+    count: int  # type: ignore[assignment]  # a field named count shadows tuple.count, as namedtuple allows
     examples: tuple[str, ...]
     worst: str | None = None  # values: the tensor with the largest absolute difference
     max_abs: float | None = None

@@ -87,8 +87,8 @@ def _placed_torch_zip(path: str) -> tuple[TensorInfo, ...]:
                 return ()
             from guard.readers.torch.zip import read_torch_zip
 
-            return read_torch_zip(source, locate_data=True).tensors
-    except (OSError, *READ_FAILURES):
+            return read_torch_zip(source, locate_data=True).tensors  # type: ignore[return-value]  # a torch zip's tensors: a tuple of TensorInfo at run time
+    except (OSError, *READ_FAILURES):  # type: ignore[misc]  # READ_FAILURES is a tuple of exception classes
         return ()  # its tensors stay unplaced: "not compared"
 
 
@@ -144,7 +144,7 @@ def _buffers() -> tuple[bytearray, bytearray]:
     """This thread's two read buffers, reused: a fresh ``bytes`` per read costs its page faults."""
     if not hasattr(_local, "buffers"):
         _local.buffers = (bytearray(CHUNK_BYTES), bytearray(CHUNK_BYTES))
-    return _local.buffers  # type: ignore[no-any-return]
+    return _local.buffers
 
 
 def _fill(fd: int, buffer: bytearray, offset: int, size: int) -> memoryview:

@@ -160,7 +160,7 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
                   for root, files in zero.items()]
         orbax += [(root, pool.submit(_scan_dcp, client, repo_id, result.sha, root, files))
                   for root, files in dcp.items()]
-        orbax += [(posixpath.dirname(name), pool.submit(_check_tracker, client, repo_id, result.sha, name, listed))
+        orbax += [(posixpath.dirname(name), pool.submit(_check_tracker, client, repo_id, result.sha, name, listed))  # type: ignore[arg-type]  # _check_tracker's result, a (scan, stat) pair like the others in the list
                   for name in tracker_files(listed) if posixpath.dirname(name) not in zero]  # CG119
         pending = [
             (directory, [pool.submit(scan_one, client, repo_id, result.sha, name, size)

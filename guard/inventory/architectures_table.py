@@ -22,7 +22,7 @@ Entry = tuple[str, Shape]
 
 
 class Layers(Record):
-    count: str | None  # the config field with the number of layers
+    count: str | None  # type: ignore[assignment]  # a field named count shadows tuple.count, as namedtuple allows; the config field with the number of layers
     selector: str | None  # None: every layer alike; "first_k_dense_replace", "first_layer"
     kinds: dict[str, tuple[Entry, ...]]
 

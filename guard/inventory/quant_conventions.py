@@ -41,7 +41,7 @@ class Layout(Record):
     # how many logical values: "payload" (its bits over the module's bits; one a stored element where the shape
     # is "same"), "groups" (scales × group size: HQQ's 3-bit packing leaves padding in its int32 words), or
     # "bitmask" (one bit a logical value: the sparse formats)
-    count: str = "payload"
+    count: str = "payload"  # type: ignore[assignment]  # a field named count shadows tuple.count, as namedtuple allows
     one_of: tuple[str, ...] = ()  # roles of which one must be there (bnb's quant_state: __nf4 or __fp4)
 
     @property

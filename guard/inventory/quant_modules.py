@@ -306,7 +306,7 @@ class _Plan(Record):
     method: str = ""
     payload: str = ""  # the payload's suffix
     factor: int = 1  # logical elements a stored one of the payload (with ``scheme``)
-    count: tuple[int, int] | None = None  # logical count = payload elements × [0] // [1] (None: _logical_count)
+    count: tuple[int, int] | None = None  # type: ignore[assignment]  # a field named count shadows tuple.count, as namedtuple allows; logical count = payload elements × [0] // [1] (None: _logical_count)
 
 
 def _plan(layouts: tuple[Layout, ...], index: Mapping[str, list[tuple[Layout, Part]]],
@@ -364,7 +364,7 @@ def unroled_tensors(ws: WeightSet, roles: Mapping[str, str]) -> list[TensorInfo]
     shares by label, CG112 and CG113 read them), kept by the grouping where it can tell, else picked in C."""
     memo = ws.memo.get(_UNROLED)
     if memo is not None and memo[0] is roles:  # type: ignore[index]
-        return memo[1]  # type: ignore[index,no-any-return]
+        return memo[1]
     if ws.layout == "lightning":  # ``tensors`` leaves training state out
         left = [t for t in ws.tensors if t.name not in roles]
     else:
@@ -420,9 +420,9 @@ def _module_scheme(prefix: str, layout: Layout, quant: Quantization,
     if quant.method == "mlx":
         override = _mlx_override(prefix, quant.params)
         if override is not None:
-            bits, group = override.get("bits", bits), override.get("group_size", group)  # type: ignore[assignment]
+            bits, group = override.get("bits", bits), override.get("group_size", group)
     elif quant.method == "quanto" and isinstance(quant.params.get(prefix), dict):
-        fmt = str(quant.params[prefix].get("weights"))  # type: ignore[union-attr]
+        fmt = str(quant.params[prefix].get("weights"))
         bits = QUANTO_BITS.get(fmt, bits)
     if bits is None:
         bits = _bits_from_shapes(layout, parts, group)

@@ -154,9 +154,9 @@ def _from_quant_method(qc: dict[str, object]) -> Quantization:
         bits = 2
     elif method == "modelopt":
         nested = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
-        fmt = str(nested.get("quant_algo") or "FP8")  # type: ignore[union-attr]
+        fmt = str(nested.get("quant_algo") or "FP8")  # type: ignore[attr-defined]  # nested is qc or its quantization dict: a dict either way
         bits = 4 if "FP4" in fmt.upper() else 8
-        group = _int(nested.get("group_size")) or (16 if bits == 4 else None)  # type: ignore[union-attr]
+        group = _int(nested.get("group_size")) or (16 if bits == 4 else None)  # type: ignore[attr-defined]  # nested is qc or its quantization dict: a dict either way
     elif method == "torchao":
         quant_type = qc.get("quant_type")
         fmt = str(quant_type.get("default", {}).get("_type", "")) if isinstance(quant_type, dict) and isinstance(
@@ -257,7 +257,7 @@ def _name_candidates(ws: WeightSet, known: Mapping[str, str]) -> Iterator[Tensor
 
 
 
-def _from_tensor_names(ws: WeightSet, *, known: Mapping[str, str] = _EMPTY) -> Quantization | None:
+def _from_tensor_names(ws: WeightSet, *, known: Mapping[str, str] = _EMPTY) -> Quantization | None:  # type: ignore[assignment]  # the shared empty mapping, never written
     """A method's distinctive tensor names (one set lookup per tensor); MLX's ``biases`` only beside U32 weights.
     ``known``: tensors already read as components of the declared method, passed over."""
     if not (ws.by_dtype().keys() & _PACKED_CODES):

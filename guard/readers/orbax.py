@@ -106,8 +106,8 @@ def _read(files: Mapping[str, int], open_file: OpenFile, local_root: str | None,
         prefix = f"{item}/" if item else ""
         tree = _json(files, open_file, prefix + METADATA)
         params = leaf_params(tree_metadata(tree, prefix + METADATA))
-        ocdbt = tree.get("use_ocdbt", f"{prefix}manifest.ocdbt" in files) is True
-        zarr3 = tree.get("use_zarr3") is True
+        ocdbt = tree.get("use_ocdbt", f"{prefix}manifest.ocdbt" in files) is True  # type: ignore[attr-defined]  # _json returns the parsed dict (its callers check the shape)
+        zarr3 = tree.get("use_zarr3") is True  # type: ignore[attr-defined]  # _json returns the parsed dict (its callers check the shape)
         meta_name = "zarr.json" if zarr3 else ".zarray"
         keys = {p: f"{p}/{meta_name}" for p in params}
         kinds.add(("ocdbt+" if ocdbt else "") + ("zarr3" if zarr3 else "zarr2"))
@@ -217,7 +217,7 @@ def _check_zarr_fields(meta: dict[str, object], *, zarr3: bool, rank: int, param
         ok = (meta.get("zarr_format") == 3 and meta.get("node_type") == "array"
               and isinstance(grid, dict) and grid.get("name") == "regular" and _dims(chunk_shape, rank)
               and isinstance(keys, dict) and isinstance(keys.get("name"), str)
-              and isinstance(meta.get("codecs"), list) and all(isinstance(c, dict) for c in meta["codecs"]))
+              and isinstance(meta.get("codecs"), list) and all(isinstance(c, dict) for c in meta["codecs"]))  # type: ignore[attr-defined]  # meta['codecs'] is a list: checked just before
     else:  # zarr 2 metadata has every member (tensorstore refuses a missing one)
         ok = (meta.get("zarr_format") == 2 and _dims(meta.get("chunks"), rank)
               and "compressor" in meta and (meta["compressor"] is None or isinstance(meta["compressor"], dict))

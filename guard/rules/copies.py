@@ -240,7 +240,7 @@ def plan_add_copy(inv: ModelInventory, what: str) -> Fix:
                                f"weights, not {primary.name}")
     if what == "orbax":  # an ORBAX_DIR already there is refused when staged (planning reads no directories)
         return make_fix("add-copy", f"add an Orbax checkpoint of {primary.name} in {ORBAX_DIR}/, through convert, "
-                                    "bit-exactly", writes=(f"{inv.path}/{ORBAX_DIR}",), **params)
+                                    "bit-exactly", writes=(f"{inv.path}/{ORBAX_DIR}",), **params)  # type: ignore[arg-type]  # config_params' values are the str fields make_fix takes by name
     fmt = "flax" if what == "flax" else "safetensors"
     existing = next((ws for ws in held if ws.format == fmt), None)
     if existing is not None:
@@ -255,11 +255,11 @@ def plan_add_copy(inv: ModelInventory, what: str) -> Fix:
         return _delegated(plan_copy(inv, primary, stem), what, params)
     name = "flax_model.msgpack" if fmt == "flax" else "model.safetensors"
     return make_fix("add-copy", f"add {name} (or shards and their index) from {primary.name}, through convert, "
-                                "bit-exactly", writes=(f"{inv.path}/{name}",), **params)
+                                "bit-exactly", writes=(f"{inv.path}/{name}",), **params)  # type: ignore[arg-type]  # config_params' values are the str fields make_fix takes by name
 
 
 def _delegated(planned: Fix, what: str, params: dict[str, object]) -> Fix:
     """An --add request that another fix already knows how to write: its description and files, as add-copy."""
     if not planned.available:
         return no_fix("CG107", f"--add {what}: {planned.description}")
-    return make_fix("add-copy", planned.description, writes=planned.writes, **params)
+    return make_fix("add-copy", planned.description, writes=planned.writes, **params)  # type: ignore[arg-type]  # config_params' values are the str fields make_fix takes by name

@@ -71,7 +71,7 @@ def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tu
         elif code == "F32":  # the common case: keep-fp32 alone decides, each name tested in C
             group = _kept(group, map(not_, match_flags(policy.keep_fp32, list(column(TENSOR_NAME, group)))))
         if group:
-            policed[code] = group
+            policed[code] = group  # type: ignore[assignment]  # policed holds the kept group (a tuple or the list _kept makes)
     whole = ws.by_dtype()
     if any(group is not whole[code] and group[0] != whole[code][0] for code, group in policed.items()):
         # a left-out tensor led its dtype: order the codes by their first policed tensor, as a walk
@@ -85,7 +85,7 @@ def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tu
 
 def _kept(group: Sequence[TensorInfo], flags: Iterator[bool]) -> Sequence[TensorInfo]:
     """The group's tensors whose flag is true; the group itself when every flag is (no record made)."""
-    flags = list(flags)
+    flags = list(flags)  # type: ignore[assignment]  # the flags, read once into a list
     return group if all(flags) else tuple(select(group, flags))
 
 

@@ -48,7 +48,7 @@ def itemsize(code: str) -> int:
 
 def smallest_normal(code: str) -> float:
     if code in NATIVE:
-        return float(np.finfo(NATIVE[code]).smallest_normal)
+        return float(np.finfo(NATIVE[code]).smallest_normal)  # type: ignore[type-var]  # NATIVE's values are numpy float types
     fmt = FORMATS[code]
     return 2.0 ** ((0 if fmt.kind == "e8m0" else 1) - fmt.bias)  # E8M0 has no subnormals: 0x00 is normal
 
@@ -56,7 +56,7 @@ def smallest_normal(code: str) -> float:
 def largest(code: str) -> float:
     """The largest finite value (``finfo(...).max``)."""
     if code in NATIVE:
-        return float(np.finfo(NATIVE[code]).max)
+        return float(np.finfo(NATIVE[code]).max)  # type: ignore[type-var]  # NATIVE's values are numpy float types
     fmt = FORMATS[code]
     top_exponent = (1 << fmt.exponent) - 1
     mantissa = (1 << fmt.mantissa) - 1

@@ -99,7 +99,7 @@ def _fsync_tree(top: Path) -> None:
 
     from guard.write.publish import fsync_paths
 
-    files, dirs = [], []
+    files, dirs = [], []  # type: ignore[var-annotated]  # lists of paths, filled below
     for parent, _subdirs, names in os.walk(top):
         files.extend(Path(parent) / n for n in names)
         dirs.append(Path(parent))

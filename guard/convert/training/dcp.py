@@ -52,7 +52,7 @@ def find_checkpoint(src: Path) -> tuple[Path, Path] | None:
             return None
         if tracked.problem is not None:
             return src / TRACKER, src  # named, so that the source says CG119
-        inner = find_checkpoint(src / tracked.folder)
+        inner = find_checkpoint(src / tracked.folder)  # type: ignore[operator]  # folder is set when problem is None (the tracker's parse)
         return None if inner is None else (inner[0], src if "config.json" in names else inner[1])
     return src, src if "config.json" in names else src.parent
 
@@ -163,7 +163,7 @@ class ChunkLoader:
         with LocalFile(self.folder / stored.file, name=shown) as source:
             window = Window(source, stored.start, stored.length)
             try:
-                record = read_torch_zip(window, locate_data=True)  # type: ignore[arg-type]
+                record = read_torch_zip(window, locate_data=True)
             except READ_FAILURES as exc:
                 return make_finding("CG001", shown, f"the record of {key} at byte {stored.start:,} is not a "
                                     f"torch.save zip: {str(exc).splitlines()[0][:200] if str(exc) else exc!r}",

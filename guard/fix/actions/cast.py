@@ -176,7 +176,7 @@ def _cast_and_write(ctx: ActionContext, units: list[tuple[Naming, list[list[Outp
     if index is not None:  # published last: it never names a shard that is not in place yet
         files.append(_rewrite_index(ctx, index, outputs))
         findings += verify_index(files[-1][0], [f for f, _ in files[:-1]], total_size=sum(t.nbytes for t in outputs))
-    casts = ", ".join(f"{n:,} {k}" for k, n in details["casts"].items()) or "no tensor changed dtype"
+    casts = ", ".join(f"{n:,} {k}" for k, n in details["casts"].items()) or "no tensor changed dtype"  # type: ignore[attr-defined]  # details['casts'] is the kind -> count dict the casts record
     return Staged(files=files, findings=findings, details=details,
                   summary=f"{what}: wrote {', '.join(summary_names[:3])}"
                           f"{f' and {len(summary_names) - 3} more' if len(summary_names) > 3 else ''} ({casts})")

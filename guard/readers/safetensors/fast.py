@@ -110,12 +110,12 @@ def _read_parsed(raw: bytes, source: ByteSource, length: int) -> FileScan | None
     # no float, no true or false), an unhashable dtype or dim.  A shape that is no list (a string, an object)
     # gives dims that are strings, which no span passes: the reference words all of these
     try:
-        offsets = list(map(_OFFSETS_OF, entries))
+        offsets = list(map(_OFFSETS_OF, entries))  # type: ignore[arg-type]  # entries are the header's dicts (a TypeError is caught below)
         if set(map(len, offsets)) != {2}:
             return None
         begins, ends = list(map(_FIRST, offsets)), list(map(_SECOND, offsets))
         sizes_given = list(map(sub, ends, begins))
-        keys = list(zip(map(_DTYPE_OF, entries), map(tuple, map(_SHAPE_OF, entries))))  # hashable: checked once a pair
+        keys = list(zip(map(_DTYPE_OF, entries), map(tuple, map(_SHAPE_OF, entries))))  # type: ignore[arg-type]  # entries are the header's dicts (a TypeError is caught below); hashable: checked once a pair
         infos = list(map(_PARSED_SPANS.get, keys))
     except (TypeError, KeyError):
         return None
@@ -127,7 +127,7 @@ def _read_parsed(raw: bytes, source: ByteSource, length: int) -> FileScan | None
         infos = [fresh.get(key) if info is None else info for key, info in zip(keys, infos)]
         if not all(infos):
             return None  # an unknown dtype, an empty tensor, a bad shape: the reference words it
-    if sizes_given != list(map(SPAN_BYTES, infos)):
+    if sizes_given != list(map(SPAN_BYTES, infos)):  # type: ignore[arg-type]  # every info is set: all(infos) checked above
         return None
     buffer_start = 8 + length
     if not tiles(begins, ends, source.size - buffer_start):

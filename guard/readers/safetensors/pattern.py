@@ -182,7 +182,7 @@ def read_compact(raw: bytes, source: ByteSource, length: int, framed: Frame | No
     if begins_text[0] == "0" and begins_text[1:] == ends_text[:-1]:
         # each end the sum of the sizes up to it, in JSON's spelling: worked out once per tiling, which the
         # shards of a model share (the same layers' shapes), then looked up by the ends' text
-        sizes = tuple(map(SPAN_BYTES, infos))
+        sizes = tuple(map(SPAN_BYTES, infos))  # type: ignore[arg-type]  # every info is set: all(infos) checked above
         spelled = ",".join(ends_text)
         known = _TILINGS.get(spelled)
         if known is None or known[0] != sizes:
@@ -207,14 +207,14 @@ def read_compact(raw: bytes, source: ByteSource, length: int, framed: Frame | No
                 listed.count(",0") != listed.count(",0,") + listed.endswith(",0"):
             return None
         begins, ends = list(map(int, begins_text)), list(map(int, ends_text))
-        if list(map(sub, ends, begins)) != list(map(SPAN_BYTES, infos)):
+        if list(map(sub, ends, begins)) != list(map(SPAN_BYTES, infos)):  # type: ignore[arg-type]  # every info is set: all(infos) checked above
             return None
         if not tiles(begins, ends, source.size - buffer_start):
             return None
     # the tensors in columns (guard.tensors.TensorColumns): the names and the spans shared with every header
     # of the same dtype and shape (the offsets follow from them where they are in header order); records are
     # made only for a caller that walks them
-    tensors = TensorColumns(names, infos, source.name, buffer_start, begins)
+    tensors = TensorColumns(names, infos, source.name, buffer_start, begins)  # type: ignore[arg-type]  # every info is set: all(infos) checked above
     # positional, all eight fields: the record's fast path (a scan of 4,000 shards builds 4,000 of these)
     return FileScan(source.name, "safetensors", source.size, tensors, (), metadata, 8 + length, ())
 

@@ -272,7 +272,7 @@ class PickleWalker:
                 arg = None
             else:
                 try:
-                    arg = reader(stream)
+                    arg = reader(stream)  # type: ignore[arg-type]  # PickleStream has the read/readline the opcode readers use
                 except (ValueError, OverflowError) as exc:
                     raise _bad(f"bad {name} argument before byte {stream.tell()}: {exc}") from None
                 if name in ("SHORT_BINSTRING", "BINSTRING"):  # a Python 2 str: torch.load decodes it as UTF-8
@@ -354,7 +354,7 @@ class PickleWalker:
                 stack.append(top())
             elif name in ("GLOBAL", "INST"):
                 module, attr = arg  # type: ignore[misc]
-                glob = self._global(module, attr)
+                glob = self._global(module, attr)  # type: ignore[has-type]  # GLOBAL/INST's arg is the two lines read above
                 if name == "GLOBAL":
                     stack.append(glob)
                 else:
@@ -440,7 +440,7 @@ class PickleWalker:
         if glob.dotted in ALLOWED_GLOBALS or (self.torchscript and glob.dotted in SCRIPT_PASS_THROUGH):
             return glob
         if not self.torchscript and glob.dotted in TORCHAO_SUBCLASSES:
-            return Subclass(glob.dotted)
+            return Subclass(glob.dotted)  # type: ignore[return-value]  # a Subclass stands where a Global is resolved (TORCHAO_SUBCLASSES)
         if not self.torchscript and glob.dotted in TORCHAO_VALUES:
             return glob
         if self.torchscript and (module == "__torch__" or module.startswith("__torch__.")):

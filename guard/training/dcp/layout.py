@@ -147,4 +147,4 @@ def _ints(value: object, what: str) -> tuple[int, ...]:
         raise MalformedCheckpoint(f"{what} is not a tuple of integers")
     if not all(type(v) is int and v >= 0 for v in value):
         raise MalformedCheckpoint(f"{what} holds a negative or non-integer value")
-    return tuple(value)  # type: ignore[arg-type]
+    return tuple(value)

@@ -164,7 +164,7 @@ def build_state(found: TrainingDir, *, name: str, models: dict[int, ModelStates]
     elif complete and not findings:
         ranks = [optims[r] for r in sorted(optims)]
         fragments = [models[r] for r in sorted(models)] if stage == 3 else []
-        placed, problems = place(first, ranks, fragments)  # type: ignore[arg-type]
+        placed, problems = place(first, ranks, fragments)  # type: ignore[arg-type,assignment]  # first is set (complete); problems here are place()'s CG118 messages
         findings += [make_finding("CG118", name, f"ZeRO partitions do not add up to param_shapes: {p}")
                      for p in problems]
     weights = tuple(TensorInfo(model_key((p.name,)), "F32" if p.upcast else p.dtype, p.shape, name)

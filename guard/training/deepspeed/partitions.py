@@ -114,7 +114,7 @@ def _frozen(model: ModelStates, ranks: Sequence[ModelStates], stage: int, proble
 
 
 def _zero2(model: ModelStates, optims: Sequence[OptimStates], problems: list[str]) -> list[Placed]:
-    world, out = len(optims), []
+    world, out = len(optims), []  # type: ignore[var-annotated]  # the Placed list returned
     groups = len(optims[0].masters)
     if any(len(o.masters) != groups for o in optims) or len(model.param_shapes) != groups:
         problems.append(f"param_shapes has {len(model.param_shapes)} group(s), the partitions "
@@ -145,7 +145,7 @@ def _zero2(model: ModelStates, optims: Sequence[OptimStates], problems: list[str
 
 
 def _zero3(model: ModelStates, optims: Sequence[OptimStates], problems: list[str]) -> list[Placed]:
-    world, out = len(optims), []
+    world, out = len(optims), []  # type: ignore[var-annotated]  # the Placed list returned
     sizes = [m.numel for m in optims[0].masters]
     if any([m.numel for m in o.masters] != sizes for o in optims):
         problems.append("the ranks' flat partitions differ in size: " +

@@ -64,7 +64,7 @@ def _shape(value: object, what: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or len(value) > _MAX_DIMS or not all(type(v) is int and v >= 0
                                                                                     for v in value):
         raise MalformedCheckpoint(f"{what} is not a shape")
-    return tuple(value)  # type: ignore[arg-type]
+    return tuple(value)
 
 
 def _shapes(value: object, what: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -98,7 +98,7 @@ def read_model_states(file: ZeroFile) -> ModelStates:
     if isinstance(config, DictDesc):
         zero = _fields(config, "ds_config").get("zero_optimization")
         if isinstance(zero, DictDesc) and type(_fields(zero, "zero_optimization").get("stage")) is int:
-            stage = _fields(zero, "zero_optimization")["stage"]  # type: ignore[assignment]
+            stage = _fields(zero, "zero_optimization")["stage"]
         half = _fields(config, "ds_config").get("bf16")
         bf16 = isinstance(half, DictDesc) and _fields(half, "bf16").get("enabled") is True
     version = top.get("ds_version")
@@ -109,7 +109,7 @@ def read_model_states(file: ZeroFile) -> ModelStates:
         _tensors(file, top.get("frozen_param_fragments"), "frozen_param_fragments"),
         tuple(str(b) for b in buffers) if isinstance(buffers, list) else (),
         tuple((k, v) for k, v in shared.items() if isinstance(v, str)),
-        _optional_int(top.get("dp_world_size")), _optional_int(top.get("mp_world_size")), stage,
+        _optional_int(top.get("dp_world_size")), _optional_int(top.get("mp_world_size")), stage,  # type: ignore[arg-type]  # stage is the config's int stage or None (type-checked above)
         version if isinstance(version, str) else None,
         tuple(k for k, v in top.items() if k not in ("module", "param_shapes", "frozen_param_shapes",
                                                          "frozen_param_fragments", "buffer_names", "shared_params")
@@ -119,7 +119,7 @@ def read_model_states(file: ZeroFile) -> ModelStates:
 
 
 def _optional_int(value: object) -> int | None:
-    return value if type(value) is int and value > 0 else None  # type: ignore[return-value]
+    return value if type(value) is int and value > 0 else None
 
 
 def read_optim_states(file: ZeroFile) -> OptimStates:
@@ -135,7 +135,7 @@ def read_optim_states(file: ZeroFile) -> OptimStates:
     flat = state.get(key)
     if not isinstance(flat, list) or not all(isinstance(t, TensorRef) for t in flat):
         raise MalformedCheckpoint(f"{key} is not a list of tensors (ZeRO stage {stage})")
-    masters = tuple(file.tensor(f"{key}.{i}", ref) for i, ref in enumerate(flat))  # type: ignore[arg-type]
+    masters = tuple(file.tensor(f"{key}.{i}", ref) for i, ref in enumerate(flat))
     paddings = state.get("param_alignment_paddings")
     alignment = None
     if isinstance(paddings, list):

@@ -25,9 +25,22 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from typing import Protocol
+
     import numpy as np
 
-Read = Callable[[str], "np.ndarray"]
+    from guard.tensors import TensorInfo
+
+    class Read(Protocol):
+        """What a dequantizer is handed (guard.convert.read.dequant.source's reader), as the docstring says."""
+
+        config: dict[str, Any] | None
+
+        def __call__(self, name: str) -> np.ndarray: ...
+        def info(self, name: str) -> TensorInfo: ...
+        def elements(self, name: str, flat: list[int]) -> np.ndarray: ...
+else:
+    Read = Callable[[str], "np.ndarray"]
 
 DEQUANTIZERS: dict[str, str] = {
     "bitsandbytes": "guard.convert.read.dequant.bnb:dequantize",

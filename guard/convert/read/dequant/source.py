@@ -51,7 +51,7 @@ def open_quantization(src: Path, source: SourceModel) -> Quantized | None:
     quant = inventory.quantization(ws) if ws is not None else None
     if quant is None:
         return None
-    return Quantized(quant, tuple(quantized_modules(inventory, ws)), _integrity_findings(inventory, names))
+    return Quantized(quant, tuple(quantized_modules(inventory, ws)), _integrity_findings(inventory, names))  # type: ignore[arg-type]  # a set with a quantization is the primary weight set, never None
 
 
 def _integrity_findings(inventory: Any, names: set[str]) -> list[Finding]:
