@@ -112,9 +112,9 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
             for directory, entries in _walk(path):
                 if not _may_hold_a_model(entries):
                     continue  # nothing in it can be weights, an index or an Orbax checkpoint
-                model = tf_dirs.model_dir(directory)  # variables/ is its SavedModel's
-                directories.setdefault(model, set())
-                if model == directory:
+                home = tf_dirs.model_dir(directory)  # variables/ is its SavedModel's
+                directories.setdefault(home, set())
+                if home == directory:
                     listed[directory] = entries
         else:
             directories.setdefault(tf_dirs.model_dir(path_parent(path)), set()).add(path_name(path))
@@ -126,8 +126,8 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
             models.append(model)
     roots = [m.directory for m in models if m.orbax]  # nothing inside an Orbax checkpoint
     # nor inside a folder a training checkpoint claims (a claimed name ending in "/": DeepSpeed's universal zero/)
-    owned = [os.path.join(t.directory, c.rstrip("/")) for m in models for t in m.training  # type: ignore[attr-defined]
-             for c in t.claimed if c.endswith("/")]
+    owned = [os.path.join(t.directory, c.rstrip("/")) for m in models for t in m.training  # type: ignore[attr-defined]  # training holds TrainingDirs, typed object: guard.training is above inventory's imports here
+             for c in t.claimed if c.endswith("/")]  # type: ignore[attr-defined]  # as above
     if owned:
         models = [m for m in models if not any(m.directory == o or _inside(m.directory, o) for o in owned)]
     return [m for m in models if not any(_inside(m.directory, r) for r in roots)] if roots else models

@@ -118,7 +118,7 @@ class Grouped:
         if self._modules is None:
             made = [kind.built if kind.built is not None else list(map(kind.module, range(len(kind.prefixes))))
                     for kind in self.kinds]
-            self._modules = tuple(sorted(chain.from_iterable(made), key=TENSOR_NAME))  # QuantModule.prefix
+            self._modules = tuple(sorted(chain.from_iterable(made), key=TENSOR_NAME))  # type: ignore[arg-type]  # QuantModule.prefix: a QuantModule's first field, as a TensorInfo's is its name
         return self._modules
 
 
@@ -178,7 +178,7 @@ def _group(ws: WeightSet, quant: Quantization) -> Grouped:
             roles.update(zip(map(TENSOR_NAME, aligned[suffix]), repeat(role)))
         for suffix in plan.floats:
             component_floats += sum(map(prod, map(TENSOR_SHAPE, aligned[suffix])))
-        layout = plan.layout
+        layout = plan.layout  # type: ignore[assignment]  # a plan's layout may be None: handled on the next line
         if layout is None:
             for suffix in plan.stray:
                 stray.extend(map(TENSOR_NAME, aligned[suffix]))
@@ -192,7 +192,7 @@ def _group(ws: WeightSet, quant: Quantization) -> Grouped:
         else:  # counted module by module (scales × group size, a bitmask, bits per module): the records first
             parts = list(map(kind.parts, range(len(prefixes))))
             kind = kind._replace(built=list(map(_module, repeat(plan), prefixes, parts, repeat(quant))))
-            logical += sum(map(_logical_count, repeat(layout), parts, kind.built))
+            logical += sum(map(_logical_count, repeat(layout), parts, kind.built))  # type: ignore[arg-type]  # kind.built is set on the line above
         kinds.append(kind)
     if strict and not kinds and quant.method in LAYOUTS_BY_METHOD and layouts is not LAYOUTS:
         # nothing packed the declared way: read the tensors by every layout, so the count stays logical
@@ -271,7 +271,7 @@ def _by_signature(columns: Mapping[str, dict[str, TensorInfo]]) -> Iterator[tupl
         by_signature: dict[tuple[str | None, ...], list[str]] = {}
         for prefix, signature in zip(names, signatures):
             by_signature.setdefault(signature, []).append(prefix)
-        groups = iter(by_signature.items())
+        groups = iter(by_signature.items())  # type: ignore[arg-type]  # either branch yields (signature, prefixes) pairs
     for signature, prefixes in groups:
         yield prefixes, {suffix: list(map(column.__getitem__, prefixes))
                          for (suffix, column), dtype in zip(present.items(), signature) if dtype is not None}
@@ -364,7 +364,7 @@ def unroled_tensors(ws: WeightSet, roles: Mapping[str, str]) -> list[TensorInfo]
     shares by label, CG112 and CG113 read them), kept by the grouping where it can tell, else picked in C."""
     memo = ws.memo.get(_UNROLED)
     if memo is not None and memo[0] is roles:  # type: ignore[index]
-        return memo[1]
+        return memo[1]  # type: ignore[index]  # the memo under _UNROLED is a (roles, tensors) pair
     if ws.layout == "lightning":  # ``tensors`` leaves training state out
         left = [t for t in ws.tensors if t.name not in roles]
     else:

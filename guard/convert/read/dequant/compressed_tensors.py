@@ -80,6 +80,8 @@ def dequantize(module: Any, quant: Any, read: Read) -> dict[str, np.ndarray]:
         scale = np.ldexp(np.float32(1), scale.view(np.uint8).astype(np.int32) - 127).astype(np.float32)
     else:
         scale = scale.astype(np.float32)
+    decode: Callable[[np.ndarray], np.ndarray] | None  # (declared for the type checker: never evaluated)
+    width: int | None
     decode, width = None, None  # packed payloads are decoded band by band inside affine()
     if f"{prefix}.weight_packed" in names or module.payload.endswith(".weight_packed"):
         codes = read(f"{prefix}.weight_packed")
@@ -127,6 +129,7 @@ def affine(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, *,
     codes2 = codes.reshape(-1, codes.shape[-1]) if codes.ndim != 2 else codes
     rows, cols = codes2.shape[0], width or codes2.shape[1]
     require_finite(scale, name)
+    scale2: np.ndarray  # its shape differs by branch (declared for the type checker: never evaluated)
     if scale.size == 1:  # per tensor
         scale2 = scale.reshape(())
     elif (block and scale.ndim == codes.ndim == 3 and scale.shape[0] == codes.shape[0]
