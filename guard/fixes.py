@@ -15,7 +15,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan i
 if TYPE_CHECKING:
     from typing import Any
 
-SAFETIES = ("safe", "needs-flag", "none")
+SAFETIES = ("safe", "needs-flag", "unsafe", "none")  # unsafe: shown, applied only with --unsafe-fixes (ruff's)
 
 # Actions guard.fix knows how to apply (guard.fix.actions.ACTIONS has one entry per name).
 ACTIONS = (
@@ -27,6 +27,7 @@ ACTIONS = (
     "index-rebuild",     # CG109: a variant's shards without their index: the index, from the shards' headers
     "copy-regenerate",   # CG107: the stale copy regenerated from the primary set, bit-exactly
     "add-copy",          # --add flax|orbax|safetensors|variant:fp16|variant:bf16
+    "config-field",      # CG124 (unsafe): one integer field of config.json (a layer count), byte for byte but the value
 )
 
 # Why some findings have no mechanical fix: the bytes that would fix them are not here.
@@ -45,7 +46,7 @@ class Fix(Record):
     action: str  # one of ACTIONS, or "" when safety is "none"
     description: str  # what the fix changes; with safety "none", why no fix exists
     safety: str = "safe"  # one of SAFETIES
-    flag: str | None = None  # what a needs-flag fix waits for: "--replace", "--cast", "--to-config", ...
+    flag: str | None = None  # what a needs-flag or unsafe fix waits for: "--replace", "--cast", "--unsafe-fixes", ...
     writes: tuple[str, ...] = ()  # paths written or rewritten, spelled as findings' paths are
     params: str = "{}"  # JSON: the action's arguments
 

@@ -239,7 +239,7 @@ def test_extra_layers_warn_and_show_the_config_change(tmp_path: Path, capsys: py
     [finding] = [f for f in report["findings"] if f["code"] == "CG124"]
     assert "layer 1" in finding["message"] and "num_hidden_layers" in finding["message"]
     assert "num_hidden_layers: 2" in finding["fix"]["description"]
-    assert finding["fix"]["safety"] == "none"  # shown, never applied
+    assert finding["fix"]["safety"] == "unsafe"  # shown, applied only with --unsafe-fixes (test_loading_fix.py)
 
 
 def test_shape_names_tensor_field_and_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

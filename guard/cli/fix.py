@@ -29,7 +29,7 @@ _SCAN_POLICY = tuple(f for f in POLICY_FLAGS if f.dest not in ("select", "extend
 def run_fix(paths: tuple[Path, ...], *, write: bool, select: tuple[str, ...], ignore: tuple[str, ...],
             to_config: bool, cast: bool, allow_lossy: bool, replace: bool, no_backup: bool, add: tuple[str, ...],
             values: bool, fmt: str, patch: Path | None, changed: Path | None, max_shard_size: str, verify: str,
-            exit_non_zero_on_fix: bool = False, **policy_flags: Any) -> int:
+            exit_non_zero_on_fix: bool = False, unsafe_fixes: bool = False, **policy_flags: Any) -> int:
     from guard.fix.apply import apply_plan
     from guard.fix.context import FixOptions
     from guard.fix.patch import is_text_fix, preview_text_changes, relative_to_cwd, unified_patch, write_patch
@@ -40,7 +40,7 @@ def run_fix(paths: tuple[Path, ...], *, write: bool, select: tuple[str, ...], ig
     policy = resolve_policy(select=(), extend_select=(), ignore=(), **policy_flags)
     options = FixOptions(write=write, replace=replace, backup=not no_backup, allow_lossy=allow_lossy, cast=cast,
                          to_config=to_config, values=values, max_shard_size=parse_size(max_shard_size),
-                         verify=verify, add=add)
+                         verify=verify, add=add, unsafe_fixes=unsafe_fixes)
     targets = paths or (Path("."),)
     before = scan_paths(targets, policy, values=values, add=add)
     plan = plan_fixes(before, options, select=select, ignore=ignore)
@@ -134,6 +134,8 @@ for _option in reversed((
                  help="CG103: cast the weights to config.json's dtype instead of rewriting config.json."),
     click.option("--cast", is_flag=True, help="CG101/CG102: write the set in the expected dtype (--expect)."),
     click.option("--allow-lossy", is_flag=True, help="Write a narrowing cast that loses values (reported)."),
+    click.option("--unsafe-fixes", is_flag=True,
+                 help="Also apply the fixes marked unsafe (CG124: config.json's layer count set to the file's)."),
     click.option("--replace", is_flag=True, help="Allow fixes that replace existing weight files."),
     click.option("--no-backup", is_flag=True, help="Do not keep a replaced file as NAME.orig."),
     click.option("--add", multiple=True, type=click.Choice(ADD_WHATS), help="Add a copy the model lacks."),

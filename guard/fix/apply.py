@@ -94,7 +94,8 @@ def apply_fix(planned: PlannedFix, options: FixOptions, policy: Policy, *, root:
         if not staged.files:
             return Outcome(planned, False, [], [], staged.findings, staged.summary or "nothing staged",
                            error="the action wrote nothing", details=staged.details)
-        config_only = fix.action == "config-dtype"  # the one fix that replaces a file without --replace
+        # the config rewrites replace a file without --replace: only the values the plan names change
+        config_only = fix.action in ("config-dtype", "config-field")
         written, backups = publish(staged, model_dir, staging, options=options, config_only=config_only)
     except (GuardError, OSError, MalformedCheckpoint) as exc:
         reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None

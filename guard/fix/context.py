@@ -20,6 +20,7 @@ class FixOptions:
     allow_lossy: bool = False  # a narrowing cast that loses values is written (and reported) instead of refused
     cast: bool = False  # CG101 / CG102: write the set in the expected dtype
     to_config: bool = False  # CG103: cast the weights to config.json's dtype instead of rewriting config.json
+    unsafe_fixes: bool = False  # apply the fixes marked unsafe (CG124's layer count): shown, else never applied
     values: bool = False  # scan values too (CG107 checksums, CG201-CG204)
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
     verify: str = "sampled"  # "sampled" | "full" (guard.write.verify)

@@ -22,10 +22,12 @@ from guard.reporters.text import human_bytes
 
 # Weights before the files that describe them: a config rewrite or an index comes last.
 APPLY_ORDER = ("safetensors-copy", "set-cast", "variant-recast", "variant-add", "copy-regenerate", "add-copy",
-               "index-rebuild", "config-dtype")
+               "index-rebuild", "config-dtype", "config-field")
+# The fixes that rewrite values of config.json in place (their byte spans planned by the scan).
+CONFIG_ACTIONS = ("config-dtype", "config-field")
 # What each flag a fix can wait for turns on.
 FLAGS = {"--replace": "replace", "--cast": "cast", "--to-config": "to_config", "--allow-lossy": "allow_lossy",
-         "--values": "values"}
+         "--values": "values", "--unsafe-fixes": "unsafe_fixes"}
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def _config_follows_casts(by_fix: dict[tuple[str, str], PlannedFix]) -> None:
 
 
 def missing_flags(fix: Fix, options: FixOptions) -> list[str]:
-    if fix.safety != "needs-flag":
+    if fix.safety not in ("needs-flag", "unsafe"):
         return []
     return [flag for flag in (fix.flag or "").split() if not getattr(options, FLAGS.get(flag, ""), False)]
 
@@ -192,9 +194,14 @@ def render_plan(plan: FixPlan, *, root: Path = Path(".")) -> str:
         fix = planned.fix
         gate = "safe" if planned.enabled and fix.safety == "safe" else (
             f"with {fix.flag}" if planned.enabled else f"needs {planned.waiting_for}")
+        if fix.safety == "unsafe":  # ruff's word: it may change what the model is; never applied unasked
+            gate = f"unsafe, {gate}"
         codes = ", ".join(sorted({f.code for f in planned.findings})) or "--add"
         lines.append(f"[{inert_text(gate, limit=60)}] {fix.action} ({codes}): {inert_text(fix.description, limit=600)}")
         lines += [f"    {line}" for line in _file_lines(fix, root)]
+        if fix.safety == "unsafe" and not planned.enabled:
+            lines.append(f"    not applied without {inert_text(fix.flag or '', limit=60)}: an unsafe fix is shown, "
+                         "never applied unasked")
     if plan.unfixable:
         lines += ["", "No mechanical fix:"]
         lines += [f"  {inert_text(f.path)}: {f.code} {inert_text(why, limit=300)}" for f, why in plan.unfixable]
@@ -210,7 +217,7 @@ def render_plan(plan: FixPlan, *, root: Path = Path(".")) -> str:
 
 def _file_lines(fix: Fix, root: Path) -> list[str]:
     args = fix.arguments
-    if fix.action == "config-dtype":
+    if fix.action in CONFIG_ACTIONS:
         edits = args.get("edits") or []
         delta = sum(len(str(e["new"]).encode()) - int(e["length"]) for e in edits)
         out = []

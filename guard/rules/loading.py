@@ -22,7 +22,7 @@ from guard.catalogue import make_finding
 from guard.config import Policy, match_flags
 from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
-from guard.fixes import Fix
+from guard.fixes import Fix, make_fix
 from guard.inventory import ModelInventory, WeightSet
 from guard.tensors import TENSOR_FILE, TENSOR_NAME, TENSOR_SHAPE, column
 
@@ -85,14 +85,16 @@ def loading_findings(inventory: ModelInventory, ws: WeightSet) -> Iterator[Findi
                for name, shape in zip(column(TENSOR_NAME, scan.tensors), column(TENSOR_SHAPE, scan.tensors))]
     files = {name: scan.path for scan in ws.files for name in column(TENSOR_NAME, scan.tensors)}
     for finding in judged_tensors(config, tensors, path=ws.files[0].path, files=files,
-                                  config_path=inventory.config_path):
+                                  config_path=inventory.config_path, inventory=inventory):
         yield finding._replace(set=ws.name)
 
 
 def judged_tensors(config: dict[str, object], tensors: list[tuple[str, tuple[int, ...]]], *, path: str,
-                   files: dict[str, str] | None = None, config_path: str | None = None) -> Iterator[Finding]:
+                   files: dict[str, str] | None = None, config_path: str | None = None,
+                   inventory: ModelInventory | None = None) -> Iterator[Finding]:
     """The loading findings for names and shapes the config's class would load: a scanned set's, or what a
-    consolidation is about to publish (``guard.convert.run``)."""
+    consolidation is about to publish (``guard.convert.run``).  ``inventory``: the scanned model, whose
+    config.json text CG124's fix rewrites (none without it)."""
     from guard.inventory.architectures import judge, table_row
 
     files = files or {}
@@ -132,7 +134,8 @@ def judged_tensors(config: dict[str, object], tensors: list[tuple[str, tuple[int
             + (f" and {len(shown_names) - 6} more group(s)" if len(shown_names) > 6 else "")
             + (f" ({extra})" if extra else ""),
             tensor=first,
-        )._replace(fix=_layers_fix(loading) if loading.extra_layers else None)
+        )._replace(fix=_layers_fix(loading, row, config, tensors, inventory) if loading.extra_layers
+                   else _DROPPED_NO_FIX)
     for mismatch in loading.mismatched:
         name = mismatch.tensor.split("[", 1)[0]
         reasons = [f"dimension {i} is {got} where config.json's {field} gives {want}"
@@ -169,10 +172,99 @@ def _no_fix(class_name: str) -> Fix:
                    f"or load {class_name} knowing they start random", "none")
 
 
-def _layers_fix(loading: object) -> Fix:
-    edits = ", ".join(f"{field}: {count}" for _, field, count in loading.extra_layers)  # type: ignore[attr-defined]
-    return Fix("", f"the file holds whole layers the config does not count: setting {edits} in config.json "
-                   "would load them (shown only: check which is right, the config or the weights)", "none")
+_DROPPED_NO_FIX = Fix("", "no mechanical fix: these tensors were not found to be whole layers beyond config.json's "
+                          "count (layers 0..M-1, each complete), the one case a config change repairs; check which "
+                          "is right, the checkpoint's architecture or its config, or load it knowing transformers "
+                          "drops them", "none")
+
+
+def _layers_fix(loading: object, row: object, config: dict[str, object],
+                tensors: list[tuple[str, tuple[int, ...]]], inventory: ModelInventory | None) -> Fix:
+    """CG124 where the file holds whole layers the config does not count: config.json's count set to the
+    file's, an unsafe fix (``--unsafe-fixes``): which is right, the config or the weights, only the user knows.
+
+    Offered only where the file's layers are 0..M-1, each complete, and the config with the new count would
+    load every tensor, with nothing random, dropped or refused (judged again here); otherwise shown only."""
+    extra = loading.extra_layers  # type: ignore[attr-defined]
+    wanted = ", ".join(f"{field}: {count}" for _, field, count in extra)
+    planned = _count_edits(loading, row, config, tensors, inventory)
+    if isinstance(planned, str):
+        return Fix("", f"the file holds whole layers the config does not count: setting {wanted} in config.json "
+                       f"would load them, but no fix is planned ({planned}); check which is right, the config or "
+                       "the weights", "none")
+    from guard.rules.dtype_fixes import relative
+
+    assert inventory is not None and inventory.config_path is not None  # _count_edits returned edits
+    name = relative(inventory.path, inventory.config_path)
+    return make_fix(
+        "config-field", f"set {wanted} in config.json: the file holds that many whole layers, each complete "
+                        "(unsafe: check which is right, the config or the weights; the config may have been cut "
+                        "on purpose)",
+        safety="unsafe", flag="--unsafe-fixes", writes=(inventory.config_path,),
+        dir=inventory.path, file=name, reads=[name], value=wanted, edits=planned)
+
+
+def _count_edits(loading: object, row: object, config: dict[str, object],
+                 tensors: list[tuple[str, tuple[int, ...]]],
+                 inventory: ModelInventory | None) -> list[dict[str, object]] | str:
+    """config.json's byte spans of each count field, with the file's count; or why none is planned."""
+    import json
+
+    from guard.inventory.architectures import judge
+    from guard.jsonspan import JsonSpanError, find_values
+
+    if inventory is None or inventory.config_path is None or not inventory.config_text:
+        return "there is no config.json text to rewrite"
+    edits: list[dict[str, object]] = []
+    changed: dict[str, object] = config
+    for _, field, count in loading.extra_layers:  # type: ignore[attr-defined]
+        path = _field_path(config, field)
+        if path is None:
+            return f"config.json holds no integer {field}"
+        holder = _at(config, path[:-1])
+        if isinstance(holder, dict) and isinstance(holder.get("layer_types"), list):
+            return f"its layer_types lists the layers too; {'.'.join(path[:-1] + ('layer_types',))} needs editing"
+        try:
+            spans = find_values(inventory.config_text, path)
+        except JsonSpanError:
+            return "its text cannot be walked"
+        was = _at(config, path)
+        if not spans or json.loads(spans[-1].token) != was:
+            return "its text and its parsed values disagree"
+        edits.extend({**span.to_json(), "new": str(count), "key": ".".join(path), "path": list(path), "was": was}
+                     for span in spans)
+        changed = _with(changed, path, count)
+    again = judge(row, loading.class_name, changed, tensors)  # type: ignore[attr-defined]
+    if isinstance(again, str) or again.missing or again.missing_experts or again.unexpected or again.mismatched:
+        return "with the file's count, loading would still fill, drop or refuse tensors: the layers are not whole"
+    return sorted(edits, key=lambda edit: int(edit["offset"]))  # type: ignore[call-overload]
+
+
+def _field_path(config: dict[str, object], field: str) -> tuple[str, ...] | None:
+    """Where config.json holds a count field, as the table reads it (a text_config's where the top lacks it)."""
+    path = tuple(field.split("."))
+    if not _is_count(_at(config, path)) and len(path) == 1 and isinstance(config.get("text_config"), dict):
+        path = ("text_config", field)
+    return path if _is_count(_at(config, path)) else None
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _at(obj: object, path: tuple[str, ...]) -> object:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _with(obj: dict[str, object], path: tuple[str, ...], value: object) -> dict[str, object]:
+    """A copy of ``obj`` with ``path`` set (the dicts on the way copied; the parsed config is not changed)."""
+    inner = obj.get(path[0])
+    return {**obj, path[0]: value if len(path) == 1 else _with(inner if isinstance(inner, dict) else {}, path[1:],
+                                                               value)}
 
 
 def _grouped(names: tuple[str, ...]) -> list[tuple[str, list[int]]]:

@@ -14,6 +14,7 @@ from guard.lazy import attribute
 
 ACTIONS: dict[str, tuple[str, str]] = {
     "config-dtype": ("guard.fix.actions.config_dtype", "stage_config_dtype"),
+    "config-field": ("guard.fix.actions.config_dtype", "stage_config_field"),
     "safetensors-copy": ("guard.fix.actions.safetensors_copy", "stage_safetensors_copy"),
     "set-cast": ("guard.fix.actions.cast", "stage_set_cast"),
     "variant-add": ("guard.fix.actions.cast", "stage_variant_add"),

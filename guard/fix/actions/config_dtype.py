@@ -1,4 +1,6 @@
-"""config-dtype (CG103): config.json with its dtype values rewritten, every other byte as it was.
+"""config-dtype (CG103) and config-field (CG124): config.json with planned values rewritten, every other
+byte as it was.  config-dtype rewrites the dtype keys; config-field one integer field (the layer count of a
+file that holds more whole layers than the config says), an unsafe fix that only ``--unsafe-fixes`` applies.
 
 The scan planned the edits as byte spans of the file it read.  Here the file is read again;
 each span must still hold the text the plan saw, or the file changed since the scan and the
@@ -41,6 +43,21 @@ def stage_config_dtype(fix: Fix, ctx: ActionContext) -> Staged:
     summary = f"{shown}: {keys} -> {args.get('value')} ({len(edits)} value(s) rewritten, {len(new):,} bytes)"
     return Staged(files=[(staged, source)], findings=findings, summary=summary,
                   details={"edits": [dict(e) for e in edits]})
+
+
+def stage_config_field(fix: Fix, ctx: ActionContext) -> Staged:
+    """The planned integer fields rewritten, staged and verified exactly as a dtype rewrite is."""
+    staged = stage_config_dtype(fix, ctx)
+    edits = staged.details.get("edits") or []
+    for edit in edits:  # the plan's new values are integers: a span that would hold anything else is refused
+        if not str(edit.get("new", "")).isdigit():
+            raise StaleConfig(f"{edit.get('key')}: {edit.get('new')!r} is not a count; nothing written")
+    shown = fix.writes[0] if fix.writes else str(fix.arguments.get("file", "config.json"))
+    changes = ", ".join(f"{e['key']}: {e['old']} -> {e['new']}" for e in edits)
+    size = staged.files[0][0].stat().st_size if staged.files else 0
+    return Staged(files=staged.files, findings=staged.findings,
+                  summary=f"{shown}: {changes} ({len(edits)} value(s) rewritten, {size:,} bytes)",
+                  details=staged.details)
 
 
 def _read(path: object, shown: str) -> bytes:
