@@ -24,7 +24,7 @@ def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "",
         yield from iterable
         return
     if total is None:
-        total = len(iterable) if hasattr(iterable, "__len__") else 0  # type: ignore[arg-type]
+        total = len(iterable) if hasattr(iterable, "__len__") else 0  # type: ignore[arg-type]  # iterable has __len__: checked by hasattr
     done = 0
     _draw(done, total, desc, unit)
     try:

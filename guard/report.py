@@ -186,8 +186,8 @@ class ModelSummary(Record):
             config_dtype=declared[0].value if declared else None,
             quantization=quantization,
             sets=tuple(SetSummary.from_set(ws, inv=inv) for ws in inv.sets),
-            logical=logical_parameters(inv, primary) if counted else None,  # type: ignore[arg-type]
-            bits_per_weight=bits_per_weight(inv, primary) if counted else None,  # type: ignore[arg-type]
+            logical=logical_parameters(inv, primary) if counted else None,  # type: ignore[arg-type]  # primary is set whenever counted is true
+            bits_per_weight=bits_per_weight(inv, primary) if counted else None,  # type: ignore[arg-type]  # primary is set whenever counted is true
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -82,10 +82,10 @@ class _AsTuple(Sequence[TensorInfo]):
         return hash(tuple(self))
 
     def __add__(self, other: object) -> tuple[TensorInfo, ...]:
-        return tuple(self) + tuple(other)  # type: ignore[arg-type]
+        return tuple(self) + tuple(other)  # type: ignore[arg-type]  # other is a tuple (tuple + non-tuple raises, as tuple's own + does)
 
     def __radd__(self, other: object) -> tuple[TensorInfo, ...]:
-        return tuple(other) + tuple(self)  # type: ignore[arg-type]
+        return tuple(other) + tuple(self)  # type: ignore[arg-type]  # other is a tuple (tuple + non-tuple raises, as tuple's own + does)
 
     def __repr__(self) -> str:
         return repr(tuple(self))
@@ -228,11 +228,11 @@ def select(tensors: Sequence[TensorInfo], flags: Iterable[object]) -> list[Tenso
     if kind is TensorChain:
         flags = iter(flags)
         picked: list[TensorInfo] = []
-        for part in tensors.parts:  # type: ignore[attr-defined]
+        for part in tensors.parts:  # type: ignore[attr-defined]  # tensors is a TensorChain: its type checked above
             picked += select(part, islice(flags, len(part)))
         return picked
     if kind is TensorColumns:
-        return tensors.picked(compress(range(len(tensors)), flags))  # type: ignore[attr-defined]
+        return tensors.picked(compress(range(len(tensors)), flags))  # type: ignore[attr-defined]  # tensors is a TensorColumns here: the other kind with picked()
     return list(compress(tensors, flags))
 
 

@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             own_process()
         options, paths = fast
-        return _plain(lambda: run_scan(tuple(paths), **options), process=process)  # type: ignore[arg-type]
+        return _plain(lambda: run_scan(tuple(paths), **options), process=process)  # type: ignore[arg-type]  # the parsed options, of run_scan's types
     if args[:1] in (["diff"], ["textconv"]):  # git's textconv driver and plain diffs: no click either
         from guard.cli.review import plain_review
 
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _plain(command: Callable[[], object], *, process: bool) -> int:
     """Run a command parsed without click: one line and exit 2 for the tool's own failures."""
     try:
-        code = int(command())  # type: ignore[call-overload]
+        code = int(command())  # type: ignore[call-overload]  # a command returns its int exit status
     except GuardError as exc:
         print(f"ckpt-guard: error: {exc}", file=sys.stderr)
         return 2

@@ -98,7 +98,7 @@ def parse_plain(args: list[str], flags: tuple[Flag, ...]) -> tuple[dict[str, obj
 
             value = Path(inline)
         if flag.kind == "multiple":
-            values[flag.dest] = (*values[flag.dest], value)  # type: ignore[misc]
+            values[flag.dest] = (*values[flag.dest], value)  # type: ignore[misc]  # a multiple flag's value is a tuple, started empty
         else:
             values[flag.dest] = value
     return values, positionals

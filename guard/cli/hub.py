@@ -69,7 +69,7 @@ def scan_cmd(repo_ids: tuple[str, ...], revision: str | None, author: str | None
 
     if not repo_ids and not author:
         raise UsageError("give at least one REPO_ID, or --author ORG")
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
+    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
     client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
     targets = list(repo_ids)
     if author:
@@ -106,7 +106,7 @@ def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: b
 
     if not local_dir.is_dir():
         raise UsageError(f"{local_dir}: not a directory")
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
+    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
     outcome = gated_upload(local_dir, repo_id, policy, token=token, timeout=timeout, revision=revision,
                            create_pr=create_pr, private=private, commit_message=commit_message,
                            retry_deadline=retry_deadline)
@@ -146,12 +146,12 @@ def fix_cmd(repo_id: str, revision: str | None, create_pr: bool, replace: bool, 
     from guard.hub.fix_text import plan_text
 
     target_branch(revision)  # a usage error before anything is asked of the Hub
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
+    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
     client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
     options = FixOptions(replace=replace, cast=cast, to_config=to_config, allow_lossy=allow_lossy, add=add)
     result = fix_repo(client, repo_id, policy, options, revision=revision, create_pr=create_pr,
-                      select=tuple(policy_flags.get("select") or ()),  # type: ignore[arg-type]
-                      ignore=tuple(policy_flags.get("ignore") or ()))  # type: ignore[arg-type]
+                      select=tuple(policy_flags.get("select") or ()),  # type: ignore[arg-type]  # the CLI's parsed codes, strings
+                      ignore=tuple(policy_flags.get("ignore") or ()))  # type: ignore[arg-type]  # the CLI's parsed codes, strings
     report = result.after or result.before
     report.extra["fix"] = result.to_json()
     if fmt == "text" and output is None:
@@ -190,7 +190,7 @@ def diff_cmd(repo_id: str, old: str, new: str, fmt: str, output: Path | None, ma
     from guard.diff import render_change
     from guard.hub.diff import hub_change
 
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
+    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
     client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
     result = hub_change(client, repo_id, old, new, policy)
     text = render_change(result.change, fmt)

@@ -31,7 +31,7 @@ def run_diff(old: Path, new: Path, *, fmt: str, output: Path | None, values: boo
     from guard.cli.run import resolve_policy, write_rendered
     from guard.diff import compare_sides, local_side, render_change
 
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
+    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
     change = compare_sides(local_side(old), local_side(new), policy, values=values)
     write_rendered(lambda as_fmt, color=False: render_change(change, as_fmt, color=color), fmt, output,
                    summary=None if no_summary else lambda: _markdown(change))
@@ -41,7 +41,7 @@ def run_diff(old: Path, new: Path, *, fmt: str, output: Path | None, values: boo
 def _markdown(change: object) -> str:
     from guard.diff import render_change_markdown
 
-    return render_change_markdown(change)  # type: ignore[arg-type]
+    return render_change_markdown(change)  # type: ignore[arg-type]  # the change is a ChangeReport here (plain output handled above)
 
 
 def run_textconv(file: Path) -> int:
@@ -66,4 +66,4 @@ def plain_review(args: list[str]):
     if parsed is None or len(parsed[1]) != 2:
         return None  # click's to parse and to explain
     options, (old, new) = parsed
-    return lambda: run_diff(Path(old), Path(new), **options)  # type: ignore[arg-type]
+    return lambda: run_diff(Path(old), Path(new), **options)  # type: ignore[arg-type]  # the parsed options, of run_diff's types

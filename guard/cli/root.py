@@ -26,7 +26,7 @@ class LazyGroup(click.Group):
     """A group whose commands are imported on first use."""
 
     def __init__(self, *args: object, commands: dict[str, tuple[str, str, str]], **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]  # click.Group's own arguments, passed through
         self.lazy = commands
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -36,7 +36,7 @@ class LazyGroup(click.Group):
         if cmd_name not in self.lazy:
             return None
         module, attribute, _ = self.lazy[cmd_name]
-        command: click.Command = lazy.attribute(module, attribute)  # type: ignore[assignment]
+        command: click.Command = lazy.attribute(module, attribute)  # type: ignore[assignment]  # the lazily imported attribute is a click command
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

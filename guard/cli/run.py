@@ -36,7 +36,7 @@ def run_scan(paths: tuple[str | Path, ...], fmt: str, output: Path | None, value
              **policy_flags: object) -> int:
     from guard.scan import scan_paths
 
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]
+    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
     report = scan_paths(paths or (".",), policy, values=values)
     emit(report, fmt, output, summary=not no_summary)
     return report.exit_code

@@ -99,13 +99,13 @@ def pair_sets(old: ModelInventory | None, new: ModelInventory | None
     o_primary, n_primary = (old.primary if old else None), (new.primary if new else None)
     renamed = (o_primary is not None and n_primary is not None and o_primary.name not in news
                and n_primary.name not in olds)
-    roots = renamed and is_root_set(old, o_primary) and is_root_set(new, n_primary)  # type: ignore[arg-type]
+    roots = renamed and is_root_set(old, o_primary) and is_root_set(new, n_primary)  # type: ignore[arg-type]  # old and new are set when renamed holds
     pairs: list[tuple[str, WeightSet | None, WeightSet | None]] = []
     for name in sorted(olds.keys() | news.keys()):
-        if renamed and name == o_primary.name:  # type: ignore[union-attr]
-            key = name if roots else f"{name} -> {n_primary.name}"  # type: ignore[union-attr]
+        if renamed and name == o_primary.name:  # type: ignore[union-attr]  # o_primary and n_primary are set when renamed holds
+            key = name if roots else f"{name} -> {n_primary.name}"  # type: ignore[union-attr]  # o_primary and n_primary are set when renamed holds
             pairs.append((key, o_primary, n_primary))
-        elif not (renamed and name == n_primary.name):  # type: ignore[union-attr]
+        elif not (renamed and name == n_primary.name):  # type: ignore[union-attr]  # o_primary and n_primary are set when renamed holds
             pairs.append((name, olds.get(name), news.get(name)))
     return pairs
 
@@ -295,7 +295,7 @@ def _unvouched(ws: WeightSet | None):
     bad = {s.path.rpartition("/")[2] for s in (ws.files if ws is not None else ()) if s.format is None}
     if not bad:
         return lambda name: False
-    maps = [i.weight_map for i in ws.indexes if i.weight_map]  # type: ignore[union-attr]
+    maps = [i.weight_map for i in ws.indexes if i.weight_map]  # type: ignore[union-attr]  # an index's weight_map, tested in the same comprehension
     if not maps:
         return lambda name: True
     return lambda name: any(m.get(name) in bad for m in maps)

@@ -211,7 +211,7 @@ def _local_model(directory: str, named: set[str], entries: list[os.DirEntry[str]
         weights = tf_dirs.local_weights(directory, entries, weights)  # TF bundles and SavedModels
     training = _training(directory, entries)
     if training:  # the files a training checkpoint owns are read with it, not as weights of their own
-        claimed = {name for found in training for name in found.claimed}  # type: ignore[attr-defined]
+        claimed = {name for found in training for name in found.claimed}  # type: ignore[attr-defined]  # training holds TrainingDirs, typed object: guard.training is above inventory's imports here
         weights = [w for w in weights if path_name(w) not in claimed]
     return LocalModel(directory, tuple(weights), tuple(jsons), orbax, training)
 
@@ -280,7 +280,7 @@ def load_local_model(model: LocalModel) -> ModelInventory:
         from guard.training.dirs import scan_training_dir
 
         for found in model.training:
-            scans.append(scan_training_dir(found, name=display_path(found.directory)))  # type: ignore[arg-type,attr-defined]
+            scans.append(scan_training_dir(found, name=display_path(found.directory)))  # type: ignore[arg-type,attr-defined]  # as above
             settle(scans[-1].format)
     scans = tf_dirs.rebase_companions(scans, display_path(model.directory))  # a SavedModel's variables/
     opened: list[LocalFile] = []

@@ -145,7 +145,7 @@ class HeaderMap(Mapping[str, str]):
     def __contains__(self, key: object) -> bool:
         return key in self._built()
 
-    def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
+    def get(self, key: str, default: object = None) -> object:  # type: ignore[override]  # a read-only view's get, narrower than dict's
         return self._built().get(key, default)
 
     def keys(self):
@@ -160,7 +160,7 @@ class HeaderMap(Mapping[str, str]):
     def __eq__(self, other: object) -> bool:
         return self._built() == other if isinstance(other, Mapping) else NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as a dict is
 
     def __repr__(self) -> str:
         return f"HeaderMap({len(self)} tensors in {len(self._scans)} shard(s))"

@@ -67,7 +67,7 @@ def local_pipelines(directories: Iterable[str | os.PathLike[str]], *, display: o
             except OSError:
                 continue  # a component folder that is absent: diffusers' own error, not a variant's
             components[name] = files
-        pipelines.append(Pipeline(display(root), components))  # type: ignore[operator]
+        pipelines.append(Pipeline(display(root), components))  # type: ignore[operator]  # display is the caller's path formatter (typed object)
     return pipelines
 
 

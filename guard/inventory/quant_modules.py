@@ -150,7 +150,7 @@ def grouped(inv: ModelInventory, ws: WeightSet) -> Grouped:
                 if collecting:
                     gc.enable()
         ws.memo["quant modules"] = cached
-    return cached  # type: ignore[return-value]
+    return cached  # type: ignore[return-value]  # ws.memo holds what was computed and stored under this key
 
 
 def _group(ws: WeightSet, quant: Quantization) -> Grouped:
@@ -282,7 +282,7 @@ _FEW = 16  # signatures told apart by one pass each over all of them; more: one 
 
 
 def _module(plan: _Plan, prefix: str, parts: Mapping[str, TensorInfo], quant: Quantization) -> QuantModule:
-    layout: Layout = plan.layout  # type: ignore[assignment]
+    layout: Layout = plan.layout  # type: ignore[assignment]  # callers pass plans with a layout
     payload = parts[plan.payload]
     components = {role: parts[suffix].name for role, suffix in plan.components.items()}
     if plan.scheme is not None:  # the common case: bits, group size and format the same for every module
@@ -363,7 +363,7 @@ def unroled_tensors(ws: WeightSet, roles: Mapping[str, str]) -> list[TensorInfo]
     """``ws.tensors`` that are no part of quantization (not in ``roles``), in the set's order: once per set (the
     shares by label, CG112 and CG113 read them), kept by the grouping where it can tell, else picked in C."""
     memo = ws.memo.get(_UNROLED)
-    if memo is not None and memo[0] is roles:  # type: ignore[index]
+    if memo is not None and memo[0] is roles:  # type: ignore[index]  # the memo under _UNROLED is a (roles, tensors) pair
         return memo[1]  # type: ignore[index]  # the memo under _UNROLED is a (roles, tensors) pair
     if ws.layout == "lightning":  # ``tensors`` leaves training state out
         left = [t for t in ws.tensors if t.name not in roles]

@@ -109,7 +109,7 @@ class WeightSet(Record):
             else:  # every tensor counts: the groups already hold the sums
                 summary = grouped_dtype_summary(groups, totals)
             self.memo["dtype_summary"] = summary
-        return summary  # type: ignore[return-value]
+        return summary  # type: ignore[return-value]  # self.memo holds what was computed and stored under this key
 
     def _tally(self) -> tuple[dict[str, Sequence[TensorInfo]], dict[str, int], bool]:
         """One walk of the set's tensors: the groups by dtype, their elements, whether any has a storage.
@@ -163,7 +163,7 @@ class WeightSet(Record):
                     if tensor.storage is not None:
                         shared = True
             tally = self.memo["tally"] = ({code: joined(parts) for code, parts in groups.items()}, totals, shared)
-        return tally  # type: ignore[return-value]
+        return tally  # type: ignore[return-value]  # self.memo holds what was computed and stored under this key
 
     @property
     def parameters(self) -> int:
@@ -201,7 +201,7 @@ def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list
 def _training_role(scan: FileScan) -> FileRole:
     """A training checkpoint (guard.training) is one set of its own, of its layout, whatever its folder's name."""
     name = posixpath.basename(scan.path.rstrip("/")) or scan.path
-    layout = scan.training.layout  # type: ignore[attr-defined]
+    layout = scan.training.layout  # type: ignore[attr-defined]  # a scan's training is a claim with a layout, typed object (guard.training imports guard.tensors)
     return FileRole(name, "training-state", "file", layout, name, scan.format or layout, None, None)
 
 

@@ -349,7 +349,7 @@ def _read_chunked(cur: _Cursor, count: int, name: str, *, source: str,
     if sum(c.numel for c in chunks) != prod(shape):
         raise MalformedCheckpoint(f"tensor {name!r}: chunks do not add up to shape {shape}")
     if ranges is not None:
-        ranges[name] = [(c.data_start, c.data_end) for c in chunks]  # type: ignore[misc]
+        ranges[name] = [(c.data_start, c.data_end) for c in chunks]  # type: ignore[misc]  # each chunk's data_start and data_end are set by the walk above
     return TensorInfo(name, chunks[0].dtype, tuple(shape), source)
 
 

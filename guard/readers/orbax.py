@@ -268,7 +268,7 @@ def read_ocdbt_values(prefix: str, files: Mapping[str, int], open_file: OpenFile
 
 
 def _ocdbt_read(ts: object, base: object, context: object, keys: list[str]) -> dict[str, bytes | None]:
-    store = ts.KvStore.open({"driver": "ocdbt", "base": base}, context=context).result()  # type: ignore[attr-defined]
+    store = ts.KvStore.open({"driver": "ocdbt", "base": base}, context=context).result()  # type: ignore[attr-defined]  # tensorstore's KvStore, which its stubs leave out
     futures = {key: store.read(key) for key in keys}
     out: dict[str, bytes | None] = {}
     for key, future in futures.items():

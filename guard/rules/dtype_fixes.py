@@ -66,7 +66,7 @@ def config_edits(inv: ModelInventory, code: str) -> list[dict[str, object]] | No
             return None  # the text and the parsed config disagree: never guess where to write
         edits.extend({**span.to_json(), "new": new, "key": ".".join(path), "path": list(path), "was": held}
                      for span in spans)
-    return sorted(edits, key=lambda edit: int(edit["offset"]))  # type: ignore[call-overload]
+    return sorted(edits, key=lambda edit: int(edit["offset"]))  # type: ignore[call-overload]  # each edit's offset is an int
 
 
 def config_params(inv: ModelInventory, edits: list[dict[str, object]], code: str) -> dict[str, object]:

@@ -157,7 +157,7 @@ def _index_fix(inv: ModelInventory, ws: WeightSet, shards: list[str]) -> Fix:
 def _index_name(roles: list[FileRole]) -> str | None:
     templates = {getattr(convention_of(role.name), "template", None) for role in roles}
     names = {(role.stem, role.name.rpartition(".")[2], role.variant) for role in roles}
-    template = _SHARD_INDEXES.get(templates.pop()) if len(templates) == 1 else None  # type: ignore[arg-type]
+    template = _SHARD_INDEXES.get(templates.pop()) if len(templates) == 1 else None  # type: ignore[arg-type]  # the one template: a str
     if template is None or len(names) != 1:
         return None
     stem, ext, variant = names.pop()

@@ -21,12 +21,12 @@ def narrower_findings(training: Iterable[object], weights: Iterable[tuple[str, s
     """CG122 for each primary weight set in a training set's folder, or the folder above it, narrower than it."""
     published = {directory: (dtype, file) for directory, dtype, file in weights}
     for ws in training:
-        state = ws.files[0].training  # type: ignore[attr-defined]
-        floats = {c: n for c, n in ws.parameters_by_dtype().items() if dtypes.is_float(c)}  # type: ignore[attr-defined]
+        state = ws.files[0].training  # type: ignore[attr-defined]  # ws is a WeightSet, typed object to keep this module below inventory
+        floats = {c: n for c, n in ws.parameters_by_dtype().items() if dtypes.is_float(c)}  # type: ignore[attr-defined]  # as above
         if not floats:
             continue
         masters = max(floats, key=floats.__getitem__)
-        path = ws.files[0].path  # type: ignore[attr-defined]
+        path = ws.files[0].path  # type: ignore[attr-defined]  # as above
         directory = posixpath.dirname(path.rstrip("/")) or "."
         for folder in dict.fromkeys((path.rstrip("/"), directory)):  # its own folder, and the one above it
             if folder not in published or not _narrower(published[folder][0], masters):

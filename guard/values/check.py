@@ -191,7 +191,7 @@ def _scan_range(key: tuple[str, int, int, str], files: _Files, *, ranges: tuple[
     dtype = "F32" if code == "C64" else code  # NaN/Inf only: a complex is two fp32
     targets = ((), ()) if code == "C64" else (ranges, rounding)
     scanner = TensorScanner(dtype, range_targets=targets[0], rounding_targets=targets[1])
-    fd, size = files.open(path)  # type: ignore[misc]
+    fd, size = files.open(path)  # type: ignore[misc]  # a file that does not open is reported before its ranges are scanned (open() is memoised)
     if end > size:
         raise _Truncated(f"tensor bytes truncated: they end at byte {end:,} but the file has {size:,}")
     buffer, scratch = files.workspace()

@@ -100,7 +100,7 @@ def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
     bridge = _BIT_BRIDGE.get(name or "")
     if bridge is None:
         return torch.from_numpy(a)
-    return torch.from_numpy(a.view(np.dtype(bridge))).view(getattr(torch, name))  # type: ignore[arg-type]
+    return torch.from_numpy(a.view(np.dtype(bridge))).view(getattr(torch, name))  # type: ignore[arg-type]  # torch's view takes a torch dtype; getattr's result is one
 
 
 def bits(a: np.ndarray) -> np.ndarray:

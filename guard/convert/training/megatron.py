@@ -112,7 +112,7 @@ class MegatronLoader:
             pattern, layers, rows = "decoder.layers.N." + name[len(_STACK):], list(range(shape[0] if shape else 0)), \
                 shape[1:]
         else:
-            pattern, layers, rows = name, [None], shape  # type: ignore[list-item]
+            pattern, layers, rows = name, [None], shape  # type: ignore[list-item]  # a name with no layer: [None] stands for its one layer
         targets = LLAMA_FROM_MEGATRON.get(pattern)
         if targets is None:
             return [make_finding("CG304", where, f"Megatron tensor {name!r} has no place in HF Llama (Megatron-"

@@ -157,7 +157,7 @@ def layer_policies(config: dict[str, object], prefix: str = "layers/", depth: in
         name = _policy_name(cfg.get("dtype")) if isinstance(cfg, dict) else None
         code = POLICY_VARIABLE_DTYPES.get(name or "") or dtypes.parse_dtype_name(name or "")
         if layer["class_name"] != "InputLayer" and name and not name.startswith("quantized:") and code:
-            out[path] = [str(cfg.get("name", group))[:100], name[:50], code]  # type: ignore[union-attr]
+            out[path] = [str(cfg.get("name", group))[:100], name[:50], code]  # type: ignore[union-attr]  # cfg is a dict: name is set only then
     return out
 
 

@@ -289,7 +289,7 @@ class PickleWalker:
                 raise _bad("pickle stack or memo exceeds the size limit")
 
             if name in ("BINPUT", "LONG_BINPUT", "PUT"):
-                memo[int(arg)] = top()  # type: ignore[call-overload]
+                memo[int(arg)] = top()  # type: ignore[call-overload]  # the memo index is an int argument (BINPUT and its kin)
             elif name == "MEMOIZE":
                 memo[len(memo)] = top()
             elif name in ("BINGET", "LONG_BINGET", "GET"):
@@ -353,7 +353,7 @@ class PickleWalker:
             elif name == "DUP":
                 stack.append(top())
             elif name in ("GLOBAL", "INST"):
-                module, attr = arg  # type: ignore[misc]
+                module, attr = arg  # type: ignore[misc]  # GLOBAL/INST's arg is the two lines read above
                 glob = self._global(module, attr)  # type: ignore[has-type]  # GLOBAL/INST's arg is the two lines read above
                 if name == "GLOBAL":
                     stack.append(glob)
@@ -500,7 +500,7 @@ class PickleWalker:
             return tuple(args[0])
         if dotted == "_codecs.encode" and len(args) == 2 and all(isinstance(a, str) for a in args):
             try:
-                return args[0].encode(args[1])  # type: ignore[union-attr]
+                return args[0].encode(args[1])  # type: ignore[union-attr]  # codecs.encode's args: a str and an encoding name
             except LookupError:
                 raise _bad(f"_codecs.encode with unknown codec {args[1]!r}") from None
         return Call(dotted)

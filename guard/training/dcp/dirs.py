@@ -145,7 +145,7 @@ def read_metadata(directory: str, sizes: dict[str, int], *, name: str,
     ``read_whole``: how a file's bytes are fetched (the Hub's); by default from ``directory``."""
     read_whole = read_whole or _read_local(directory)
     files = [METADATA] if METADATA in sizes else sorted(
-        (n for n in sizes if _RANK_METADATA.match(n)), key=lambda n: int(_RANK_METADATA.match(n).group(1)))  # type: ignore[union-attr]
+        (n for n in sizes if _RANK_METADATA.match(n)), key=lambda n: int(_RANK_METADATA.match(n).group(1)))  # type: ignore[union-attr]  # n was picked by _RANK_METADATA, so it matches
     if not files:
         data_files = sorted(n for n in sizes if n.endswith(".distcp"))
         finding = make_finding("CG117", f"{name}/{data_files[0]}" if data_files else name,
@@ -182,8 +182,8 @@ def _join_ranks(meta: DcpMetadata) -> DcpMetadata:
     joined: dict[str, object] = {}
     for item in meta.items:
         held = joined.get(item.fqn)
-        joined[item.fqn] = item if held is None else held._replace(chunks=held.chunks + item.chunks)  # type: ignore[attr-defined]
-    return DcpMetadata(tuple(joined.values()), meta.storage, meta.version, ())  # type: ignore[arg-type]
+        joined[item.fqn] = item if held is None else held._replace(chunks=held.chunks + item.chunks)  # type: ignore[attr-defined]  # held is an item of the same record type
+    return DcpMetadata(tuple(joined.values()), meta.storage, meta.version, ())  # type: ignore[arg-type]  # joined's values are the metadata's items
 
 
 def _unreadable(shown: str, why: str, read: int) -> MetadataRead:

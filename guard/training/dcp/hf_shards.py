@@ -70,7 +70,7 @@ def read_hf_shards(directory: str, names: list[str], *, name: str, scan_one: Sca
         findings.extend(scan.findings)
         if scan.format != "safetensors":
             continue
-        ranks.add(SHARD_NAME.match(file).group(1))  # type: ignore[union-attr]
+        ranks.add(SHARD_NAME.match(file).group(1))  # type: ignore[union-attr]  # file was picked by SHARD_NAME, so it matches
         offsets = _sharding_info(scan.metadata.get(SHARDING_KEY), shown, findings)
         for tensor in scan.tensors:
             saved = offsets.get(tensor.name, (0,) * len(tensor.shape))

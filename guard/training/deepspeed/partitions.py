@@ -104,12 +104,12 @@ def _frozen(model: ModelStates, ranks: Sequence[ModelStates], stage: int, proble
         if any(f is None for f in frags):
             problems.append(f"frozen parameter {name!r} has no fragment in every model states file")
             continue
-        flat = _Flat(frags)  # type: ignore[arg-type]
+        flat = _Flat(frags)  # type: ignore[arg-type]  # no fragment is None: checked above
         if flat.numel < _numel(shape):
             problems.append(f"frozen parameter {name!r} {list(shape)} needs {_numel(shape):,} elements, "
                             f"its fragments hold {flat.numel:,}")
             continue
-        out.append(Placed(name, frags[0].dtype, shape, tuple(flat.pieces(0, _numel(shape))), "frozen"))  # type: ignore[union-attr]
+        out.append(Placed(name, frags[0].dtype, shape, tuple(flat.pieces(0, _numel(shape))), "frozen"))  # type: ignore[union-attr]  # no fragment is None: checked above
     return out
 
 

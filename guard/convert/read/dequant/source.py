@@ -228,7 +228,7 @@ def dequantized_source(source: SourceModel, quantized: Quantized, config: dict[s
         if tensor.name in planned:
             outs = planned.pop(tensor.name)
             if outs:
-                shared.order.append(outs[0].loader.module)  # type: ignore[attr-defined]
+                shared.order.append(outs[0].loader.module)  # type: ignore[attr-defined]  # a planned output's loader is a module loader, which has module
             tensors.extend(outs)
         elif tensor.name not in consumed:
             tensors.append(tensor)
