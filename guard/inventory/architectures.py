@@ -46,9 +46,11 @@ def table_row(config: Mapping[str, object]) -> tuple[str, object] | str:
     wanted = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else next(iter(rows))
     if wanted in rows:
         return wanted, rows[wanted]
-    for row in rows.values():
-        if row.base and row.base == wanted:
-            return wanted, row
+    # The base class itself (BertModel): a head class builds it under its prefix, but some heads leave a part
+    # out (BertForMaskedLM has no pooler), so the row with the most names under the prefix is the base's whole.
+    bases = [row for row in rows.values() if row.base and row.base == wanted]
+    if bases:
+        return wanted, max(bases, key=_names_under_prefix)
     return f"{wanted} (model_type {model_type!r}) has no row in the table of architectures"
 
 
@@ -81,7 +83,7 @@ def _field(config: Mapping[str, object], name: str) -> int | None:
         return _field(sub, rest) if isinstance(sub, dict) else None
     value = config.get(name)
     if value is None and isinstance(config.get("text_config"), dict):
-        value = config["text_config"].get(name)  # type: ignore[union-attr]
+        value = config["text_config"].get(name)  # type: ignore[attr-defined]  # text_config is a dict: checked on the line above
     if name == "head_dim" and value is None:
         hidden, heads = _field(config, "hidden_size"), _field(config, "num_attention_heads")
         return hidden // heads if hidden and heads else None
@@ -273,3 +275,11 @@ def layer_template(name: str) -> tuple[str, int | None]:
     if match is None:
         return name, None
     return f"{match.group(1)}.{{L}}.{match.group(3)}", int(match.group(2))
+
+
+def _names_under_prefix(row: object) -> int:
+    dotted = row.prefix + "."  # type: ignore[attr-defined]  # a table Row (untyped here: the table is imported lazily)
+    flat = sum(name.startswith(dotted) for name, _ in row.flat)  # type: ignore[attr-defined]  # as above
+    layered = sum(len(kind) for layers in row.containers.values()  # type: ignore[attr-defined]  # as above
+                  for kind in layers.kinds.values())
+    return flat + layered

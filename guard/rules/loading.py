@@ -28,6 +28,7 @@ from guard.tensors import TENSOR_FILE, TENSOR_NAME, TENSOR_SHAPE, column
 
 _FORMATS = ("safetensors", "torch")
 _HALVES = ("BF16", "F16")
+_UNREAD = ("CG001", "CG002")  # the file itself unreadable, or an LFS pointer
 NARROWED = "transformers keeps these in fp32; the precision was lost when the checkpoint was saved"
 
 
@@ -45,6 +46,10 @@ def loaded_set(inventory: ModelInventory) -> WeightSet | None:
     if ws is None or ws.role != "weights" or ws.layout != "hf" or ws.format not in _FORMATS:
         return None
     if not ws.has_tensors or inventory.quantization(ws) is not None:
+        return None
+    if any(scan.format is None or any(f.code in _UNREAD for f in scan.findings) for scan in ws.files):
+        # a file that could not be read is already its error (CG001, CG002): its tensors are unknown, not
+        # missing, and judging the rest would name every one of them as filled at random
         return None
     return ws
 
@@ -319,7 +324,7 @@ def check_narrowed_keeps(inventory: ModelInventory, policy: Policy) -> Iterator[
     from guard.inventory.keep_fp32 import KEEP_IN_FP32, TRANSFORMERS_VERSION, component_globs
 
     config = inventory.config
-    keeps = KEEP_IN_FP32.get(config.get("model_type")) if applies(inventory) else None  # type: ignore[union-attr]
+    keeps = KEEP_IN_FP32.get(config.get("model_type")) if applies(inventory) else None  # type: ignore[union-attr,arg-type]  # applies(inventory) holds only with a config dict; model_type may be absent (get(None) is None)
     if keeps is None:
         return
     declared = {item.value for item in inventory.config_dtypes()}
@@ -343,7 +348,7 @@ def check_narrowed_keeps(inventory: ModelInventory, policy: Policy) -> Iterator[
             yield make_finding(
                 "CG126", files[0],
                 f"{len(kept)} tensor(s) that transformers keeps in fp32 for model_type "
-                f"{config.get('model_type')!r} (the keep-fp32 table of transformers {TRANSFORMERS_VERSION}) are "
+                f"{config.get('model_type')!r} (the keep-fp32 table of transformers {TRANSFORMERS_VERSION}) are "  # type: ignore[union-attr]  # config is a dict here: applies(inventory) held above
                 f"stored in {dn(code)}: {', '.join(shown(n) for n in kept[:4])}"
                 f"{f' and {len(kept) - 4} more' if len(kept) > 4 else ''}. {NARROWED}",
                 tensor=kept[0],
