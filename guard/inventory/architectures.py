@@ -91,7 +91,7 @@ def _field(config: Mapping[str, object], name: str) -> int | None:
 
 
 def _layer_kind(layers: object, index: int, config: Mapping[str, object]) -> str:
-    selector = layers.selector  # type: ignore[attr-defined]
+    selector = layers.selector  # type: ignore[attr-defined]  # a table Layers record, typed object: the table is imported lazily
     if selector == "first_k_dense_replace":
         return "dense" if index < (_field(config, "first_k_dense_replace") or 0) else "moe"
     if selector == "first_layer":
@@ -102,8 +102,8 @@ def _layer_kind(layers: object, index: int, config: Mapping[str, object]) -> str
 def expected_weights(row: object, config: Mapping[str, object], *, count: Mapping[str, int] | None = None
                      ) -> dict[str, tuple[object, ...]] | str:
     """Every parameter name the class builds, with its shape expressions; or why it cannot say."""
-    expected: dict[str, tuple[object, ...]] = dict(row.flat)  # type: ignore[attr-defined]
-    for container, layers in row.containers.items():  # type: ignore[attr-defined]
+    expected: dict[str, tuple[object, ...]] = dict(row.flat)  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+    for container, layers in row.containers.items():  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
         n = count.get(container) if count else None
         if n is None:
             n = _field(config, layers.count) if layers.count else None
@@ -122,8 +122,8 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
     expected = expected_weights(row, config)
     if isinstance(expected, str):
         return expected
-    prefix: str = row.prefix  # type: ignore[attr-defined]
-    base_class = class_name == row.base  # type: ignore[attr-defined]
+    prefix: str = row.prefix  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+    base_class = class_name == row.base  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
     files = dict(tensors)
     if prefix:
         dotted = prefix + "."
@@ -133,10 +133,10 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
         elif not any(k.startswith(dotted) for k in files):  # a base model's file loaded by a head class
             heads = {k for k in expected if not k.startswith(dotted)}
             files = {(k if k in heads else dotted + k): v for k, v in files.items()}
-    renames = [(re.compile(a), b) for a, b in row.renames]  # type: ignore[attr-defined]
+    renames = [(re.compile(a), b) for a, b in row.renames]  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
     if renames:
         # one search per name for all the renames: a 200,000-tensor set has almost no name to rename
-        any_rename = re.compile("|".join(f"(?:{a})" for a, _ in row.renames), re.M)  # type: ignore[attr-defined]
+        any_rename = re.compile("|".join(f"(?:{a})" for a, _ in row.renames), re.M)  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
         if any_rename.search("\n".join(files)) is None:  # one pass in C over every name: the usual answer
             renames = []
         renamed = {}
@@ -153,16 +153,17 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
         text = config.get("text_config")
         tie = text.get("tie_word_embeddings") if isinstance(text, dict) else None
     if not isinstance(tie, bool):
-        tie = row.tie_default  # type: ignore[attr-defined]
-    omittable = set(row.aliases) | (set(row.tied) if tie else set())  # type: ignore[attr-defined]
+        tie = row.tie_default  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+    omittable = set(row.aliases) | (set(row.tied) if tie else set())  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
     if base_class:
         omittable = {k[len(prefix) + 1:] if k.startswith(prefix + ".") else k for k in omittable}
     pieces, loose = _merge_experts(row, files)
-    ignore_missing = [re.compile(p) for p in row.ignore_missing]  # type: ignore[attr-defined]
-    ignore_unexpected = [re.compile(p) for p in row.ignore_unexpected]  # type: ignore[attr-defined]
+    ignore_missing = [re.compile(p) for p in row.ignore_missing]  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+    ignore_unexpected = [re.compile(p) for p in row.ignore_unexpected]  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+    mismatched: list[Mismatch]  # (declared for the type checker: never evaluated)
     missing, missing_experts, mismatched = [], [], []
     cache: dict[tuple[object, ...], tuple[int | None, ...]] = {}
-    for name, shape in expected.items():
+    for name, shape in expected.items():  # type: ignore[assignment]  # expected's values are shape expressions (shape held a stored shape above)
         held = loose.get(name)
         if held is not None:
             want = cache.get(shape)  # per distinct shape (every layer repeats its entries' shapes)
@@ -180,11 +181,11 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
                 if absent:
                     missing_experts.append((name, absent, experts))
             for (e, _), (piece_shape, count, dim) in sorted(found.items()):
-                want = list(shape[1:])
-                if dim is not None and 0 < dim <= len(want):
-                    value = evaluate(want[dim - 1], config)
-                    want[dim - 1] = value // count if value is not None else None
-                _compare(f"{name}[{e}]", piece_shape, tuple(want), config, mismatched)
+                piece_want: list[object] = list(shape[1:])  # expressions, then values
+                if dim is not None and 0 < dim <= len(piece_want):
+                    value = evaluate(piece_want[dim - 1], config)
+                    piece_want[dim - 1] = value // count if value is not None else None
+                _compare(f"{name}[{e}]", piece_shape, tuple(piece_want), config, mismatched)
         elif name in omittable or any(p.search(name) for p in ignore_missing):
             continue
         else:
@@ -209,7 +210,7 @@ def _merge_experts(row: object, files: dict[str, tuple[int, ...]]
                               dict[str, tuple[int, ...]]]:
     """The file's per-expert tensors, by the fused parameter they merge into; the rest as they are."""
     converters = []
-    for sources, target, dim in row.experts:  # type: ignore[attr-defined]
+    for sources, target, dim in row.experts:  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
         for index, source in enumerate(sources):
             pattern = re.compile(re.escape(source).replace(r"\*", r"(\d+)"))
             converters.append((pattern, target, index, len(sources), dim))
@@ -250,7 +251,7 @@ def _extra_layers(row: object, config: Mapping[str, object], expected: Mapping[s
     """Containers whose file holds whole layers beyond the config's count, and nothing else unexpected."""
     found = []
     left = set(unexpected)
-    for container, layers in row.containers.items():  # type: ignore[attr-defined]
+    for container, layers in row.containers.items():  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
         if not layers.count:
             continue
         pattern = re.compile(re.escape(container) + r"\.(\d+)\.")
@@ -280,6 +281,6 @@ def layer_template(name: str) -> tuple[str, int | None]:
 def _names_under_prefix(row: object) -> int:
     dotted = row.prefix + "."  # type: ignore[attr-defined]  # a table Row (untyped here: the table is imported lazily)
     flat = sum(name.startswith(dotted) for name, _ in row.flat)  # type: ignore[attr-defined]  # as above
-    layered = sum(len(kind) for layers in row.containers.values()  # type: ignore[attr-defined]  # as above
+    layered = sum(len(kind) for layers in row.containers.values()  # type: ignore[attr-defined,misc]  # as above; the items are ints (mypy picks sum's overload for bools)
                   for kind in layers.kinds.values())
     return flat + layered

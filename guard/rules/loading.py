@@ -78,7 +78,7 @@ def _judged(inventory: ModelInventory) -> list[Finding]:
     found = ws.memo.get("loading")
     if found is None:
         found = ws.memo["loading"] = list(loading_findings(inventory, ws))
-    return found  # type: ignore[return-value]
+    return found  # type: ignore[return-value]  # ws.memo holds what was computed and stored under this key
 
 
 def loading_findings(inventory: ModelInventory, ws: WeightSet) -> Iterator[Finding]:
@@ -190,7 +190,7 @@ def _layers_fix(loading: object, row: object, config: dict[str, object],
 
     Offered only where the file's layers are 0..M-1, each complete, and the config with the new count would
     load every tensor, with nothing random, dropped or refused (judged again here); otherwise shown only."""
-    extra = loading.extra_layers  # type: ignore[attr-defined]
+    extra = loading.extra_layers  # type: ignore[attr-defined]  # a Loading record, typed object here
     wanted = ", ".join(f"{field}: {count}" for _, field, count in extra)
     planned = _count_edits(loading, row, config, tensors, inventory)
     if isinstance(planned, str):
@@ -222,7 +222,7 @@ def _count_edits(loading: object, row: object, config: dict[str, object],
         return "there is no config.json text to rewrite"
     edits: list[dict[str, object]] = []
     changed: dict[str, object] = config
-    for _, field, count in loading.extra_layers:  # type: ignore[attr-defined]
+    for _, field, count in loading.extra_layers:  # type: ignore[attr-defined]  # a Loading record, typed object here
         path = _field_path(config, field)
         if path is None:
             return f"config.json holds no integer {field}"
@@ -239,10 +239,10 @@ def _count_edits(loading: object, row: object, config: dict[str, object],
         edits.extend({**span.to_json(), "new": str(count), "key": ".".join(path), "path": list(path), "was": was}
                      for span in spans)
         changed = _with(changed, path, count)
-    again = judge(row, loading.class_name, changed, tensors)  # type: ignore[attr-defined]
+    again = judge(row, loading.class_name, changed, tensors)  # type: ignore[attr-defined]  # a Loading record, typed object here
     if isinstance(again, str) or again.missing or again.missing_experts or again.unexpected or again.mismatched:
         return "with the file's count, loading would still fill, drop or refuse tensors: the layers are not whole"
-    return sorted(edits, key=lambda edit: int(edit["offset"]))  # type: ignore[call-overload]
+    return sorted(edits, key=lambda edit: int(edit["offset"]))  # type: ignore[call-overload]  # each edit's offset is an int
 
 
 def _field_path(config: dict[str, object], field: str) -> tuple[str, ...] | None:
@@ -306,7 +306,7 @@ def _spelled(template: str, layers: list[int]) -> str:
 
 def _ranges(values: object) -> str:
     """0, 1, 2, 5 -> '0–2, 5'."""
-    ordered = sorted(set(values))  # type: ignore[call-overload]
+    ordered = sorted(set(values))  # type: ignore[call-overload]  # layer indices: ints
     parts: list[str] = []
     start = prev = ordered[0]
     for value in ordered[1:] + [None]:

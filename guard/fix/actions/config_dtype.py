@@ -62,7 +62,7 @@ def stage_config_field(fix: Fix, ctx: ActionContext) -> Staged:
 
 def _read(path: object, shown: str) -> bytes:
     try:
-        with open(path, "rb") as fh:  # type: ignore[call-overload]
+        with open(path, "rb") as fh:  # type: ignore[call-overload]  # path is the fix's config path, a str
             data: bytes = fh.read(MAX_JSON_BYTES + 1)
     except OSError as exc:
         raise StaleConfig(f"{shown}: cannot read it again ({exc.strerror}); nothing written") from None
@@ -75,7 +75,7 @@ def rewrite(old: bytes, edits: Sequence[dict[str, object]], *, shown: str) -> by
     """The edits applied to ``old``, each checked against the text the plan saw there."""
     out, pos = [], 0
     for edit in edits:
-        offset, length = int(edit["offset"]), int(edit["length"])  # type: ignore[call-overload]
+        offset, length = int(edit["offset"]), int(edit["length"])  # type: ignore[call-overload]  # each edit's offset and length are ints (the plan's spans)
         expected = str(edit["old"]).encode("utf-8")
         if offset < pos or old[offset:offset + length] != expected or len(expected) != length:
             raise StaleConfig(f"{shown}: changed since the scan (byte {offset} no longer holds {edit['old']}); "
@@ -95,7 +95,7 @@ def verify_rewrite(old: bytes, new: bytes, edits: Sequence[dict[str, object]]) -
     problems = []
     expected = before
     for edit in edits:
-        path = tuple(str(step) for step in edit["path"])  # type: ignore[attr-defined]
+        path = tuple(str(step) for step in edit["path"])  # type: ignore[attr-defined]  # each edit's path is the list of keys the plan recorded
         value = json.loads(str(edit["new"]))
         try:
             spans = find_values(new.decode("utf-8"), path)
