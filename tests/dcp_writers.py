@@ -115,8 +115,9 @@ _TORCHTITAN_NAMES = {
     "model.embed_tokens.weight": "tok_embeddings.weight", "model.norm.weight": "norm.weight",
     "lm_head.weight": "output.weight",
     **{f"model.layers.N.{hf}.weight": f"layers.N.{tt}.weight" for hf, tt in (
-        ("self_attn.q_proj", "attention.wq"), ("self_attn.k_proj", "attention.wk"), ("self_attn.v_proj", "attention.wv"),
-        ("self_attn.o_proj", "attention.wo"), ("mlp.gate_proj", "feed_forward.w1"), ("mlp.down_proj", "feed_forward.w2"),
+        ("self_attn.q_proj", "attention.wq"), ("self_attn.k_proj", "attention.wk"),
+        ("self_attn.v_proj", "attention.wv"), ("self_attn.o_proj", "attention.wo"),
+        ("mlp.gate_proj", "feed_forward.w1"), ("mlp.down_proj", "feed_forward.w2"),
         ("mlp.up_proj", "feed_forward.w3"), ("input_layernorm", "attention_norm"),
         ("post_attention_layernorm", "ffn_norm"))},
 }

@@ -11,8 +11,8 @@ import torch
 
 from guard.samples import bart_like_copies, diffusers_pipeline, flax_copy, save_torch_bin
 
-__all__ = ["bart_like_copies", "diffusers_pipeline", "flax_copy", "save_torch_bin", "lightning_checkpoint", "peft_lora", "sentence_transformer",
-           "trainer_run", "transformers_copies", "transformers_fp16_variant"]
+__all__ = ["bart_like_copies", "diffusers_pipeline", "flax_copy", "save_torch_bin", "lightning_checkpoint", "peft_lora",
+           "sentence_transformer", "trainer_run", "transformers_copies", "transformers_fp16_variant"]
 
 
 def _params(module: torch.nn.Module) -> int:

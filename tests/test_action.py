@@ -674,7 +674,8 @@ def test_fix_script_fences_the_patch_longer_than_any_backtick_run_in_it(tmp_path
     token = re.search(r"^::stop-commands::(\w+)$", result.stdout, re.M)
     assert token and f"\n::{token[1]}::" in result.stdout
     assert Path(outputs["patch"]).read_text() in summary
-    assert (Path(outputs["artifact-dir"]) / "m" / "config.json").read_bytes() == (repo / "m" / "config.json").read_bytes()
+    assert ((Path(outputs["artifact-dir"]) / "m" / "config.json").read_bytes()
+            == (repo / "m" / "config.json").read_bytes())
 
 
 def test_fix_script_that_cannot_run_says_so_and_sets_exit_code_2(tmp_path):
@@ -743,7 +744,8 @@ def pr_history(repo: Path) -> tuple[str, str]:
 
 def pr_event(base: str, head: str) -> dict:
     return {"action": "synchronize", "number": 7,
-            "pull_request": {"number": 7, "base": {"sha": base, "ref": "main"}, "head": {"sha": head, "ref": "feature"}}}
+            "pull_request": {"number": 7, "base": {"sha": base, "ref": "main"},
+                             "head": {"sha": head, "ref": "feature"}}}
 
 
 def test_pull_request_verdict_covers_only_what_it_introduces(tmp_path):

@@ -209,7 +209,8 @@ SCAN_MODULES = {
     "guard", "guard.catalogue", "guard.cli", "guard.cli.flags", "guard.cli.run", "guard.collector", "guard.config",
     "guard.dtypes", "guard.errors", "guard.findings", "guard.fixes", "guard.inventory", "guard.inventory.conventions",
     "guard.jsonload",  # json's C scanner without `import json` (its regular expressions: 2-4 % of a hook's call)
-    "guard.inventory.discovery", "guard.inventory.model", "guard.lazy", "guard.inventory.names", "guard.inventory.pipelines",
+    "guard.inventory.discovery", "guard.inventory.model", "guard.lazy", "guard.inventory.names",
+    "guard.inventory.pipelines",
     "guard.inventory.package_dirs",  # IR pairs and Core ML packages are found by name in every directory
     "guard.inventory.tf_dirs",  # TF bundles and SavedModel folders, likewise (stdlib only)
     "guard.inventory.sets",
@@ -221,13 +222,15 @@ SCAN_MODULES = {
     "guard.readers.safetensors.templates", "guard._speedups",  # the header's one fast core; the private C functions
     "guard.report",
     "guard.reporters", "guard.reporters.inert", "guard.reporters.text", "guard.rules", "guard.rules.config_dtype",
-    "guard.rules.copies", "guard.rules.dtype_fixes", "guard.rules.dtype_policy", "guard.rules.formats", "guard.rules.no_tensors",
+    "guard.rules.copies", "guard.rules.dtype_fixes", "guard.rules.dtype_policy", "guard.rules.formats",
+    "guard.rules.no_tensors",
     "guard.rules.norms",
     "guard.rules.shards", "guard.rules.targets",  # pickle_only and quantized: only for torch / quantized sets
     "guard.rules.training", "guard.rules.variants", "guard.scan", "guard.sources", "guard.tensors",
     "guard.training", "guard.training.registry",  # the trainers' marker names (their readers: only where one is)
 }
-HEAVY = ("click", "dataclasses", "inspect", "typing", "torch", "jax", "flax", "numpy", "transformers", "huggingface_hub", "onnx", "h5py", "tensorstore",
+HEAVY = ("click", "dataclasses", "inspect", "typing", "torch", "jax", "flax", "numpy", "transformers",
+         "huggingface_hub", "onnx", "h5py", "tensorstore",
          "safetensors", "msgpack", "zipfile", "pickle", "pickletools", "tomllib", "tempfile")
 
 

@@ -78,7 +78,8 @@ def safetensors_bits(directory: Path) -> dict[str, tuple[str, tuple[int, ...], b
         with safe_open(str(path), framework="pt") as fh:
             for name in fh.keys():
                 t = fh.get_tensor(name)
-                out[name] = (str(t.dtype), tuple(t.shape), t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                out[name] = (str(t.dtype), tuple(t.shape),
+                             t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return out
 
 

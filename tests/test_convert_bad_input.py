@@ -98,7 +98,8 @@ def test_tensor_names_of_no_known_architecture(tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     src = tiny_mistral(tmp_path)
-    tensors = {k.replace("model.layers.", "backbone.blocks."): v for k, v in load_file(src / "model.safetensors").items()}
+    tensors = {k.replace("model.layers.", "backbone.blocks."): v
+               for k, v in load_file(src / "model.safetensors").items()}
     save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
     code, report = run_json(tmp_path, src, "--to", "flax", "--out", tmp_path / "f")
     assert code == 1 and set(codes(report)) == {"CG304"}

@@ -122,7 +122,8 @@ def assert_within_one_step(mine: Any, reference: Any) -> None:
     view = torch.int32 if ref.dtype == torch.float32 else torch.int16
     steps = (ours.view(view).long() - ref.view(view).long()).abs()
     agree = ((torch.signbit(ours) == torch.signbit(ref)) & (steps <= 1)) | ((ours == 0) & (ref == 0))
-    assert bool(agree.all()), f"{int((~agree).sum())} elements differ, max {float((ours.float() - ref.float()).abs().max())}"
+    assert bool(agree.all()), (f"{int((~agree).sum())} elements differ, "
+                               f"max {float((ours.float() - ref.float()).abs().max())}")
 
 
 # ---------------------------------------------------------------- references: the libraries' own code

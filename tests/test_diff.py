@@ -209,7 +209,8 @@ def test_an_identical_resave_is_no_change(tmp_path: Path, capsys) -> None:
         assert result["models"][0]["status"] == "unchanged"
         assert only_set(result)["unchanged"] == len(tensors(tmp_path / "old"))
     rc, out = diff_text(capsys, "--values", tmp_path / "old", tmp_path / "new")
-    assert f"unchanged, {len(tensors(tmp_path / 'old'))} tensor(s) with identical values" in out and "no weight changes" in out
+    assert (f"unchanged, {len(tensors(tmp_path / 'old'))} tensor(s) with identical values" in out
+            and "no weight changes" in out)
     rc, md = diff_text(capsys, tmp_path / "old", tmp_path / "new", fmt="markdown")
     assert "no weight changes" in md and "| model |" not in md
 

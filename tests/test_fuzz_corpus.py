@@ -14,7 +14,8 @@ NAMES = {"safetensors": "model.safetensors", "torch_zip": "pytorch_model.bin",
          "torch_legacy": "pytorch_model.bin", "torch_export": "model.pt2", "executorch": "model.pte",
          "torchscript": "model.pt", "flax_msgpack": "flax_model.msgpack",
          "torch_pickle": "data.pkl", "gguf": "model.gguf", "onnx": "model.onnx", "npy": "weights.npy",
-         "npz": "weights.npz", "hdf5": "model.weights.h5", "keras": "model.keras", "orbax_metadata": "_METADATA", "tf_bundle": "variables.index", "tflite": "model.tflite",
+         "npz": "weights.npz", "hdf5": "model.weights.h5", "keras": "model.keras", "orbax_metadata": "_METADATA",
+         "tf_bundle": "variables.index", "tflite": "model.tflite",
          "openvino": "openvino_model.xml", "coreml": "weight.bin",
          "coreml_spec": "model.mlmodel"}
 # training checkpoints are folders: each target's input is one of their files, read as a scan reads it

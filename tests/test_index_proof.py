@@ -175,8 +175,8 @@ def test_names_with_escapes_or_other_scripts(ensure_ascii: bool, tmp_path: Path,
     non-ASCII letter), which the proof never writes: parsed.  Unescaped UTF-8 is proven."""
     from huggingface_hub import save_torch_state_dict
 
-    state = {'quote"d.weight': torch.ones(8, 8), "back\\slash.weight": torch.ones(8, 8), "ñame.weight": torch.ones(8, 8),
-             "plain.weight": torch.ones(8, 8)}
+    state = {'quote"d.weight': torch.ones(8, 8), "back\\slash.weight": torch.ones(8, 8),
+             "ñame.weight": torch.ones(8, 8), "plain.weight": torch.ones(8, 8)}
     root = tmp_path / "names"
     root.mkdir()
     save_torch_state_dict(state, root, max_shard_size=300)
@@ -202,7 +202,8 @@ def test_a_name_in_two_shards_is_parsed(tmp_path: Path, capsys: pytest.CaptureFi
     root.mkdir()
     save_file({"a.weight": torch.ones(2), "b.weight": torch.ones(2)}, root / "model-00001-of-00002.safetensors")
     save_file({"a.weight": torch.ones(2)}, root / "model-00002-of-00002.safetensors")
-    entries = ['    "a.weight": "model-00001-of-00002.safetensors"', '    "a.weight": "model-00002-of-00002.safetensors"',
+    entries = ['    "a.weight": "model-00001-of-00002.safetensors"',
+               '    "a.weight": "model-00002-of-00002.safetensors"',
                '    "b.weight": "model-00001-of-00002.safetensors"']
     (root / INDEX).write_text('{\n  "metadata": {\n    "total_size": 24\n  },\n  "weight_map": {\n'
                               + ",\n".join(entries) + "\n  }\n}\n")

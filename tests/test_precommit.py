@@ -84,7 +84,8 @@ def test_fixer_hook_selects_the_same_files_and_only_safe_fixes():
     assert fixer["id"] == "ckpt-guard-fix" and fixer["files"] == scan["files"] and fixer["types"] == scan["types"]
     entry = fixer["entry"].split()
     assert entry[:3] == ["ckpt-guard", "fix", "--write"] and entry[entry.index("--select") + 1] == "CG103,CG008"
-    assert "--exit-non-zero-on-fix" in entry and not {"--replace", "--cast", "--allow-lossy", "--to-config"} & set(entry)
+    assert ("--exit-non-zero-on-fix" in entry
+            and not {"--replace", "--cast", "--allow-lossy", "--to-config"} & set(entry))
     assert "pre-push" not in fixer["stages"]  # a fix in the working tree cannot change the commits being pushed
 
 
@@ -239,8 +240,10 @@ def test_a_commit_of_a_dcp_checkpoint_reaches_the_hook(tmp_path, hook_repo, pre_
     ("model.fp16-00001-of-00002.safetensors", True), ("llama-q4_k_m.gguf", True), ("model.onnx", True),
     ("tf_model.h5", True), ("model_index.json", True), ("exported.pt2", True), ("model.pte", True),
     ("scripted.jit", True), ("mobile.ptl", True),
-    ("saved/variables/variables.index", True), ("ckpt-3.data-00000-of-00001", True), ("m.tflite", True), ("weights.npz", True), ("ckpt/100/_METADATA", True),
-    ("step-100/__0_0.distcp", True), ("openvino_model.xml", True), ("m.mlpackage/Data/com.apple.CoreML/weights/weight.bin", True), ("pom.xml", False),
+    ("saved/variables/variables.index", True), ("ckpt-3.data-00000-of-00001", True), ("m.tflite", True),
+    ("weights.npz", True), ("ckpt/100/_METADATA", True),
+    ("step-100/__0_0.distcp", True), ("openvino_model.xml", True),
+    ("m.mlpackage/Data/com.apple.CoreML/weights/weight.bin", True), ("pom.xml", False),
     ("README.md", False),
     ("tokenizer.json", False), ("special_tokens_map.json", False),
 ])

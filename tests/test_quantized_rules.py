@@ -62,7 +62,8 @@ def test_a_quantized_set_passes_under_expect_config_with_its_logical_size(
     (model,) = report["models"]
     findings = [f for f in report["findings"] if f["code"] != "CG104"]  # bf16 norms: a true note
     if name == "hqq":  # transformers 4.57 stores HQQ's skipped lm_head in fp32: exactly that tensor, truly
-        assert {(f["code"], f["tensor"]) for f in findings} <= {("CG101", "lm_head.weight"), ("CG102", "lm_head.weight")}
+        assert ({(f["code"], f["tensor"]) for f in findings}
+                <= {("CG101", "lm_head.weight"), ("CG102", "lm_head.weight")})
         assert findings and all(f["fix"]["available"] is False for f in findings)
     else:
         assert rc == 0 and findings == [], findings

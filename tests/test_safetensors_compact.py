@@ -158,7 +158,8 @@ def test_entries_must_be_joined_by_commas(joint: str, monkeypatch: pytest.Monkey
     ('"shape":[2,3]', '"shape":[' + ",".join(["1"] * 120) + ',2,3]'),  # past the pattern's 255 characters
     ('"shape":[2,3]', '"shape":[2,000000000000000000003]'), ('"shape":[2,3]', '"shape":[2,' + "9" * 21 + "]"),
     ('"data_offsets":[0,24]', '"data_offsets":[00,24]'), ('"data_offsets":[0,24]', '"data_offsets":[0,024]'),
-    ('"data_offsets":[0,24]', '"data_offsets":[0,' + "0" * 19 + '24]'), ('"data_offsets":[0,24]', '"data_offsets":[0,24.0]'),
+    ('"data_offsets":[0,24]', '"data_offsets":[0,' + "0" * 19 + '24]'),
+    ('"data_offsets":[0,24]', '"data_offsets":[0,24.0]'),
 ])
 def test_numbers_in_json_form_only(old: str, new: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pattern takes any digits; what is not JSON (or not the library's form) goes to the general parse."""
@@ -228,8 +229,9 @@ def test_mutated_json_dumps_headers_agree_with_the_json_parse(monkeypatch: pytes
 
 @pytest.mark.parametrize("old, new", [
     ('"shape": [2, 3]', '"shape": [02, 3]'), ('"shape": [2, 3]', '"shape": [2,  3]'),
-    ('"shape": [2, 3]', '"shape": [2 , 3]'), ('"shape": [2, 3]', '"shape": [2,3]'), ('"shape": [2, 3]', '"shape": [2, 3, ]'),
-    ('"shape": [2, 3]', '"shape": [ 2, 3]'), ('"shape": [2, 3]', '"shape": [2 3]'), ('"shape": [2, 3]', '"shape": [2, 0, 3]'),
+    ('"shape": [2, 3]', '"shape": [2 , 3]'), ('"shape": [2, 3]', '"shape": [2,3]'),
+    ('"shape": [2, 3]', '"shape": [2, 3, ]'), ('"shape": [2, 3]', '"shape": [ 2, 3]'),
+    ('"shape": [2, 3]', '"shape": [2 3]'), ('"shape": [2, 3]', '"shape": [2, 0, 3]'),
     ('"shape": [2, 3]', '"shape": [6]'), ('"data_offsets": [0, 24]', '"data_offsets": [0,24]'),
     ('"data_offsets": [0, 24]', '"data_offsets": [0, 024]'), ('"dtype": "F32"', '"dtype":  "F32"'),
 ])
@@ -275,7 +277,8 @@ def test_offsets_out_of_the_buffers_order_in_json_spelling_only(spelling: str, m
     text; only JSON's own spelling of each (ASCII digits, no leading zero) is read by it, as the parse reads it."""
     entries = {"b": {"data_offsets": [0, 8], "dtype": "F32", "shape": [2]},
                "a": {"data_offsets": [8, 20], "dtype": "F32", "shape": [3]}}  # "a" first in the text, second in bytes
-    header = json.dumps(entries, sort_keys=True, separators=(",", ":")).replace('"data_offsets":[8,', f'"data_offsets":[{spelling},')
+    header = json.dumps(entries, sort_keys=True, separators=(",", ":")).replace('"data_offsets":[8,',
+                                                                               f'"data_offsets":[{spelling},')
     raw = header.encode()
     raw += b" " * (-len(raw) % 8)
     data = struct.pack("<Q", len(raw)) + raw + bytes(20)

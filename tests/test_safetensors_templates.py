@@ -221,7 +221,8 @@ def test_templates_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
             data = _same_length(layout, copy)
             assert _read(data) == _loop(data, monkeypatch)
     assert taken[-1] and len(templates_module._TEMPLATES) <= 3
-    assert all(len(templates) <= templates_module._TEMPLATES_PER_KEY for templates in templates_module._TEMPLATES.values())
+    assert all(len(templates) <= templates_module._TEMPLATES_PER_KEY
+               for templates in templates_module._TEMPLATES.values())
     monkeypatch.setattr(templates_module, "_TEMPLATE_CHARS", 1000)  # the text they hold together: emptied past it
     for layout in range(6):  # a layout of its own each, met twice: the one before it is let go
         for copy in range(2):

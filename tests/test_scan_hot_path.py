@@ -22,9 +22,10 @@ from guard.sources import LocalFile
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_PARTS = st.sampled_from(["model", "diffusion_pytorch_model", "pytorch_model", "tf_model", "flax_model", "adapter_model",
-                          "consolidated", "x", "a-b", "model.fp16", "fp16", "ema", "00", ""])
-_EXTS = st.sampled_from(["safetensors", "bin", "msgpack", "h5", "gguf", "json", "pt", "index.json", "safetensors.index.json"])
+_PARTS = st.sampled_from(["model", "diffusion_pytorch_model", "pytorch_model", "tf_model", "flax_model",
+                          "adapter_model", "consolidated", "x", "a-b", "model.fp16", "fp16", "ema", "00", ""])
+_EXTS = st.sampled_from(["safetensors", "bin", "msgpack", "h5", "gguf", "json", "pt", "index.json",
+                         "safetensors.index.json"])
 _NUMBERS = st.sampled_from(["00001", "00002", "00000", "04000", "99999", "0001", "000001", "1"])
 
 

@@ -85,7 +85,8 @@ def _inventory(names: dict[str, bytes], jsons: dict[str, bytes] | None = None): 
 
 @pytest.mark.parametrize("name", ["model..safetensors", "model.fp16.fp16.safetensors", "model." + "v" * 10_000
                                   + ".safetensors", "model.fp\n16.safetensors", "model.-00001-of-00002.safetensors",
-                                  "model.fp16-00000-of-00002.safetensors", ".safetensors", "model.safetensors.index.json"
+                                  "model.fp16-00000-of-00002.safetensors", ".safetensors",
+                                  "model.safetensors.index.json"
                                   ".json", "model.\u202efp16.safetensors"])
 def test_names_that_pretend_to_be_variants_stay_loose_files(name: str) -> None:
     inv = _inventory({name: _safetensors()})

@@ -225,7 +225,8 @@ def test_records_torch_jit_load_refuses_are_refused(case: str) -> None:
     else:
         bad = b" " if case == "class-name-space" else b"\x00"
         assert b"__torch__.torchscript_samples\nNet\n" in pkl
-        pkl = pkl.replace(b"__torch__.torchscript_samples\nNet\n", b"__torch__.torchscript_samples\nN" + bad + b"t\n", 1)
+        pkl = pkl.replace(b"__torch__.torchscript_samples\nNet\n",
+                          b"__torch__.torchscript_samples\nN" + bad + b"t\n", 1)
     mutant = _rezip(data, {"data.pkl": pkl})
     theirs = listing(mutant)
     assert isinstance(theirs, str), theirs  # the reference refuses it

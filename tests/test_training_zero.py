@@ -101,7 +101,8 @@ def test_each_file_named_alone_is_read_with_its_tag(zero, capsys) -> None:
 def test_the_dtype_policy_judges_the_masters(zero, capsys) -> None:
     path, _ = zero("z2-bf16")
     code, report = json_scan(capsys, str(path), "--expect", "bf16")
-    assert code == 1 and codes(report, severity="error") == {"CG101"}  # fp32 masters under a bf16 policy; never the moments
+    # fp32 masters under a bf16 policy; never the moments
+    assert code == 1 and codes(report, severity="error") == {"CG101"}
 
 
 @pytest.mark.parametrize("name", list(RUNS))

@@ -20,7 +20,8 @@ from scanning import codes, json_scan  # noqa: E402
 
 # written by transformers 5: never selected in .venv-tf4 (make test runs only the transformers4 tests there)
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(int(transformers.__version__.split(".")[0]) < 5, reason="layouts written by transformers 5")]
+              pytest.mark.skipif(int(transformers.__version__.split(".")[0]) < 5,
+                                 reason="layouts written by transformers 5")]
 FUSED_GATE_UP = "model.layers.1.mlp.experts.gate_up_proj"
 
 
