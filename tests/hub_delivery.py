@@ -1,8 +1,8 @@
 """Deliveries as the Hub sends them, to a real webhook service; answers counted on the stand-in.
 
 ``AppServer`` serves the app on a real uvicorn server in this process (a
-reviewer with test-sized leases from ``make_reviewer``).  ``ServiceProcess`` runs the real command on a loopback port (``--log-format
-json``, its log kept in a file).  ``Sender`` posts each delivery until a 2xx
+reviewer with test-sized leases from ``make_reviewer``).  ``ServiceProcess`` runs the real command on a loopback
+port (``--log-format json``, its log kept in a file).  ``Sender`` posts each delivery until a 2xx
 comes back, trying the endpoints in turn, as the Hub redelivers what was not
 acknowledged.  ``kill_scenario`` is the kill test: pushes delivered while one
 replica stops itself with SIGKILL at a named point (``guard.hub.faults``), a

@@ -23,7 +23,8 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from guard.convert.read.dequant import DEQUANTIZERS, DequantError, dequantizer  # noqa: E402
 
-_VIEWS = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16), torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
+_VIEWS = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
+          torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
           torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2)}
 
 
@@ -378,7 +379,8 @@ def test_gpt_oss_files_equal_transformers_loading_them_dequantized(tmp_path: Pat
 def test_mxfp4_blocks_and_scales_that_disagree_are_a_shape_finding() -> None:
     from guard.convert.read.dequant import mxfp4
 
-    store = {"e.down_proj_blocks": np.zeros((2, 8, 2, 16), np.uint8), "e.down_proj_scales": np.zeros((2, 8, 3), np.uint8)}
+    store = {"e.down_proj_blocks": np.zeros((2, 8, 2, 16), np.uint8),
+             "e.down_proj_scales": np.zeros((2, 8, 3), np.uint8)}
     with pytest.raises(DequantError) as caught:
         mxfp4.dequantize(module("e.down_proj", store, "e.down_proj_blocks"), quant(), reader(store))
     assert caught.value.code == "CG111"
@@ -398,7 +400,8 @@ for bits, group in ((4, 64), (8, 64), (3, 32), (6, 64), (2, 128), (5, 32)):
     # sum cancels its bf16 output sits several steps from the exact value; its f32 evaluation is exact
     d = mx.dequantize(q, s.astype(mx.float32), b.astype(mx.float32), group_size=group, bits=bits)
     key = f"affine_{bits}_{group}"
-    out[key + "_q"] = np.array(q); out[key + "_s"] = np.array(s.astype(mx.float32)); out[key + "_b"] = np.array(b.astype(mx.float32))
+    out[key + "_q"] = np.array(q); out[key + "_s"] = np.array(s.astype(mx.float32))
+    out[key + "_b"] = np.array(b.astype(mx.float32))
     out[key + "_d"] = np.array(d.astype(mx.float32))
 for mode, group, bits in (("mxfp4", 32, 4), ("nvfp4", 16, 4), ("mxfp8", 32, 8)):
     try:
@@ -406,7 +409,8 @@ for mode, group, bits in (("mxfp4", 32, 4), ("nvfp4", 16, 4), ("mxfp8", 32, 8)):
         d = mx.dequantize(q, s, group_size=group, bits=bits, mode=mode)
     except Exception as exc:  # an mlx without this mode
         print("skip", mode, exc, file=sys.stderr); continue
-    out[mode + "_q"] = np.array(q); out[mode + "_s"] = np.array(s.view(mx.uint8)); out[mode + "_d"] = np.array(d.astype(mx.float32))
+    out[mode + "_q"] = np.array(q); out[mode + "_s"] = np.array(s.view(mx.uint8))
+    out[mode + "_d"] = np.array(d.astype(mx.float32))
 np.savez(sys.argv[1], **out)
 """
 
@@ -456,7 +460,8 @@ def test_mlx_affine_by_definition() -> None:
         for j in range(128):  # element j at bit j*bits, words little-endian
             for bit in range(bits):
                 position = j * bits + bit
-                stream[:, position // 32] |= ((codes[:, j] >> np.uint64(bit)) & np.uint64(1)) << np.uint64(position % 32)
+                stream[:, position // 32] |= (((codes[:, j] >> np.uint64(bit)) & np.uint64(1))
+                                              << np.uint64(position % 32))
         scales = generator.standard_normal((8, 4)).astype(np.float32)
         biases = generator.standard_normal((8, 4)).astype(np.float32)
         store = {"m.weight": stream.astype(np.uint32), "m.scales": scales, "m.biases": biases}
@@ -920,7 +925,8 @@ def test_fp8_read_back_recomputes_only_the_sampled_elements(tmp_path: Path, monk
                  for k, v in store.items()}
         read = reader(store)
         read.info = infos.__getitem__  # type: ignore[attr-defined]
-        read.elements = lambda name, flat: store[name].reshape(-1)[flat]  # type: ignore[attr-defined]
+        # called within this iteration: store is this shape's
+        read.elements = lambda name, flat: store[name].reshape(-1)[flat]  # type: ignore[attr-defined]  # noqa: B023
         mod, q = module("m", store, "m.weight"), quant(weight_block_size=list(block))
         whole = fp8.dequantize(mod, q, read)["m.weight"].reshape(-1)
         flat = list(range(whole.size))

@@ -2,8 +2,8 @@
 
 transformers 5 has no Flax models.  `parity` and `convert --parity` run the PyTorch side with the
 installed transformers, which reads the config it wrote, and the Flax side through the worker protocol
-in the environment --flax-python (or CKPT_GUARD_FLAX_PYTHON, or the managed tf4 environment) names.  The real cross-version
-run: the CLI under a transformers-5 Python, the Flax side under `legacy_python()`.  A Llama whose v5
+in the environment --flax-python (or CKPT_GUARD_FLAX_PYTHON, or the managed tf4 environment) names.  The real
+cross-version run: the CLI under a transformers-5 Python, the Flax side under `legacy_python()`.  A Llama whose v5
 config means rope_theta 500000 against the Flax model that computes 10000 is CG302 on the Flax side
 alone: the v5 PyTorch side reads it right (under 4.57 both sides read 10000).
 """
