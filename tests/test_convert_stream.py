@@ -37,7 +37,7 @@ def permute(a: np.ndarray, perm: tuple[int, ...] | None) -> np.ndarray:
     out = np.empty(permuted_shape(a.shape, perm), a.dtype)
     flat = bit_view(out).reshape(-1)
     done = 0
-    for band in permuted_bands(a, perm, lambda n: flat[done:done + n]):
+    for band in permuted_bands(a, perm, lambda n: flat[done:done + n]):  # noqa: B023 (reads done as the loop advances it)
         done += band.size
     return out
 

@@ -192,7 +192,7 @@ def _reference(ckpt: Path, tmp_path: Path, config: dict, prefix: str = "") -> di
            "lm_head.weight": stacked["output_layer.weight"],
            "model.norm.weight": stacked["decoder.final_layernorm.weight"]}
     for i in range(config["num_hidden_layers"]):
-        layer, at = f"model.layers.{i}.", lambda key: stacked[f"decoder.layers.{key}"][i]
+        layer, at = f"model.layers.{i}.", lambda key: stacked[f"decoder.layers.{key}"][i]  # noqa: B023 (called within this iteration)
         qkv = at("self_attention.linear_qkv.weight").reshape(groups, per + 2, head_dim, -1)
         hidden = qkv.shape[-1]
         ref[layer + "self_attn.q_proj.weight"] = qkv[:, :per].reshape(-1, hidden)
