@@ -99,7 +99,8 @@ class SetSummary(Record):
 _NOTES = (("onnx.input_dtypes", "graph inputs {}"), ("onnx.output_dtypes", "graph outputs {}"),
           ("general.file_type", "GGUF file type {}"), ("declared_dtype_source", "{}"),
           # a training checkpoint (guard.training.state.TrainingState.notes): who wrote it, where its dtypes live
-          ("training.what", "{}"), ("training.publishes", "{}"), ("training.dtypes", "{}"), ("training.items", "{}"))
+          ("training.what", "{}"), ("training.publishes", "{}"), ("training.dtypes", "{}"), ("training.items", "{}"),
+          ("training.files", "{}"))
 
 
 def set_notes(ws: WeightSet) -> tuple[str, ...]:

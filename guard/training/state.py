@@ -72,6 +72,9 @@ class TrainingState(Record):
                                        f"{self.parameters:,} parameters" if self.weights else
                                        "publishes no weights: no model tensor in it (optimizer or other state "
                                        "only, as Accelerate's optimizer_0/)"}
+        if self.files:  # its data files (a DCP's __0_0.distcp, ZeRO's rank files): named where they are few
+            named = ": " + ", ".join(self.files) if len(self.files) <= 3 else ""
+            found["training.files"] = f"{len(self.files)} data file(s){named}"[:119]
         if self.items:  # named where they are few: a whole optimizer's param groups would drown the line
             named = ": " + ", ".join(self.items) if len(self.items) <= 3 else ""
             found["training.items"] = f"{len(self.items)} non-tensor item(s), not unpickled{named}"[:119]
