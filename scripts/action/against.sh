@@ -10,17 +10,7 @@ case "$CG_PARITY_AGAINST" in
   tunix|keras-hub|easydel|maxtext) ;;
   *) echo "::error title=ckpt-guard::parity-against must be tunix, keras-hub, easydel, maxtext or empty"; exit 2 ;;
 esac
-code=0
-said=$("$CG_BIN" env install "$CG_PARITY_AGAINST" 2>&1) || code=$?
-echo "$said"
-if [ "$code" -ne 0 ]; then
-  line=""
-  while IFS= read -r one; do
-    case "$one" in "ckpt-guard: error: "*) line=${one#ckpt-guard: error: } ;; esac
-  done <<< "$said"
-  echo "::error title=ckpt-guard::parity-against $CG_PARITY_AGAINST: $line"
-  exit 2
-fi
+bash "$(dirname "$0")/env-install.sh" "$CG_PARITY_AGAINST" "parity-against $CG_PARITY_AGAINST" || exit 2
 declare -A seen=()
 status=0
 while IFS= read -r -d '' path; do

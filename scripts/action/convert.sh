@@ -9,17 +9,7 @@ args=(--to "$CG_CONVERT")
 if [ "$CG_PARITY" = true ]; then
   # parity's Flax side: transformers 4 (5 removed the Flax models), in the environment `ckpt-guard env install tf4`
   # builds under CKPT_GUARD_HOME (kept by actions/cache); one that cannot be built is exit 2, never a pass
-  code=0
-  said=$("$CG_BIN" env install tf4 2>&1) || code=$?
-  echo "$said"
-  if [ "$code" -ne 0 ]; then
-    line=""
-    while IFS= read -r one; do
-      case "$one" in "ckpt-guard: error: "*) line=${one#ckpt-guard: error: } ;; esac
-    done <<< "$said"
-    echo "::error title=ckpt-guard::parity: $line"
-    exit 2
-  fi
+  bash "$(dirname "$0")/env-install.sh" tf4 parity || exit 2
   args+=(--parity)
 fi
 status=0
