@@ -9,7 +9,7 @@ MLX_VENV := .venv-mlx
 # auto-gptq's torch dequantization (its QuantLinear), the reference for GPTQ: unpacked, not installed
 AUTO_GPTQ := .auto-gptq
 
-.PHONY: demo lint test test-pythons bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
+.PHONY: demo lint test test-lanes test-main-rest test-main-envs test-tf4 test-lane-2 wheel test-pythons bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
 
 # The development pins, with the environments' constraints: package data (guard/envs/), shipped in the wheel.
 CONSTRAINTS := guard/envs/constraints.txt
@@ -98,7 +98,7 @@ $(DEEPSPEED_STAMP): $(STAMP)
 # 0.16.1: the newest release for the venv's Python 3.11 (0.17+ need 3.12).  --no-deps: what it imports on a
 # CPU (torch, numpy, packaging) is already pinned here, and its extras (Transformer Engine, Apex) are CUDA-only.
 MEGATRON_STAMP := $(VENV)/.megatron-core-0.16.1
-$(MEGATRON_STAMP): $(STAMP)
+$(MEGATRON_STAMP): $(STAMP) | $(DEEPSPEED_STAMP)
 	$(PY) -m pip install -q --no-deps megatron-core==0.16.1
 	touch $@
 
@@ -107,11 +107,46 @@ dev-tools:
 	bash scripts/dev-tools.sh
 
 # The whole suite in the pinned environment (transformers 5), the tests that need transformers 4's Flax
-# classes in the managed tf4 environment, then the fast part on the latest releases (test-latest).
-test: dev-tools $(STAMP) lint node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed $(DEEPSPEED_STAMP) $(MEGATRON_STAMP) \
-		tunix-venv keras-hub-lib easydel-venv $(MAXTEXT_LIB)/.installed maxtext-venv tf4-venv
-	$(PY) -m pytest -q -m "not transformers4"
-	$(TF4_PY) -m pytest -q -m transformers4
+# classes in the managed tf4 environment, then the fast part on the latest releases (test-latest) and on every
+# Python the package claims (test-pythons).  In two lanes on CI's two cores (make -j2): most of the suite is one
+# process on one core, and the environments' builds are mostly downloads.
+#   lane 1: lint, the main session but for ENV_TESTS, then ENV_TESTS (once their environments are built);
+#   lane 2: tunix, EasyDeL and MaxText built, then the transformers-4 session, test-latest and test-pythons.
+# Each target's output is printed whole when it ends (--output-sync): two sessions' lines never interleave.
+test:
+	$(MAKE) -j2 --output-sync=target --no-print-directory test-lanes
+
+# The tests that need the managed tunix, EasyDeL or MaxText environments.  The rest of the main session runs
+# while those are built, told so (CKPT_GUARD_TEST_PENDING_ENVS): a test there that asks for one of them fails,
+# naming this list, rather than building a second copy beside the lane that builds it (tests/against_envs.py).
+ENV_TESTS := tests/test_action.py tests/test_as_installed.py tests/test_convert_maxtext.py \
+	tests/test_parity_against.py tests/test_parity_against_maxtext.py
+MANAGED_VENVS := tunix-venv easydel-venv maxtext-venv
+# what every session needs, built before either lane's tests start (the wheel too: the later venvs install it,
+# so no pip builds in the checkout's build/ while a test does)
+TEST_PREREQS := dev-tools $(STAMP) node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed \
+	$(DEEPSPEED_STAMP) $(MEGATRON_STAMP) keras-hub-lib $(MAXTEXT_LIB)/.installed tf4-venv wheel
+
+test-lanes: test-main-envs test-lane-2
+
+test-main-rest: lint $(TEST_PREREQS)
+	@echo "== main session (but ENV_TESTS) started $$(date -u +%T)"
+	CKPT_GUARD_TEST_PENDING_ENVS=tunix,easydel,maxtext $(PY) -m pytest -q -m "not transformers4" \
+		$(ENV_TESTS:%=--ignore=%)
+	@echo "== main session (but ENV_TESTS) ended $$(date -u +%T)"
+
+test-main-envs: test-main-rest $(MANAGED_VENVS)
+	@echo "== ENV_TESTS started $$(date -u +%T)"
+	$(PY) -m pytest -q -m "not transformers4" $(ENV_TESTS)
+	@echo "== ENV_TESTS ended $$(date -u +%T)"
+
+# lane 2: the environments first (order-only: test-tf4 does not need them, ENV_TESTS do)
+test-tf4: $(TEST_PREREQS) | $(MANAGED_VENVS)
+	@echo "== transformers-4 session started $$(date -u +%T)"
+	$(TF4_PY) -m pytest -q -p no:cacheprovider -m transformers4
+	@echo "== transformers-4 session ended $$(date -u +%T)"
+
+test-lane-2: test-tf4
 	$(MAKE) --no-print-directory test-latest
 	$(MAKE) --no-print-directory test-pythons
 
@@ -120,6 +155,18 @@ test: dev-tools $(STAMP) lint node_modules/.installed $(MLX_VENV)/.installed $(A
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m mypy
+
+# The tree's wheel, built once before the test lanes (the later venvs install it): a pip build in the checkout
+# writes its build/ folder, which two builds at once would share.  Rebuilt when the package changes (folders
+# too: a file added or removed), a few seconds.
+WHEEL_DIR := build/wheel
+WHEEL_STAMP := $(WHEEL_DIR)/.built
+$(WHEEL_STAMP): $(STAMP) pyproject.toml $(shell find guard -name __pycache__ -prune -o -print)
+	rm -rf $(WHEEL_DIR)
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) .
+	touch $@
+
+wheel: $(WHEEL_STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/scan.py
@@ -142,17 +189,17 @@ LATEST_TESTS := tests/test_scan_cli.py tests/test_scan_hot_path.py tests/test_sa
 # what those tests import beyond ".[all]" (the dev extra's heavy writers are not needed by them)
 LATEST_TEST_TOOLS := pytest pytest-timeout hypothesis pre-commit
 
-$(LATEST_VENV)/.installed: pyproject.toml
+$(LATEST_VENV)/.installed: pyproject.toml | wheel
 	rm -rf $(LATEST_VENV)
 	$(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_PY) -m pip install -q --upgrade pip
-	$(LATEST_PY) -m pip install -q '.[all]' '$(LATEST_TORCH)'
+	$(LATEST_PY) -m pip install -q "$$(ls $(WHEEL_DIR)/ckpt_guard-*.whl)[all]" '$(LATEST_TORCH)'
 	$(LATEST_PY) -m pip freeze --exclude ckpt-guard > $(LATEST_VENV)/resolved.txt
 	$(LATEST_PY) -m pip install -q $(LATEST_TEST_TOOLS)
 	touch $@
 
-latest-venv: $(LATEST_VENV)/.installed
-	$(LATEST_PY) -m pip install -q --no-deps --force-reinstall .
+latest-venv: $(LATEST_VENV)/.installed wheel
+	$(LATEST_PY) -m pip install -q --no-deps --force-reinstall $(WHEEL_DIR)/ckpt_guard-*.whl
 
 # (no dev extra there, so no required-modules check; a skip still fails: CKPT_GUARD_STRICT_SKIPS)
 test-latest: latest-venv
@@ -173,13 +220,13 @@ PYTHONS_NEED_TORCH := save_pretrained_reads_its_repeated_shards or rounds_as_tor
 	never_imports_ml_dtypes or what_flax_reads or narrows_as_torch_does
 PYTHONS_TOOLS := pytest pytest-timeout hypothesis safetensors
 
-.venv-py%/.installed: pyproject.toml
+.venv-py%/.installed: pyproject.toml | wheel
 	@py=$$(for p in python$* $$(pyenv root 2>/dev/null)/versions/$*.*/bin/python$*; do \
 		$$p -c 'import sys; print(sys.executable)' 2>/dev/null && break; done); \
 	test -n "$$py" || { echo "make test needs Python $* (on PATH or in pyenv) for requires-python's range" >&2; \
 		exit 1; }; \
 	rm -rf .venv-py$* && echo "$$py -m venv .venv-py$*" && $$py -m venv .venv-py$*
-	.venv-py$*/bin/python -m pip install -q '.[values,hub]' $(PYTHONS_TOOLS)
+	.venv-py$*/bin/python -m pip install -q "$$(ls $(WHEEL_DIR)/ckpt_guard-*.whl)[values,hub]" $(PYTHONS_TOOLS)
 	touch $@
 
 # `python -m pytest` puts the checkout first on the path: the tree's code is what runs
