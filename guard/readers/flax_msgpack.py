@@ -149,7 +149,7 @@ def read_flax_msgpack(source: ByteSource) -> FileScan:
                     bytes_read=cur.bytes_read)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True)  # mutable: the walk advances index, collects keys and clears peeked
 class _Frame:
     path: tuple[str, ...]
     count: int

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
 
 from guard.errors import MalformedCheckpoint
+from guard.records import Record
 from guard.sources import ByteSource
 
 _EOCD = struct.Struct("<4sHHHHIIH")  # End Of Central Directory, 22 bytes + comment
@@ -30,8 +30,7 @@ _MAX_TAIL = 65535 + _EOCD.size
 MAX_DIRECTORY = 64 * 1024 * 1024  # ~70 bytes per entry: about a million storages
 
 
-@dataclass(frozen=True, slots=True)
-class ZipEntry:
+class ZipEntry(Record):
     name: str
     method: int
     flags: int
@@ -43,12 +42,11 @@ class ZipEntry:
     version_needed: int = 20  # "version needed to extract", times ten (2.0)
 
 
-@dataclass(frozen=True, slots=True)
-class ZipArchive:
+class ZipArchive(Record):
     entries: dict[str, ZipEntry]
     directory_offset: int  # where the file data ends
-    count: int = 0  # entries the end record declares
-    count_on_disk: int = 0  # ... "on this disk" (the same number in a one-disk archive)
+    declared: int = 0  # entries the end record declares
+    declared_on_disk: int = 0  # ... "on this disk" (the same number in a one-disk archive)
     gap: int = 0  # bytes between the directory's end and the end record that follows it
 
 

@@ -58,6 +58,7 @@ from guard.readers.onnx.tensors import (
     read_text,
     tensor_info,
 )
+from guard.records import Record
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 
@@ -67,7 +68,7 @@ MAX_LISTED = 16  # graph inputs/outputs named in the metadata
 MAX_TEXT = 200  # bytes of a producer name or an opset domain kept
 
 
-@dataclass
+@dataclass  # mutable: the walk appends tensors, names, inputs and outputs as it reads the graphs
 class _Model:
     tensors: list[TensorInfo] = field(default_factory=list)
     names: set[str] = field(default_factory=set)
@@ -79,8 +80,7 @@ class _Model:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class _Body:
+class _Body(Record):
     """A graph (or a function's nodes) waiting in the work list."""
 
     spans: Spans
@@ -90,7 +90,7 @@ class _Body:
     function: bool = False
 
 
-@dataclass
+@dataclass  # mutable: the attribute walk sets name and reference, appends spans, fills value
 class _Attribute:
     name: str = ""
     graph: Spans = field(default_factory=list)  # g: an optional message sent twice is merged

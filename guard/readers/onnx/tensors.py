@@ -34,7 +34,7 @@ Spans = list[tuple[int, int]]
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
-@dataclass
+@dataclass  # mutable: read_tensor fills it field by field as the message's fields arrive
 class RawTensor:
     name: str = ""
     dims: list[int] = field(default_factory=list)
@@ -50,7 +50,7 @@ class RawTensor:
         return _external(self)[0] if self.data_location == 1 else None
 
 
-@dataclass
+@dataclass  # mutable: the attribute walk sets kind, tensor and dims, adds to present and counts
 class ConstantValue:
     """A Constant node's value attribute as found: which one (its name) and what it holds."""
 

@@ -108,7 +108,10 @@ TORCHAO_VALUES: frozenset[str] = frozenset({
 })
 
 
-@dataclass(frozen=True, slots=True)
+# The descriptions below stay dataclasses, not records: a record is a tuple, and on this stack a tuple is
+# a tuple the pickle built.  _call would take a TensorRef as REDUCE's argument tuple, _elements would iterate
+# a Global, torch.Size would turn one into a shape, is_hashable would walk an Unsafe's parts.
+@dataclass(frozen=True, slots=True)  # not a tuple: a description on the pickle's stack
 class Global:
     module: str
     name: str
@@ -118,7 +121,7 @@ class Global:
         return f"{self.module}.{self.name}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # not a tuple: a description on the pickle's stack
 class Unsafe:
     """A non-allowlisted global, or what a call of it would have produced.
 
@@ -132,21 +135,21 @@ class Unsafe:
     parts: list[object] = field(default_factory=list, compare=False, hash=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # not a tuple: a description on the pickle's stack
 class Call:
     """A call to an allowlisted global we need not model (torch.device('cpu'), ...)."""
 
     func: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # not a tuple: a description on the pickle's stack
 class Subclass:
     """An allowlisted torchao tensor class, named and never imported."""
 
     dotted: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # not a tuple: a description on the pickle's stack
 class SubclassTensor:
     """A torchao subclass instance: its logical shape and dtype, plain component tensors, plain attributes."""
 
@@ -157,7 +160,7 @@ class SubclassTensor:
     attributes: tuple[tuple[str, object], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # not a tuple: a description on the pickle's stack
 class StorageRef:
     key: str
     dtype: str  # torch dtype name of the storage; "uint8" for untyped storages
@@ -165,7 +168,7 @@ class StorageRef:
     view_offset: int = 0  # bytes into the root storage (legacy storage views)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # not a tuple: a description on the pickle's stack
 class TensorRef:
     storage: StorageRef | None  # None for meta tensors
     offset: int  # in elements

@@ -29,9 +29,9 @@ _MASKED_HEADERS = 0x2000
 
 def check_directory(archive: ZipArchive, prefix: str, size: int) -> None:
     """The checks miniz and torch make on the directory and every entry when the archive is opened."""
-    if archive.count != archive.count_on_disk or archive.count > 0xFFFFFFFF:
-        raise MalformedCheckpoint(f"zip end record declares {archive.count:,} entries, "
-                                  f"{archive.count_on_disk:,} on this disk")
+    if archive.declared != archive.declared_on_disk or archive.declared > 0xFFFFFFFF:
+        raise MalformedCheckpoint(f"zip end record declares {archive.declared:,} entries, "
+                                  f"{archive.declared_on_disk:,} on this disk")
     folder = prefix + "/"
     for entry in archive.entries.values():
         try:  # torch.load lists every record's name as text (a C string: cut at its first NUL)
