@@ -8,13 +8,13 @@ source narrows to 16 bits through fp32, as torch's does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.findings import Finding
+from guard.records import Record
 from guard.write.bitviews import numpy_dtype
 
 if TYPE_CHECKING:
@@ -23,8 +23,7 @@ if TYPE_CHECKING:
 DTYPE_CHOICES = {"keep": None, "fp32": "F32", "bf16": "BF16", "fp16": "F16"}
 
 
-@dataclass(frozen=True)
-class CastPolicy:
+class CastPolicy(Record):
     target: str | None  # a safetensors code; None keeps every dtype
     keep_fp32: tuple[str, ...] = ()
 

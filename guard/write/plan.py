@@ -6,9 +6,9 @@ Convert builds these from its name mapping; fix builds them from a scanned weigh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from guard.records import Record
 from guard.tensors import TensorInfo
 
 if TYPE_CHECKING:
@@ -26,8 +26,7 @@ class Loader(Protocol):
     def load(self, info: TensorInfo) -> np.ndarray: ...
 
 
-@dataclass(frozen=True)
-class SourceTensor:
+class SourceTensor(Record):
     info: TensorInfo
     loader: Loader
 
@@ -39,8 +38,7 @@ class SourceTensor:
         return self.loader.load(self.info)
 
 
-@dataclass(frozen=True)
-class Mapped:
+class Mapped(Record):
     source: SourceTensor
     target: Key
     perm: Perm | None  # axes of the source array, in target order

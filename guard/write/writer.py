@@ -21,6 +21,7 @@ from typing import Any
 from guard import dtypes
 from guard.errors import UsageError
 from guard.findings import Finding
+from guard.records import Record
 from guard.write import orbax_layout
 from guard.write.bitviews import dtype_code, numpy_name, storage_dtype
 from guard.write.cast import CastCheck
@@ -34,8 +35,7 @@ NAMES = {"safetensors": ("model", ".safetensors"), "msgpack": ("flax_model", ".m
 LAYOUTS = {"torch": ("safetensors",), "flax": ("msgpack", "orbax")}
 
 
-@dataclass(frozen=True)
-class Naming:
+class Naming(Record):
     """File names as transformers' and diffusers' save_pretrained give them: ``model.fp16.safetensors``,
     ``model.fp16-00001-of-00002.safetensors``, ``model.safetensors.index.fp16.json``."""
 
@@ -59,8 +59,7 @@ class Naming:
         return f"{self.stem}{self.ext}.index{'.' + self.variant if self.variant else ''}.json"
 
 
-@dataclass(frozen=True)
-class OutputTensor:
+class OutputTensor(Record):
     mapped: Mapped
     name: str  # joined with "." (torch) or "/" (flax)
     dtype: str
@@ -74,7 +73,7 @@ class OutputTensor:
         return dtypes.nbytes(self.dtype, prod(self.shape)) or 0
 
 
-@dataclass
+@dataclass  # mutable: the writer records each tensor's places, CRC and cast findings as it streams
 class Written:
     """Where each tensor's body went: (file name in the output directory, offset, length) per segment."""
 
