@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -138,14 +140,61 @@ def test_no_other_module_writes_a_target_version() -> None:
 
 
 def test_the_table_imports_nothing_above_envs() -> None:
-    """Plain data: writers, sides and causes are dotted strings, imported when used."""
+    """Plain data: writers, sides and causes are dotted strings, imported when used (guard.records is the
+    package's one record type, below everything)."""
+    allowed = ("guard.targets", "guard.envs", "guard.records")
     for path in sorted((GUARD / "targets").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("guard"):
-                assert node.module.startswith(("guard.targets", "guard.envs")), (path.name, node.module)
+                assert node.module.startswith(allowed), (path.name, node.module)
             if isinstance(node, ast.Import):
-                assert not any(a.name.startswith("guard") and not a.name.startswith(("guard.targets", "guard.envs"))
+                assert not any(a.name.startswith("guard") and not a.name.startswith(allowed)
                                for a in node.names), path.name
+
+
+def _write_probe(options: Any) -> int:
+    """A test-only target's writer: what convert hands a writer, written down."""
+    options.out.mkdir()
+    (options.out / "written-by.json").write_text(json.dumps({"writer": "probe", "to": options.to,
+                                                            "src": str(options.src), "dtype": options.dtype}))
+    return 0
+
+
+def _write_probe_back(options: Any) -> int:
+    options.out.mkdir()
+    (options.out / "written-by.json").write_text(json.dumps({"writer": "probe's way back", "to": options.to}))
+    return 0
+
+
+def _is_probe_layout(src: Path) -> bool:
+    return (src / "probe-layout").is_file()
+
+
+def test_a_new_target_is_a_row_and_nothing_else(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A row added to the table (here by monkeypatch, with the CLI unchanged) is a --to choice whose writer
+    convert calls; a SRC in the row's own layout goes --to torch through the row's way back."""
+    from guard.cli import main
+    from guard.targets.__main__ import main as targets_main
+    from guard.targets.table import Target
+
+    here = __name__  # the test module, importable by name (resolve imports the dotted strings)
+    monkeypatch.setitem(TARGETS, "probe", Target(
+        name="probe", help="a test-only target", cites="tests/test_targets.py", writer=f"{here}:_write_probe",
+        own_layout=f"{here}:_is_probe_layout", back_to="torch", back_writer=f"{here}:_write_probe_back"))
+    assert "probe" in to_choices() and targets_main(["to"]) == 0 and "probe" in capsys.readouterr().out.split()
+    src = tmp_path / "src"
+    src.mkdir()
+    assert main(["convert", str(src), "--to", "probe", "--out", str(tmp_path / "a"), "--dtype", "bf16"]) == 0
+    assert json.loads((tmp_path / "a" / "written-by.json").read_text()) == {
+        "writer": "probe", "to": "probe", "src": str(src), "dtype": "bf16"}
+    (src / "probe-layout").write_text("")
+    assert main(["convert", str(src), "--to", "torch", "--out", str(tmp_path / "b")]) == 0
+    assert json.loads((tmp_path / "b" / "written-by.json").read_text()) == {"writer": "probe's way back",
+                                                                           "to": "torch"}
+    monkeypatch.delitem(TARGETS, "probe")
+    assert main(["convert", str(src), "--to", "probe", "--out", str(tmp_path / "c")]) == 2  # gone: not a choice
+    assert "'probe' is not one of" in capsys.readouterr().err and not (tmp_path / "c").exists()
 
 
 def test_mapping_steps_are_the_libraries_own_transposes_and_reshapes() -> None:
@@ -174,3 +223,23 @@ def test_the_choices_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
     assert targets_main(["to"]) == 0 and capsys.readouterr().out.split() == list(to_choices())
     assert targets_main([]) == 0 and markdown_table() in capsys.readouterr().out
     assert targets_main(["stacks"]) == 2
+    # what the Action installs beside ckpt-guard for each stack: the rows' extras and their environments' neighbours
+    assert targets_main(["needs", "maxtext"]) == 0 and capsys.readouterr().out.split("\n")[:2] == ["extra parity",
+                                                                                                  "extra orbax"]
+    assert targets_main(["needs", "keras-hub"]) == 0
+    assert capsys.readouterr().out.split() == ["extra", "parity", "pip", "keras>=3.15", "pip", "sentencepiece"]
+    assert targets_main(["needs", "torch"]) == 2  # not a stack --against takes
+
+
+def test_the_action_describes_the_tables_stacks() -> None:
+    """action.yml is static: its parity-against description names each stack the scripts accept (they ask the
+    table, scripts/action/install.sh and against.sh), and no other."""
+    import yaml
+
+    described = yaml.safe_load((ROOT / "action.yml").read_text())["inputs"]["parity-against"]["description"]
+    named = set(re.findall(r"[a-z][a-z0-9-]*", described)) & set(TARGETS)
+    assert named == set(against_choices())
+    for script in ("install.sh", "against.sh"):
+        text = (ROOT / "scripts" / "action" / script).read_text()
+        assert "guard.targets" in text and not any(f"|{name})" in text or f"{name}|" in text
+                                                   for name in against_choices()), script

@@ -1,17 +1,24 @@
-"""`ckpt-guard convert SRC --to flax|torch --out DIR`: bit-exact by default, every cast explicit."""
+"""`ckpt-guard convert SRC --to TARGET --out DIR`: bit-exact by default, every cast explicit.
+
+``--to`` is dispatched through the table of targets alone (``guard.targets.table``): the command gathers its
+flags into one ``ConvertOptions`` and calls the target row's ``writer``, or, for a SRC in a target's own
+layout, that row's ``back_writer``.  No target is named here: a new one is a row (tests/test_targets.py).
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
 from guard.errors import GuardError, MissingExtraError, UsageError
+from guard.records import Record
 from guard.reporters import REPORTERS
-from guard.targets import TARGETS, to_choices, to_help
-from guard.targets.table import HF_WRITER
+from guard.targets import TARGETS, resolve, to_choices, to_help
 
 CONVERT_MODULES = ("numpy", "ml_dtypes", "msgpack", "torch", "jax", "flax")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*$", re.IGNORECASE)
@@ -36,9 +43,56 @@ def require_extras(modules: tuple[str, ...], extra: str) -> None:
             raise MissingExtraError(module, extra)
 
 
+class ConvertOptions(Record):
+    """Every flag of `convert`, as a writer receives them (a row's ``writer``: ``(ConvertOptions) -> int``)."""
+    src: Path
+    to: str
+    out: Path
+    dtype: str = "keep"
+    keep_fp32: tuple[str, ...] = ()
+    layout: str | None = None
+    variant: str | None = None
+    max_shard_size: str = "5GB"
+    allow_lossy: bool = False
+    verify: str = "sampled"
+    dequantize: bool = False
+    run_parity: bool = False
+    flax_python: Path | None = None
+    scan_layers: bool = False
+    config: Path | None = None
+    strict: bool = False
+    fmt: str = "text"
+    output: Path | None = None
+
+
+class TableChoice(click.Choice):
+    """A click.Choice read from the table when click checks a value: a row added is a choice, with no edit here."""
+
+    def __init__(self, rows: Callable[[], tuple[str, ...]]) -> None:
+        self._rows = rows
+        super().__init__(rows())
+
+    @property  # type: ignore[override]  # click stores a tuple; this reads the table each time
+    def choices(self) -> Sequence[str]:
+        return self._rows()
+
+    @choices.setter
+    def choices(self, value: Sequence[Any]) -> None:  # click's __init__ assigns the tuple it was given
+        pass
+
+
+def writer_of(options: ConvertOptions) -> Callable[[ConvertOptions], int]:
+    """The row's writer for ``--to``; for a SRC in a target's own layout (a MaxText checkpoint), the way back
+    that row declares for this ``--to``."""
+    for row in TARGETS.values():
+        if row.back_writer and row.back_to == options.to and resolve(row.own_layout)(options.src):
+            return resolve(row.back_writer)  # a writer, by the table's contract
+    return resolve(TARGETS[options.to].writer)
+
+
 @click.command(short_help="Convert between PyTorch and Flax, bit-exactly.")
 @click.argument("src", type=click.Path(path_type=Path))
-@click.option("--to", "to", type=click.Choice(to_choices()), required=True, help=to_help())
+@click.option("--to", "to", type=TableChoice(to_choices), required=True, help=to_help())
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True,
               help="New output directory (must not exist, or be empty; never SRC).")
 @click.option("--dtype", "dtype", type=click.Choice(["keep", "fp32", "bf16", "fp16"]), default="keep",
@@ -83,41 +137,37 @@ def convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...
     require_extras(CONVERT_MODULES, "convert")
     from guard.quiet import quiet_libraries
 
+    options = ConvertOptions(src, to, out, dtype=dtype, keep_fp32=tuple(keep_fp32), layout=layout, variant=variant,
+                             max_shard_size=max_shard_size, allow_lossy=allow_lossy, verify=verify,
+                             dequantize=dequantize, run_parity=run_parity, flax_python=flax_python,
+                             scan_layers=scan_layers, config=config, strict=strict, fmt=fmt, output=output)
     with quiet_libraries(verbose=verbose):
-        from guard.cli.convert_maxtext import convert_maxtext, is_maxtext_source
-
-        # a target with a writer of its own, or a MaxText checkpoint's way back: guard.convert.maxtext's own path
-        if TARGETS[to].writer != HF_WRITER or (to == "torch" and is_maxtext_source(src)):
-            return convert_maxtext(src, to, out, dtype=dtype, keep_fp32=keep_fp32, scan_layers=scan_layers,
-                                   allow_lossy=allow_lossy, run_parity=run_parity,
-                                   max_shard_size=parse_size(max_shard_size), fmt=fmt, output=output,
-                                   summaries=_summaries, next_step=next_step)
-        return _convert(src, to, out, dtype, keep_fp32, max_shard_size, allow_lossy, run_parity, strict, fmt, output,
-                        layout=layout, verify=verify, variant=variant, dequantize=dequantize, config=config,
-                        flax_python=flax_python)
+        return writer_of(options)(options)
 
 
-def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ...], max_shard_size: str,
-             allow_lossy: bool, run_parity: bool, strict: bool, fmt: str, output: Path | None, *,
-             layout: str | None, verify: str, variant: str | None = None, dequantize: bool = False,
-             config: Path | None = None, flax_python: Path | None = None) -> int:
+def write_hf_layout(options: ConvertOptions) -> int:
+    """The flax and torch rows' writer: transformers' layouts (flax_model.msgpack or Orbax, safetensors)."""
     from guard.cli.options import emit
     from guard.convert.read.io_orbax import is_orbax_checkpoint
     from guard.convert.run import output_layout
 
+    src, to, out, run_parity, layout = options.src, options.to, options.out, options.run_parity, options.layout
     output_layout(to, layout)  # a layout the target has not is the first thing to say
     if run_parity and (layout == "orbax" or is_orbax_checkpoint(src)):
         raise UsageError("--parity loads flax_model.msgpack with transformers; it cannot read an Orbax checkpoint "
                          "(convert with --layout msgpack for parity)")
+    flax_python = options.flax_python
     if run_parity:  # where the Flax side runs (this process or a transformers-4 environment), before writing
-        flax_python = parity_requirements(src, to, variant=variant, dequantize=dequantize, flax_python=flax_python)
+        flax_python = parity_requirements(src, to, variant=options.variant, dequantize=options.dequantize,
+                                          flax_python=flax_python)
     from guard.convert.run import ConvertRequest, convert_model
     from guard.report import Report
     from guard.write.cast import DTYPE_CHOICES, CastPolicy
 
-    request = ConvertRequest(src, out, to, CastPolicy(DTYPE_CHOICES[dtype], tuple(keep_fp32)),
-                             parse_size(max_shard_size), allow_lossy, strict, layout=layout, verify=verify,
-                             variant=variant, dequantize=dequantize, config=config)
+    request = ConvertRequest(src, out, to, CastPolicy(DTYPE_CHOICES[options.dtype], options.keep_fp32),
+                             parse_size(options.max_shard_size), options.allow_lossy, options.strict, layout=layout,
+                             verify=options.verify, variant=options.variant, dequantize=options.dequantize,
+                             config=options.config)
     findings, figures = convert_model(request)
     if not figures.get("written"):
         figures["next_step"] = figures.get("next_step") or next_step(findings)
@@ -132,6 +182,7 @@ def _convert(src: Path, to: str, out: Path, dtype: str, keep_fp32: tuple[str, ..
 
                 shutil.rmtree(out, ignore_errors=True)
                 raise
+    fmt, output = options.fmt, options.output
     if fmt == "text" and output is None and figures.get("written"):  # a refusal ends the report instead
         click.echo(conversion_line(figures))
         for line in decision_lines(figures):

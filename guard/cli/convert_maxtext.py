@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from guard.errors import UsageError
+
+if TYPE_CHECKING:
+    from guard.cli.convert import ConvertOptions
 
 
 def is_maxtext_source(src: Path) -> bool:
@@ -16,6 +19,16 @@ def is_maxtext_source(src: Path) -> bool:
 
     items = find_items(src) if src.is_dir() else None
     return items is not None and is_maxtext_tree(items)  # another OCDBT Orbax tree is convert's own source
+
+
+def write(options: ConvertOptions) -> int:
+    """The maxtext row's writer (guard.targets.table), and its way back: --to torch from a MaxText checkpoint."""
+    from guard.cli.convert import _summaries, next_step, parse_size
+
+    return convert_maxtext(options.src, options.to, options.out, dtype=options.dtype, keep_fp32=options.keep_fp32,
+                           scan_layers=options.scan_layers, allow_lossy=options.allow_lossy,
+                           run_parity=options.run_parity, max_shard_size=parse_size(options.max_shard_size),
+                           fmt=options.fmt, output=options.output, summaries=_summaries, next_step=next_step)
 
 
 def convert_maxtext(src: Path, to: str, out: Path, *, dtype: str, keep_fp32: tuple[str, ...], scan_layers: bool,

@@ -20,13 +20,15 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from guard.envs.home import managed_dir, read_stamp, venv_python
 from guard.envs.registry import ENVIRONMENTS, Environment
 from guard.errors import UsageError
+from guard.records import Record
 
 NAMED_ENV = {"tf4": "CKPT_GUARD_FLAX_PYTHON"}  # the variable naming a target's Python; the rest share one
 AGAINST_PYTHON_ENV = "CKPT_GUARD_AGAINST_PYTHON"
@@ -43,8 +45,7 @@ _PROBE = ("import importlib.metadata as m, importlib.util as u, json, sys\n"
           "                  'versions': {d: v(d, mod) for d, mod in args}}))\n")
 
 
-@dataclass(frozen=True)
-class Found:
+class Found(Record):
     name: str
     where: str  # "named" | "this process" | "managed"
     python: Path  # the interpreter the worker runs with
@@ -52,7 +53,7 @@ class Found:
     path: tuple[Path, ...] = ()  # folders the worker's path adds after the package (a "lib" environment)
     label: str = ""  # how the user named it ("--against-python X"), or the managed folder
     warning: str = ""  # the library's version is outside the checked set
-    versions: dict[str, str | None] = field(default_factory=dict)  # every distribution asked about
+    versions: Mapping[str, str | None] = MappingProxyType({})  # every distribution asked about
 
     @property
     def in_process(self) -> bool:

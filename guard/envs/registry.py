@@ -7,11 +7,13 @@ the same file ``make test`` builds from; every pin in it is what the target's te
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from guard.records import Record
 
 
-@dataclass(frozen=True)
-class Environment:
+class Environment(Record):
     name: str
     constraints: str  # package data: guard/envs/<constraints>
     python: str  # "3.12": that minor version; "": any Python ckpt-guard runs on (>= 3.10)
@@ -27,7 +29,9 @@ class Environment:
     # a version of ``distribution`` the target cannot run on at all, whatever the warning ("5": transformers 5
     # removed the Flax models); such a process or named Python is not used
     refuses_major: tuple[int, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)  # the worker's environment variables
+    env: Mapping[str, str] = MappingProxyType({})  # the worker's environment variables
+    # a "lib" folder's neighbours: what the Python running ckpt-guard must hold for the library to import
+    beside: tuple[str, ...] = ()
 
 
 ENVIRONMENTS: dict[str, Environment] = {
@@ -46,7 +50,7 @@ ENVIRONMENTS: dict[str, Environment] = {
         module="keras_hub", distribution="keras-hub", checked=("0.32.0",), kind="lib",
         why="keras-hub's tensorflow-text would install a second TensorFlow: keras-hub alone, --no-deps, beside "
             "a Python that has jax and the rest of what keras-hub imports (keras, sentencepiece)",
-        env={"KERAS_BACKEND": "jax"}),
+        env={"KERAS_BACKEND": "jax"}, beside=("keras>=3.15", "sentencepiece")),
     "easydel": Environment(
         name="easydel", constraints="easydel.txt", python="", requirements=("easydel", "Pillow", "torch"),
         module="easydel", distribution="easydel", checked=("0.3.0",), kind="venv",

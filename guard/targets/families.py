@@ -25,23 +25,25 @@ Fields (regexes are searched against the PyTorch name, anchored at the end):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from guard.records import Record
 
 
-@dataclass(frozen=True)
-class Family:
+class Family(Record):
     prefix: str
     classes: tuple[str, ...]
     roots: frozenset[str]
     norm_weight: bool = False
     buffers: tuple[str, ...] = ()
     computed: tuple[str, ...] = ()
-    unsaved: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    pt_only: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    unsaved: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+    pt_only: Mapping[str, tuple[str, ...]] = MappingProxyType({})
     tied: tuple[str, ...] = ()
     always_tied: tuple[str, ...] = ()
     tie_default: bool = True
-    parts: dict[str, str] = field(default_factory=dict)
+    parts: Mapping[str, str] = MappingProxyType({})
     base_requires: tuple[str, ...] = ()  # roots the Flax base class always holds (BERT's pooler)
 
 

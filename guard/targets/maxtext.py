@@ -17,13 +17,12 @@ axis 0, MaxText's expert axis).  ``shape`` names the HF tensor's dimensions by t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from guard.records import Record
 
 PARAM_SCAN_AXIS = 1  # MaxText's base.yml default; scanned layers stack here (experts lead: axes 0 and 1)
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(Record):
     maxtext: str  # "/"-joined path under params/params; "layers/..." is per decoder layer
     hf: str  # the HF tensor name; {i} the layer, {e} the expert
     shape: tuple[str, ...]  # the HF tensor's dimensions, by symbol
@@ -35,8 +34,7 @@ class Param:
     block: int = 0
 
 
-@dataclass(frozen=True)
-class Architecture:
+class Architecture(Record):
     name: str
     model_types: tuple[str, ...]
     model_name: str  # the MaxText model_name whose decoder_block and activations this row matches

@@ -13,10 +13,12 @@ Plain data: this module imports nothing above ``guard.envs``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from guard.envs.registry import ENVIRONMENTS, Environment
+from guard.records import Record
 from guard.targets.families import FAMILIES, Family
 from guard.targets.mappings import (
     EASYDEL_DECODER,
@@ -29,37 +31,43 @@ from guard.targets.mappings import (
 )
 from guard.targets.maxtext import ARCHITECTURES as MAXTEXT_ARCHITECTURES, Architecture
 
-# the writer of the Hugging Face layouts (flax_model.msgpack or Orbax for Flax, safetensors for PyTorch)
-HF_WRITER = "guard.convert.run:convert_model"
+# the writer of the Hugging Face layouts (flax_model.msgpack or Orbax for Flax, safetensors for PyTorch); a writer
+# is "module:function" taking convert's flags (guard.cli.convert.ConvertOptions) and returning the exit code
+HF_WRITER = "guard.cli.convert:write_hf_layout"
 # EasyDeL's exact load: config.json's rope_parameters["rope_theta"] passed as config_kwargs (a worker option)
 ROPE_THETA_FROM_FILE = "rope_theta_from_file"
 
 
-@dataclass(frozen=True)
-class Load:
+class Load(Record):
     label: str  # "defaults" | "exact"
-    options: dict[str, Any]  # passed to the library's loader by the worker
+    options: Mapping[str, Any]  # passed to the library's loader by the worker
     says: str  # the option, as the library spells it, that a finding under the other load names
     when_stored: tuple[str, ...] = ()  # run only for a file stored in one of these dtypes (empty: always)
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(Record):
     name: str
     help: str  # one line: what the target is, in the CLI's help and docs/jax.md
     cites: str  # the library's conversion code the mapping follows
     environment: str = ""  # a row of guard.envs.registry.ENVIRONMENTS ("": this process, no library of its own)
     reads: str = ""  # how the library reads a Hugging Face checkpoint (docs/jax.md)
     # model_type -> the HF tensors' names in the library and the steps between (a library that reads HF files)
-    mapping: dict[str, tuple[Mapped, ...]] = field(default_factory=dict)
+    mapping: Mapping[str, tuple[Mapped, ...]] = MappingProxyType({})
     # a layout of its own: row name -> that architecture's parameter tree (MaxText); its model_types are mapped
-    architectures: dict[str, Architecture] = field(default_factory=dict)
+    architectures: Mapping[str, Architecture] = MappingProxyType({})
     # transformers' twin classes: model_type -> what the PyTorch and Flax classes hold (the generic rules of
     # guard.convert.map.rules name each tensor from these rows)
-    families: dict[str, Family] = field(default_factory=dict)
-    writer: str = ""  # --to: "module:function" writing this target
+    families: Mapping[str, Family] = MappingProxyType({})
+    writer: str = ""  # --to: "module:function" writing this target, given convert's flags; returns the exit code
+    # a layout of its own read back: "module:function" telling a SRC in it (a path -> bool), the --to it goes
+    # back to, and the writer that does it (called for that --to instead of the --to row's writer)
+    own_layout: str = ""
+    back_to: str = ""
+    back_writer: str = ""
     side: str = ""  # the worker side (a guard.worker.side.Side module) running the library
     loads: tuple[Load, ...] = ()  # --against: the loads the side is run with
+    # ckpt-guard extras --against needs in the Python running ckpt-guard, beyond parity's (the Action installs them)
+    extras: tuple[str, ...] = ()
     # the library reads no HF file: the checkpoint is converted first (``convert --to <converts_to>``, in a
     # temporary directory) and the mapping is that converter's ``architectures``
     converts_to: str = ""
@@ -149,12 +157,16 @@ TARGETS: dict[str, Target] = {
         environment="maxtext",
         reads="offline: `convert --to maxtext` into an Orbax checkpoint, then `load_parameters_path=OUT/0/items`",
         architectures=MAXTEXT_ARCHITECTURES,
-        writer="guard.convert.maxtext.run:convert_to_maxtext", side="guard.worker.maxtext_side",
+        writer="guard.cli.convert_maxtext:write", side="guard.worker.maxtext_side",
+        own_layout="guard.cli.convert_maxtext:is_maxtext_source", back_to="torch",
+        back_writer="guard.cli.convert_maxtext:write",
         # options are MaxText flags; base.yml's defaults: weight_dtype float32 (a bf16 file widens exactly),
         # dtype bfloat16, scan_layers true (the conversion for --against is scanned, as MaxText's default)
         loads=(Load("defaults", {}, "weight_dtype=float32 (base.yml's default)"),
                Load("bfloat16 weights", {"weight_dtype": "bfloat16"}, "weight_dtype=bfloat16",
                     when_stored=("BF16",))),
-        converts_to="maxtext", exact_load="defaults", forward_causes="guard.against.maxtext_causes:forward_causes",
+        # the checkpoint is converted first, here, into Orbax's OCDBT (tensorstore writes it)
+        extras=("orbax",), converts_to="maxtext", exact_load="defaults",
+        forward_causes="guard.against.maxtext_causes:forward_causes",
         conventional_reference="guard.against.maxtext_causes:conventional_reference"),
 }

@@ -6,9 +6,10 @@
 # exit 2 with its one line, never a pass.
 set -euo pipefail
 
-case "$CG_PARITY_AGAINST" in
-  tunix|keras-hub|easydel|maxtext) ;;
-  *) echo "::error title=ckpt-guard::parity-against must be tunix, keras-hub, easydel, maxtext or empty"; exit 2 ;;
+stacks=$("$CG_PYTHON" -m guard.targets against)  # the installed package's table of targets
+case $'\n'"$stacks"$'\n' in
+  *$'\n'"$CG_PARITY_AGAINST"$'\n'*) ;;
+  *) echo "::error title=ckpt-guard::parity-against must be ${stacks//$'\n'/, } or empty"; exit 2 ;;
 esac
 bash "$(dirname "$0")/env-install.sh" "$CG_PARITY_AGAINST" "parity-against $CG_PARITY_AGAINST" || exit 2
 declare -A seen=()

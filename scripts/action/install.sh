@@ -4,6 +4,15 @@ set -euo pipefail
 
 fail() { echo "::error title=ckpt-guard::$1"; exit 2; }
 
+python=python3
+command -v "$python" >/dev/null 2>&1 || python=python
+# the table of targets of the action's own tree (guard/targets): the stacks parity-against takes and what each
+# needs installed beside ckpt-guard; sys.path[0] is that tree, not the working directory
+targets() {
+  "$python" -c 'import sys; sys.path[0] = sys.argv.pop(1); from guard.targets.__main__ import main; sys.exit(main(sys.argv[1:]))' \
+    "${GITHUB_ACTION_PATH:?GITHUB_ACTION_PATH is not set}" "$@"
+}
+
 case "$CG_FAIL_ON" in error|warning|note|never) ;; *) fail "fail-on must be error, warning, note or never" ;; esac
 for pair in "values=$CG_VALUES" "parity=$CG_PARITY" "changed-only=$CG_CHANGED_ONLY" \
             "summary=$CG_SUMMARY" "annotate=$CG_ANNOTATE" "fix=${CG_FIX:-false}" \
@@ -12,9 +21,10 @@ for pair in "values=$CG_VALUES" "parity=$CG_PARITY" "changed-only=$CG_CHANGED_ON
 done
 case "$CG_CONVERT" in ""|flax|torch) ;; *) fail "convert must be flax, torch or empty" ;; esac
 if [ "$CG_PARITY" = true ] && [ -z "$CG_CONVERT" ]; then fail "parity needs convert"; fi
-case "${CG_PARITY_AGAINST:-}" in
-  ""|tunix|keras-hub|easydel|maxtext) ;;
-  *) fail "parity-against must be tunix, keras-hub, easydel, maxtext or empty" ;;
+stacks=$(targets against) || fail "the action's table of targets did not load with $python"
+case $'\n'"$stacks"$'\n' in
+  *$'\n'"${CG_PARITY_AGAINST:-}"$'\n'*) ;;
+  *) [ -z "${CG_PARITY_AGAINST:-}" ] || fail "parity-against must be ${stacks//$'\n'/, } or empty" ;;
 esac
 
 extras=()
@@ -22,10 +32,17 @@ extras=()
 if [ "$CG_VALUES" = true ] || [ "${CG_FIX:-false}" = true ]; then extras+=(values); fi
 [ -n "$CG_CONVERT" ] && extras+=(convert)
 [ "$CG_PARITY" = true ] && extras+=(parity)
-# parity --against: PyTorch's side (transformers' forward) and JAX
-[ -n "${CG_PARITY_AGAINST:-}" ] && [ "$CG_PARITY" != true ] && extras+=(parity)
-# maxtext: the checkpoint is converted first, here, into Orbax's OCDBT (tensorstore writes it)
-[ "${CG_PARITY_AGAINST:-}" = maxtext ] && extras+=(orbax)
+# parity --against: PyTorch's side (transformers' forward) and JAX, and what the stack's row adds (maxtext: the
+# orbax extra, for the conversion it reads; keras-hub: keras and sentencepiece beside its folder)
+pins=()
+if [ -n "${CG_PARITY_AGAINST:-}" ]; then
+  while read -r kind what; do
+    case "$kind" in
+      extra) [[ " ${extras[*]:-} " == *" $what "* ]] || extras+=("$what") ;;
+      pip) pins+=("$what") ;;
+    esac
+  done < <(targets needs "$CG_PARITY_AGAINST")
+fi
 suffix=""
 if [ "${#extras[@]}" -gt 0 ]; then suffix="[$(IFS=,; echo "${extras[*]}")]"; fi
 
@@ -38,16 +55,11 @@ fi
 root="${RUNNER_TEMP:?RUNNER_TEMP is not set}/ckpt-guard"
 venv="$root/venv"
 mkdir -p "$root"
-python=python3
-command -v "$python" >/dev/null 2>&1 || python=python
 "$python" -m venv "$venv"
 bindir="$venv/bin"
 [ -d "$bindir" ] || bindir="$venv/Scripts"  # Windows
 # parity's Flax side runs in the transformers-4 environment `ckpt-guard env install tf4` builds (convert.sh);
-# keras-hub runs beside this venv (installed alone, --no-deps: its tensorflow-text would pull a second
-# TensorFlow): the rest of what it imports comes from here
-pins=()
-[ "${CG_PARITY_AGAINST:-}" = keras-hub ] && pins+=("keras>=3.15" sentencepiece)
+# the stacks in theirs (against.sh)
 "$bindir/python" -m pip install --quiet --disable-pip-version-check "$spec" ${pins[@]+"${pins[@]}"}
 
 {
