@@ -63,14 +63,26 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---- where they live, and how they are keyed
 
 
-def test_the_cache_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.mark.parametrize("platform", ["linux", "darwin", "win32"])
+def test_the_cache_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, platform: str) -> None:
+    """platformdirs' user cache directory on each platform (sys.platform patched: the code reads it, and the
+    environment, at each call), $CKPT_GUARD_HOME over all of them."""
     monkeypatch.delenv("CKPT_GUARD_HOME", raising=False)
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))  # Path.home() on the POSIX machine the test runs on
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    if sys.platform.startswith("linux"):
-        assert home.envs_home() == tmp_path / "xdg" / "ckpt-guard" / "envs"
-        monkeypatch.delenv("XDG_CACHE_HOME")
-        monkeypatch.setenv("HOME", str(tmp_path / "user"))
-        assert home.envs_home() == tmp_path / "user" / ".cache" / "ckpt-guard" / "envs"
+    monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "local"))
+    expected = {"linux": tmp_path / "xdg" / "ckpt-guard",  # XDG_CACHE_HOME is Linux's alone
+                "darwin": tmp_path / "user" / "Library" / "Caches" / "ckpt-guard",
+                "win32": tmp_path / "local" / "ckpt-guard" / "Cache"}[platform]
+    assert home.envs_home() == expected / "envs"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("LOCALAPPDATA")
+    unset = {"linux": tmp_path / "user" / ".cache" / "ckpt-guard",
+             "darwin": tmp_path / "user" / "Library" / "Caches" / "ckpt-guard",
+             "win32": tmp_path / "user" / "AppData" / "Local" / "ckpt-guard" / "Cache"}[platform]
+    assert home.envs_home() == unset / "envs"
+    assert home.venv_python(tmp_path) == tmp_path / ("Scripts/python.exe" if platform == "win32" else "bin/python")
     monkeypatch.setenv("CKPT_GUARD_HOME", str(tmp_path / "mine"))
     assert home.envs_home() == tmp_path / "mine" / "envs"
 
@@ -211,6 +223,33 @@ def test_the_workers_path_holds_no_other_distribution(tmp_path: Path) -> None:
     assert len(entries) >= 2  # the probe's and the worker's
     for folder, held in entries:
         assert held.split() == ["guard"], (folder, held)  # no site-packages, no *.dist-info, no other package
+
+
+@pytest.mark.slow
+def test_a_version_outside_the_checked_set_is_recorded_in_the_json_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """keras-hub's real folder, with a keras_hub 0.31.0 distribution's metadata ahead of it on the path (what
+    importlib.metadata reads first): the check runs, warns on stderr naming both versions, and the report's
+    environment figures hold the same warning."""
+    from against_envs import ensure
+    from test_parity_against import save_tiny
+
+    lib = ensure("keras-hub").path[0]
+    shadow = tmp_path / "shadow" / "keras_hub-0.31.0.dist-info"
+    shadow.mkdir(parents=True)
+    (shadow / "METADATA").write_text("Metadata-Version: 2.1\nName: keras-hub\nVersion: 0.31.0\n")
+    python = script(tmp_path / "python",
+                    f'PYTHONPATH="$PYTHONPATH:{shadow.parent}:{lib}" exec "{sys.executable}" "$@"\n')
+    src = save_tiny(tmp_path / "m", "qwen3", "float32")
+    out = tmp_path / "r.json"
+    assert main(["parity", str(src), "--against", "keras-hub", "--against-python", str(python), "-f", "json",
+                 "-o", str(out)]) == 0
+    warning = (f"keras-hub: keras-hub 0.31.0 in --against-python {python}; checked with "
+               f"{ENVIRONMENTS['keras-hub'].checked[0]}: its verdicts may differ")
+    assert f"ckpt-guard: warning: {warning}" in capsys.readouterr().err
+    environment = json.loads(out.read_text())["extra"]["parity"]["environment"]
+    assert environment["where"] == "named" and environment["version"] == "0.31.0"
+    assert environment["warning"] == warning
 
 
 # ---- the silent pass

@@ -1,7 +1,9 @@
 """Where managed environments live, what they are keyed by, and how a complete one is told from a half-built one.
 
-The folder: ``$CKPT_GUARD_HOME/envs``, else the user's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache`` on
-Linux, ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%`` on Windows) ``/ckpt-guard/envs``.  One folder per
+The folder: ``$CKPT_GUARD_HOME/envs``, else ``envs`` in ckpt-guard's folder of the user's cache directory, where
+platformdirs puts it: ``$XDG_CACHE_HOME/ckpt-guard`` (``~/.cache/ckpt-guard``) on Linux,
+``~/Library/Caches/ckpt-guard`` on macOS, ``%LOCALAPPDATA%\\ckpt-guard\\Cache`` on Windows (where that folder is
+not a cache's alone).  One folder per
 environment, ``NAME-KEY``: the key hashes the row's constraints, requirements and Python (and, for a folder
 beside this Python or an overlay on it, this Python's environment), so a change of any of them is another
 folder, as pre-commit keys a hook's environment by its repository, revision and dependencies.  The stamp,
@@ -30,7 +32,7 @@ def cache_root() -> Path:
     if os.environ.get(HOME_ENV):
         return Path(os.environ[HOME_ENV])
     if sys.platform == "win32":
-        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "ckpt-guard"
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "ckpt-guard" / "Cache"
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Caches" / "ckpt-guard"
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckpt-guard"
