@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from guard.config import Policy
@@ -27,13 +26,13 @@ from guard.fix.actions import stage
 from guard.fix.context import ActionContext, FixOptions, Staged
 from guard.fix.plan import FixPlan, PlannedFix
 from guard.inventory.model import CONFIG_NAME
+from guard.records import Record
 
 STAGING_PREFIX = ".ckpt-guard-fix-"  # guard.inventory.discovery never walks into these
 BACKUP_SUFFIX = ".orig"
 
 
-@dataclass
-class Outcome:
+class Outcome(Record):
     planned: PlannedFix
     ok: bool
     written: list[str]  # final paths published
@@ -41,12 +40,12 @@ class Outcome:
     findings: list[Finding]  # what verification / value checks found
     summary: str
     error: str | None = None  # why it was refused or rolled back
-    details: dict[str, object] = field(default_factory=dict)  # the action's figures (Staged.details)
+    details: dict[str, object] | None = None  # the action's figures (Staged.details)
 
     def to_json(self) -> dict[str, object]:
         return {"action": self.planned.fix.action, "ok": self.ok, "written": self.written, "backups": self.backups,
                 "findings": [f.to_json() for f in self.findings], "summary": self.summary, "error": self.error,
-                "details": json.loads(json.dumps(self.details, default=str))}  # an action's figures, as JSON
+                "details": json.loads(json.dumps(self.details or {}, default=str))}  # an action's figures, as JSON
 
 
 class Refused(GuardError):

@@ -8,12 +8,12 @@ from typing import Any
 
 from guard.config import Policy
 from guard.findings import Finding
+from guard.records import Record
 
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9  # transformers' save_pretrained default, "5GB"
 
 
-@dataclass(frozen=True)
-class FixOptions:
+class FixOptions(Record):
     write: bool = False  # False: a dry run, nothing is written
     replace: bool = False  # allow fixes that replace an existing weight file
     backup: bool = True  # keep a replaced file as NAME.orig
@@ -27,8 +27,7 @@ class FixOptions:
     add: tuple[str, ...] = ()  # --add flax|orbax|safetensors|variant:fp16|variant:bf16
 
 
-@dataclass(frozen=True)
-class ActionContext:
+class ActionContext(Record):
     model_dir: Path  # the model directory the fix's finding was raised in (a real path)
     staging: Path  # an empty directory on the same filesystem: the action writes only here
     options: FixOptions
@@ -42,7 +41,7 @@ class ActionContext:
         return path
 
 
-@dataclass
+@dataclass  # mutable: an action appends the files it stages and its findings, then sets summary and details
 class Staged:
     """What one action wrote into the staging directory: nothing is at a final name yet."""
 

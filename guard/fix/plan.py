@@ -10,12 +10,13 @@ that would write the same file are never both applied: the first in apply order 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from pathlib import Path
 
 from guard.findings import Finding
 from guard.fix.context import FixOptions
 from guard.fixes import Fix, make_fix
+from guard.records import Record
 from guard.report import Report
 from guard.reporters.inert import inert_text
 from guard.reporters.text import human_bytes
@@ -30,8 +31,7 @@ FLAGS = {"--replace": "replace", "--cast": "cast", "--to-config": "to_config", "
          "--values": "values", "--unsafe-fixes": "unsafe_fixes"}
 
 
-@dataclass(frozen=True)
-class PlannedFix:
+class PlannedFix(Record):
     finding: Finding | None  # None for an --add request
     fix: Fix
     enabled: bool  # False: it needs a flag that was not given
@@ -48,11 +48,10 @@ class PlannedFix:
                 "enabled": self.enabled, "waiting_for": self.waiting_for, **self.fix.to_json()}
 
 
-@dataclass
-class FixPlan:
+class FixPlan(Record):
     fixes: list[PlannedFix]  # available fixes, in apply order (one per distinct fix)
     unfixable: list[tuple[Finding, str]]  # findings with no mechanical fix, and why
-    not_added: list[tuple[str, str]] = field(default_factory=list)  # --add requests refused: (what, why)
+    not_added: Sequence[tuple[str, str]] = ()  # --add requests refused: (what, why)
 
     @property
     def fixable(self) -> bool:
@@ -89,7 +88,7 @@ def plan_fixes(report: Report, options: FixOptions, *, select: tuple[str, ...] =
             continue
         key = (fix.action, fix.params)
         if key in by_fix:
-            by_fix[key] = replace(by_fix[key], also=(*by_fix[key].also, finding))
+            by_fix[key] = by_fix[key]._replace(also=(*by_fix[key].also, finding))
             continue
         missing = missing_flags(fix, options)
         by_fix[key] = PlannedFix(finding, fix, not missing, " ".join(missing) or None)
@@ -150,7 +149,7 @@ def _config_follows_casts(by_fix: dict[tuple[str, str], PlannedFix]) -> None:
                 del by_fix[other_key]
         config = args.get("config")
         if not isinstance(config, dict):
-            by_fix[key] = replace(cast, also=cast.also + absorbed)  # config.json already says the new dtype
+            by_fix[key] = cast._replace(also=cast.also + absorbed)  # config.json already says the new dtype
             continue
         edits = config.get("edits") or []
         rewrite = make_fix(

@@ -20,11 +20,11 @@ import ast
 import posixpath
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from guard.errors import GuardError
 from guard.findings import shown
+from guard.records import Record
 from guard.tensors import TensorInfo
 
 _MODEL_TYPE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
@@ -40,8 +40,7 @@ USUAL_TIED_NAMES: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Tie:
+class Tie(Record):
     kept: str
     dropped: tuple[str, ...]
 
@@ -49,8 +48,7 @@ class Tie:
         return {"kept": self.kept, "dropped": list(self.dropped)}
 
 
-@dataclass(frozen=True)
-class Settled:
+class Settled(Record):
     tensors: list[TensorInfo]  # what to write, in source order (a tie at its first name's place)
     ties: list[Tie]
     patterns_from: str  # where the declared tied names came from

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -161,7 +160,7 @@ def _apply_in_mirror(client: HubClient, policy: Policy, options: FixOptions, res
             (mirror / str(planned.fix.arguments["dir"])).mkdir(parents=True, exist_ok=True)
     result.plan = plan
     # git keeps the replaced file: no NAME.orig in a pull request
-    result.outcomes = apply_plan(plan, dataclasses.replace(options, write=True, backup=False), policy, root=mirror)
+    result.outcomes = apply_plan(plan, options._replace(write=True, backup=False), policy, root=mirror)
     written = _written(result.outcomes, mirror, repo_id)
     if not written:
         errors = "; ".join(o.error or o.summary for o in result.outcomes
@@ -198,16 +197,16 @@ def _mirrorable(plan: FixPlan, repo_id: str, listed: dict[str, Any], options: Fi
             names = [*names, args["file"]]  # config-dtype names its one file so
         if folder is None or not isinstance(names, list) or any(
                 not isinstance(n, str) or repo_relative(n) is None for n in names):
-            fixes.append(dataclasses.replace(planned, enabled=False, waiting_for="a fix inside the repository"))
+            fixes.append(planned._replace(enabled=False, waiting_for="a fix inside the repository"))
             continue
         needed = {join(folder, n) for n in names if join(folder, n) in listed}
         writes = {w[len(repo_id) + 1:] for w in planned.fix.writes if w.startswith(repo_id + "/")}
         if not options.replace and any(w in listed and w not in needed for w in writes):
-            fixes.append(dataclasses.replace(planned, enabled=False, waiting_for="--replace"))
+            fixes.append(planned._replace(enabled=False, waiting_for="--replace"))
             continue
         reads |= needed | ({join(folder, CONFIG)} & set(listed))
         fixes.append(planned)
-    return dataclasses.replace(plan, fixes=fixes), reads
+    return plan._replace(fixes=fixes), reads
 
 
 def _written(outcomes: Sequence[Any], mirror: Path, repo_id: str) -> dict[str, Path]:

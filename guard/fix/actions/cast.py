@@ -43,7 +43,7 @@ from guard.write.writer import Naming, OutputTensor, write_output
 CAST_TARGETS = ("F32", "F16", "BF16", "F64")
 
 
-@dataclass
+@dataclass  # mutable: the reader appends each shard's tensors to files as it opens them
 class SourceSet:
     format: str  # "safetensors" | "torch"
     stem: str
