@@ -98,12 +98,10 @@ def test_a_failing_job_is_retried_then_failed_and_listed(standin: StandinHub, tm
 
 
 def test_a_clean_shutdown_hands_running_jobs_back(standin: StandinHub, tmp_path: Path) -> None:
-    from dataclasses import replace
-
     standin.add_repo("org/slow", {"model.safetensors": tiny_safetensors("F32")})
     standin.fail("GET", "/resolve/", None, times=1)  # the scan stalls until the stand-in stops
     reviewer = make_reviewer(tmp_path / "q.sqlite3", workers=1)
-    reviewer.settings = replace(reviewer.settings, grace=0.3)
+    reviewer.settings = reviewer.settings._replace(grace=0.3)
     reviewer.start()
     reviewer.submit(Job("org/slow", "refs/heads/main", standin.repos["org/slow"].refs["main"]))
     deadline = time.monotonic() + 10

@@ -12,18 +12,17 @@ request is a plain GET through ``HubClient`` (not ``HfApi.whoami``, whose 401 is
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from guard.hub.client import HubClient, hub_errors
 from guard.hub.errors import HubError, status_of
+from guard.records import Record
 
 WRITE_PERMISSIONS = frozenset({"repo.write", "discussion.write"})
 ASK_FOR_A_TOKEN = "pass a token with write access (--token, HF_TOKEN or `hf auth login`)"
 
 
-@dataclass(frozen=True)
-class Identity:
+class Identity(Record):
     name: str  # the token's account: the author of what it opens
     role: str  # "read", "write", "fineGrained", or what the Hub said ("unknown" when it said nothing)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from guard.hub.client import HubClient, hub_errors
+from guard.records import Record
 
 # The same selection as .pre-commit-hooks.yaml's `files:` and the action's select.sh (a test keeps them equal).
 CHECKPOINT_FILES = re.compile(
@@ -23,8 +23,7 @@ CHECKPOINT_FILES = re.compile(
     r"|(^|/)openvino_[^/]*\.xml)$", re.I)
 
 
-@dataclass(frozen=True)
-class PushChanges:
+class PushChanges(Record):
     added: tuple[str, ...]
     removed: tuple[str, ...]
     modified: tuple[str, ...]

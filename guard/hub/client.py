@@ -77,7 +77,7 @@ def retry_refused(exc: BaseException) -> bool:
     return refused and request_method_of(exc) not in ("GET", "HEAD")
 
 
-@dataclass
+@dataclass  # mutable: __post_init__ binds api; every call counts its answers in statuses and retried
 class HubClient:
     """An ``HfApi`` bound to one endpoint and token, with the retry and rate policy of this tool."""
 

@@ -8,19 +8,18 @@ weight sets as a local diff does.  No tensor data is read: values are never comp
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from guard.config import Policy
 from guard.hub.client import HubClient
 from guard.hub.scan import FILE_WORKERS, RepoScan, scan_repo
+from guard.records import Record
 
 if TYPE_CHECKING:
     from guard.diff import ChangeReport
 
 
-@dataclass
-class HubChange:
+class HubChange(Record):
     change: ChangeReport
     old: RepoScan
     new: RepoScan

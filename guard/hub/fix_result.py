@@ -25,7 +25,7 @@ STATUSES = (
 )
 
 
-@dataclass
+@dataclass  # mutable: offer_fix sets status, outcomes, files, after, proposal and message step by step
 class HubFix:
     repo_id: str
     sha: str  # the commit that was scanned and fixed

@@ -89,7 +89,7 @@ def same_as_listed(path: Path, sibling: Any) -> bool:
     return bool(getattr(sibling, "blob_id", None) == blob)
 
 
-@dataclass
+@dataclass  # mutable: a HubClient (its counters), with the overlay's files
 class OverlayClient(HubClient):
     """The revision with ``overlay`` (repo path -> local file) in place of, or beside, its own files."""
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import quote
@@ -23,6 +22,7 @@ from guard.hub.client import BACKOFF_CAP, HubClient, hub_errors, request_url_of,
 from guard.hub.errors import HubError, status_of, transport_errors
 from guard.hub.retry import Attempts, Backoff
 from guard.hub.upload import retry_commit
+from guard.records import Record
 
 TITLE_PREFIX = "ckpt-guard: fix "
 MARKER_PREFIX = "<!-- ckpt-guard-fix:"
@@ -43,8 +43,7 @@ def is_fix_commit(title: str, message: str) -> bool:
     return title.startswith(TITLE_PREFIX) or MARKER_PREFIX in message
 
 
-@dataclass(frozen=True)
-class Proposal:
+class Proposal(Record):
     num: int
     status: str  # open, draft, merged, closed
     url: str

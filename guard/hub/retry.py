@@ -12,8 +12,9 @@ import random
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
+
+from guard.records import Record
 
 MAX_RETRY_AFTER = 3600.0  # a Retry-After beyond an hour is not waited for
 
@@ -41,8 +42,7 @@ def retry_after_seconds(headers: Mapping[str, str] | None, *, now: float | None 
 MAX_ASKED_TO_WAIT = 100  # attempts after which even a server that keeps sending Retry-After is given up on
 
 
-@dataclass(frozen=True)
-class Backoff:
+class Backoff(Record):
     """Attempts, the first wait (doubling after, capped, jittered) and a total deadline.
 
     The one back-off schedule of the Hub code: ``HubClient.call`` waits by it between

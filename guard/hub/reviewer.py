@@ -23,7 +23,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
 from guard.config import Policy
@@ -36,14 +35,14 @@ from guard.hub.metrics import Metrics
 from guard.hub.queue import PR_REF, Job, JobQueue, QueuedJob, QueueError
 from guard.hub.queue.base import PENDING
 from guard.hub.retry import Backoff
+from guard.records import Record
 
 __all__ = ["PR_REF", "Job", "ReviewSettings", "Reviewer"]
 log = logging.getLogger("ckpt-guard.reviewer")
 JOB_RETRY_CAP = 3600.0  # seconds: the longest a failed job waits for its next attempt
 
 
-@dataclass(frozen=True)
-class ReviewSettings:
+class ReviewSettings(Record):
     workers: int = 4  # 0: accept deliveries only (a separate `hub webhook --once` reviews them)
     lease: float = 60.0  # seconds a claim lasts without a heartbeat
     max_attempts: int = 5
@@ -145,7 +144,7 @@ class Reviewer:
         Each job is keyed by this reviewer's Hub endpoint as well: a push answered on a
         staging Hub is not a duplicate of the same revision in production.
         """
-        jobs = [job if job.endpoint else replace(job, endpoint=self.client.endpoint) for job in jobs]
+        jobs = [job if job.endpoint else job._replace(endpoint=self.client.endpoint) for job in jobs]
         added = self.queue.enqueue(jobs)
         if any(added):
             with self._work:  # one worker per new job: a claim storm would only queue on the database

@@ -39,6 +39,7 @@ from guard.inventory.discovery import head_is_weights, may_be_weights
 from guard.inventory.package_dirs import ir_members
 from guard.inventory.pipelines import Pipeline, listed_pipelines
 from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
+from guard.records import Record
 from guard.report import Report
 from guard.scan import scan_inventories
 from guard.tensors import FileScan
@@ -47,8 +48,7 @@ REPO_WORKERS = 8
 FILE_WORKERS = 16
 
 
-@dataclass
-class RemoteFileStat:
+class RemoteFileStat(Record):
     path: str
     size: int
     requests: int
@@ -58,7 +58,7 @@ class RemoteFileStat:
         return {"path": self.path, "size": self.size, "requests": self.requests, "bytes": self.bytes}
 
 
-@dataclass
+@dataclass  # mutable: scan_repo sets sha, error and pipelines and appends inventories and each file read as it goes
 class RepoScan:
     repo_id: str
     revision: str | None  # as asked
@@ -77,8 +77,7 @@ class RepoScan:
         }
 
 
-@dataclass
-class HubScanResult:
+class HubScanResult(Record):
     report: Report
     repos: list[RepoScan]
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from guard.config import Policy
 from guard.hub.client import HubClient, hub_errors, request_url_of, retry_read, retry_refused
 from guard.hub.comment import hub_markdown
+from guard.records import Record
 from guard.report import Report
 from guard.scan import scan_paths
 
@@ -33,8 +33,7 @@ DEFAULT_MESSAGE = "Upload with ckpt-guard"
 BEFORE_COMMIT = ("/preupload/", "/api/validate-yaml", "/info/lfs/")
 
 
-@dataclass
-class UploadOutcome:
+class UploadOutcome(Record):
     report: Report
     uploaded: bool
     message: str  # one line for stderr

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from guard.errors import GuardError
+from guard.records import Record
 
 PR_REF = re.compile(r"^refs/pr/(\d+)$")
 # queued -> running -> answered | skipped | failed; running -> queued on a retry or a release;
@@ -21,8 +21,7 @@ class QueueError(GuardError):
     """The queue's database cannot be opened or reached (exit 2; the webhook answers 503)."""
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(Record):
     repo_id: str
     ref: str  # refs/heads/main or refs/pr/N
     sha: str
@@ -31,8 +30,8 @@ class Job:
     endpoint: str = ""
     # The ref's head before the push (the event's oldSha): the reviewer answers with the diff against it.
     # None: unknown (a new branch or pull request, or a job queued before it was recorded): the whole
-    # snapshot is reviewed.  Not part of the key: a redelivery of the same push is the same job.
-    old_sha: str | None = field(default=None, compare=False)
+    # snapshot is reviewed.  Not part of the queue's key: a redelivery of the same push is the same job.
+    old_sha: str | None = None
 
     @property
     def pr_num(self) -> int | None:
@@ -40,8 +39,7 @@ class Job:
         return int(match.group(1)) if match else None
 
 
-@dataclass(frozen=True)
-class QueuedJob:
+class QueuedJob(Record):
     id: int
     job: Job
     state: str
