@@ -7,14 +7,14 @@ relative to PyTorch's own error, is ``guard.parity.relative``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from guard.records import Record
 
-@dataclass(frozen=True)
-class Tolerance:
+
+class Tolerance(Record):
     dtype: str  # F32: both sides computing in fp32 (for bf16/fp16 weights, upcast bit-exactly)
     max_rel: float  # max |a - b| / max |ref| over each output
     source: str

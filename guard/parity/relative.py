@@ -18,16 +18,15 @@ docs/parity.md shows the distribution they were read from.  numpy only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from guard.parity.metrics import compare_output, is_logits
+from guard.records import Record
 
 
-@dataclass(frozen=True)
-class RelativeRule:
+class RelativeRule(Record):
     dtype: str  # BF16 | F16: the compute dtype of both low-precision passes
     factor: float  # Flax's error may be this many times PyTorch's own
     floor: float  # plus this, in units of the output's scale (max |reference|)

@@ -15,7 +15,6 @@ import hashlib
 import mmap
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from guard.catalogue import make_finding
@@ -23,6 +22,7 @@ from guard.config import Policy
 from guard.errors import GuardError
 from guard.findings import Finding, shown
 from guard.inventory import ModelInventory, WeightSet
+from guard.records import Record
 from guard.rules.copies import PYTORCH_NAMES, check_copies_agree, copy_pairs, regenerate_fix
 from guard.tensors import TensorInfo
 from guard.write.plan import Perm, SourceTensor
@@ -34,14 +34,12 @@ CHUNK_BYTES = 1024 * 1024
 LIBRARIES = {"flax": "Flax", "torch": "PyTorch"}
 
 
-@dataclass(frozen=True)
-class Side:
+class Side(Record):
     info: TensorInfo
     perm: Perm | None  # the axes of the stored array in PyTorch's order (None: already so)
 
 
-@dataclass(frozen=True)
-class Pair:
+class Pair(Record):
     reference: Side
     copy: Side
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from guard.records import Record
 from guard.values.minifloats import cast_back, float32_table, itemsize, largest, smallest_normal, to_float32
 
 # Source dtypes read on their own bits: code -> (uint view, magnitude mask, +inf bits).
@@ -95,8 +96,7 @@ def rounds_in_range(source: str, target: str) -> bool:
         return not np.array_equal(values, cast_back(values, target))
 
 
-@dataclass(frozen=True)
-class CastLimits:
+class CastLimits(Record):
     """A target's limits in a source's magnitude bits: at or above ``overflow`` -> non-finite,
     below ``normal`` -> subnormal or zero in the target."""
 
@@ -161,7 +161,7 @@ def underflow_reach(source: str, target: str) -> int:
     return int((np.flatnonzero(underflow_table(source, target)) & mask).max(initial=0)) + 1
 
 
-@dataclass
+@dataclass  # mutable: the band loop adds each band's overflows, flushes and errors
 class CastStats:
     """What casting one tensor to ``target`` would do."""
 
@@ -179,7 +179,7 @@ class CastStats:
                 "max_rel_error": self.max_rel_error, "worst_rel_value": self.worst_rel_value}
 
 
-@dataclass
+@dataclass  # mutable: the band loop adds counts and moves the extreme bits band by band
 class TensorStats:
     dtype: str
     numel: int = 0
