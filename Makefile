@@ -9,7 +9,7 @@ MLX_VENV := .venv-mlx
 # auto-gptq's torch dequantization (its QuantLinear), the reference for GPTQ: unpacked, not installed
 AUTO_GPTQ := .auto-gptq
 
-.PHONY: demo lint test test-lanes test-main-rest test-main-envs test-tf4 test-lane-2 wheel test-pythons bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
+.PHONY: demo lint test test-prereqs test-lanes test-main-rest test-main-envs test-tf4 test-lane-2 wheel test-pythons bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
 
 # The development pins, with the environments' constraints: package data (guard/envs/), shipped in the wheel.
 CONSTRAINTS := guard/envs/constraints.txt
@@ -114,6 +114,7 @@ dev-tools:
 #   lane 2: tunix, EasyDeL and MaxText built, then the transformers-4 session, test-latest and test-pythons.
 # Each target's output is printed whole when it ends (--output-sync): two sessions' lines never interleave.
 test:
+	$(MAKE) -j2 --output-sync=target --no-print-directory test-prereqs
 	$(MAKE) -j2 --output-sync=target --no-print-directory test-lanes
 
 # The tests that need the managed tunix, EasyDeL or MaxText environments.  The rest of the main session runs
@@ -127,9 +128,13 @@ MANAGED_VENVS := tunix-venv easydel-venv maxtext-venv
 TEST_PREREQS := dev-tools $(STAMP) node_modules/.installed $(MLX_VENV)/.installed $(AUTO_GPTQ)/.installed \
 	$(DEEPSPEED_STAMP) $(MEGATRON_STAMP) keras-hub-lib $(MAXTEXT_LIB)/.installed tf4-venv wheel
 
+# first, two at a time: what every session needs, and lint; then the lanes, so that the main session starts at
+# once (left to one make, -j2 would build the environments first, and the longest lane would start last)
+test-prereqs: lint $(TEST_PREREQS)
+
 test-lanes: test-main-envs test-lane-2
 
-test-main-rest: lint $(TEST_PREREQS)
+test-main-rest: $(TEST_PREREQS)
 	@echo "== main session (but ENV_TESTS) started $$(date -u +%T)"
 	CKPT_GUARD_TEST_PENDING_ENVS=tunix,easydel,maxtext $(PY) -m pytest -q -m "not transformers4" \
 		$(ENV_TESTS:%=--ignore=%)
