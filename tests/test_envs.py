@@ -133,6 +133,30 @@ def test_env_list_says_where_each_would_run(empty_home: Path, capsys: pytest.Cap
     assert "ckpt-guard env install tunix" in error_line(capsys.readouterr().err)
 
 
+def test_env_list_shows_a_ready_one_with_its_version_and_size(empty_home: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A managed environment whose stamp is written (a "lib" folder: it runs with this Python) is listed as
+    ready, with the version its stamp records and its size on disk; `env remove` deletes it."""
+    import importlib.util
+
+    if importlib.util.find_spec("keras_hub") is not None:
+        pytest.skip("keras-hub is importable here: this process would be where it runs")
+    env = ENVIRONMENTS["keras-hub"]
+    folder = home.managed_dir(env)
+    folder.mkdir(parents=True)
+    (folder / "weights.bin").write_bytes(b"\0" * 3_000_000)
+    (folder / home.STAMP).write_text(json.dumps({"name": env.name, "versions": {env.distribution: "0.32.0"}}))
+    assert main(["env", "list", "-f", "json"]) == 0
+    row = {r["name"]: r for r in json.loads(capsys.readouterr().out)}["keras-hub"]
+    assert row["ready"] is True and row["version"] == "0.32.0" and row["where"] == f"managed: {folder}"
+    assert row["size"] >= 3_000_000 and "note" not in row
+    assert main(["env", "list"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("keras-hub"))
+    assert line.split()[:4] == ["keras-hub", "ready", "0.32.0", "3"] and f"managed: {folder}" in line
+    assert main(["env", "python", "keras-hub"]) == 0 and capsys.readouterr().out.strip() == str(folder)
+    assert main(["env", "remove", "keras-hub"]) == 0 and not folder.exists()
+
+
 # ---- bad input: one line, exit 2
 
 
@@ -187,6 +211,7 @@ def test_a_half_built_environment_is_never_used_and_the_next_install_starts_over
     assert main(["env", "install", "keras-hub"]) == 2
     err = capsys.readouterr().err
     assert f"removing {half.name} (half-built: no stamp)" in err and f"removing {stale.name}" in err
+    assert error_line(err).startswith("ckpt-guard: error: env install keras-hub: installing failed: ")
     assert not half.exists() and not stale.exists() and not list(home.envs_home().iterdir())
 
 
@@ -272,17 +297,30 @@ def _transformers_5_site() -> str:
 
 
 @pytest.mark.slow
-def test_convert_parity_runs_the_flax_side_on_transformers_4_where_named(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checked", ["as built", "another"])
+def test_convert_parity_runs_the_flax_side_on_transformers_4_where_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checked: str) -> None:
+    """The Flax side runs in the named transformers-4 Python and the report says where.  With the row's checked
+    set made another version (the registry patched), it still runs, and the report records the warning."""
     from against_envs import ensure
 
     tf4 = ensure("tf4").python
+    if checked == "another":
+        monkeypatch.setitem(ENVIRONMENTS, "tf4", ENVIRONMENTS["tf4"]._replace(checked=("4.57.5",)))
     src = _tiny_bert(tmp_path / "bert")
     report = tmp_path / "r.json"
     assert main(["convert", str(src), "--to", "flax", "--out", str(tmp_path / "f"), "--parity", "--flax-python",
                  str(tf4), "-f", "json", "-o", str(report)]) == 0
     parity = json.loads(report.read_text())["extra"]["parity"]
     assert parity["passed"] is True and parity["flax_side"]["transformers"] == "4.57.6"
-    assert [c["name"] for c in parity["comparisons"] if c["judged"]] and "warning" not in parity["flax_side"]
+    assert [c["name"] for c in parity["comparisons"] if c["judged"]]
+    environment = parity["environment"]
+    assert environment["where"] == "named" and environment["version"] == "4.57.6"
+    if checked == "as built":
+        assert "warning" not in parity["flax_side"] and "warning" not in environment
+    else:
+        warning = f"tf4: transformers 4.57.6 in --flax-python {tf4}; checked with 4.57.5: its verdicts may differ"
+        assert environment["warning"] == warning
 
 
 @pytest.mark.slow

@@ -156,10 +156,10 @@ def write_hf_layout(options: ConvertOptions) -> int:
     if run_parity and (layout == "orbax" or is_orbax_checkpoint(src)):
         raise UsageError("--parity loads flax_model.msgpack with transformers; it cannot read an Orbax checkpoint "
                          "(convert with --layout msgpack for parity)")
-    flax_python = options.flax_python
+    flax_side = None
     if run_parity:  # where the Flax side runs (this process or a transformers-4 environment), before writing
-        flax_python = parity_requirements(src, to, variant=options.variant, dequantize=options.dequantize,
-                                          flax_python=flax_python)
+        flax_side = parity_requirements(src, to, variant=options.variant, dequantize=options.dequantize,
+                                        flax_python=options.flax_python)
     from guard.convert.run import ConvertRequest, convert_model
     from guard.report import Report
     from guard.write.cast import DTYPE_CHOICES, CastPolicy
@@ -176,7 +176,7 @@ def write_hf_layout(options: ConvertOptions) -> int:
         report.models.extend(_summaries(out))
         if run_parity:
             try:
-                _add_parity(report, request, figures, flax_python)
+                _add_parity(report, request, figures, flax_side)
             except GuardError:  # a parity asked for that could not run is exit 2, and leaves no output
                 import shutil
 
@@ -192,17 +192,17 @@ def write_hf_layout(options: ConvertOptions) -> int:
 
 
 def parity_requirements(src: Path, to: str, *, variant: str | None, dequantize: bool,
-                        flax_python: Path | None = None) -> Path | None:
+                        flax_python: Path | None = None) -> Any:
     """Everything --parity needs, known before the first byte is written: one line, and no output.
-    Returns the transformers-4 Python the Flax side runs in (None: this process)."""
+    Returns where the Flax side runs (a ``guard.envs.find.Found``: this process or a transformers-4 Python)."""
     from guard.convert.read.source import choose_layout
-    from guard.parity.needs import flax_side_python
+    from guard.parity.needs import flax_side
 
     if not dequantize and src.is_dir():  # a quantized source has no twin: its output is paired with itself
         if choose_layout(src, to=to, variant=variant)[0] == to:  # an Orbax SRC was refused above
             raise UsageError("--parity compares a PyTorch and a Flax model; source and target are the same "
                              "framework; nothing written")
-    return flax_side_python(flax_python, "--parity", after="; nothing written")
+    return flax_side(flax_python, "--parity", after="; nothing written")
 
 
 def _summaries(out: Path) -> list:
@@ -212,9 +212,10 @@ def _summaries(out: Path) -> list:
     return [ModelSummary.from_inventory(load_local_model(m)) for m in discover_models([out])]
 
 
-def _add_parity(report, request, figures, flax_python=None) -> None:
+def _add_parity(report, request, figures, flax_side) -> None:
     """Compare like with like: after a cast, or from a variant (which transformers would not pick up from SRC
-    unasked), the other side is the output converted back bit-exactly."""
+    unasked), the other side is the output converted back bit-exactly.  ``flax_side``: where the Flax side
+    runs, recorded in the report as ``--against``'s environment is (a version outside the checked set too)."""
     import tempfile
 
     dequantized = bool(figures.get("dequantized"))  # the quantized source has no twin: pair the output with itself
@@ -233,8 +234,10 @@ def _add_parity(report, request, figures, flax_python=None) -> None:
             if not pair.is_dir():
                 return
         torch_dir, flax_dir = (pair, request.out) if request.to == "flax" else (request.out, pair)
+        flax_python = None if flax_side.in_process else flax_side.python
         findings, parity_figures = run_parity(torch_dir, flax_dir, flax_python=flax_python)
     report.findings.extend(findings)
+    parity_figures["environment"] = flax_side.figures()
     if pair != request.src:  # name what was compared, not a scratch directory that is gone
         side = "torch_dir" if request.to == "flax" else "flax_dir"
         parity_figures[side] = f"{request.out} (converted back, bit-exact)"

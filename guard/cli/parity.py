@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -47,22 +48,25 @@ def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_
     for directory in (torch_dir, flax_dir):
         if not directory.is_dir():  # type: ignore[union-attr]  # flax_dir is given when --against is not (checked above)
             raise UsageError(f"{directory}: not a directory")
-    from guard.parity.needs import flax_side_python
+    from guard.parity.needs import flax_side
     from guard.quiet import quiet_libraries
 
-    python = flax_side_python(flax_python, "parity")  # where the Flax side runs, or the one line saying why not
+    found = flax_side(flax_python, "parity")  # where the Flax side runs, or the one line saying why not
+    python = None if found.in_process else found.python
     with quiet_libraries(verbose=verbose):
-        return _parity(torch_dir, flax_dir, seed, fmt, output, drift, python)  # type: ignore[arg-type]  # flax_dir is given when --against is not (checked above)
+        return _parity(torch_dir, flax_dir, seed, fmt, output, drift, python, found.figures())  # type: ignore[arg-type]  # flax_dir is given when --against is not (checked above)
 
 
 def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None, drift: bool | None,
-            flax_python: Path | None = None) -> int:
+            flax_python: Path | None = None, environment: dict[str, Any] | None = None) -> int:
     from guard.inventory import discover_models, load_local_model
     from guard.parity.run import run_parity  # torch, jax, flax, transformers: the `parity` extra
     from guard.report import ModelSummary, Report
     from guard.reporters import render
 
     findings, figures = run_parity(torch_dir, flax_dir, seed=seed, drift=drift, flax_python=flax_python)
+    if environment is not None:  # where the Flax side ran, and a version outside the checked set (guard.envs.find)
+        figures["environment"] = environment
     report = Report(findings=findings, policy={"fail_on": "error"}, extra={"parity": figures})
     for model in discover_models([torch_dir, flax_dir]):  # headers only: the dtype tables of both sides
         if Path(model.directory) in (Path(torch_dir), Path(flax_dir)):
