@@ -343,3 +343,17 @@ def test_a_named_environment_with_transformers_5_first_is_exit_2_and_no_output(
     line = error_line(capsys.readouterr().err)
     assert code == 2 and not out.exists()
     assert "transformers 5." in line and "CG303" not in line and "ckpt-guard env install tf4" in line
+
+
+def test_a_failed_install_quotes_pips_error_without_a_path_inside_the_package() -> None:
+    """pip names a constraint's source ("from -c FILE"): the one line names the file, never the package's folder."""
+    from guard.envs.build import _run
+    from guard.envs.home import constraints_file
+
+    path = constraints_file("tunix.txt")
+    said = f"ERROR: No matching distribution found for jax==0.10.2 (from -c {path} (line 39))"
+    with pytest.raises(UsageError) as raised:
+        _run([sys.executable, "-c", f"import sys; print({said!r}, file=sys.stderr); sys.exit(1)"], "tunix")
+    line = str(raised.value)
+    assert "\n" not in line and "from -c tunix.txt (line 39)" in line, line
+    assert str(path.parent) not in line

@@ -237,5 +237,7 @@ def _run(command: list[str], name: str, doing: str = "installing") -> str:
         said = [ln for ln in lines if ln.startswith(("Looking in indexes", "ERROR", "error"))
                 or any(k in ln.lower() for k in ("no matching distribution", "connection", "could not fetch url"))]
         text = " ".join(dict.fromkeys(said or lines[-3:] or [f"exit {proc.returncode}"]))
+        # pip quotes a constraint's source ("from -c <file>"): the file's name, never a path inside the package
+        text = text.replace(str(constraints_file("constraints.txt").parent) + os.sep, "")
         raise UsageError(f"env install {name}: {doing} failed: {' '.join(text.split())[:700]}")
     return proc.stdout
