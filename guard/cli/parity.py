@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from guard.atomic import write_text_atomic
+from guard.cli.convert import TableChoice
 from guard.errors import UsageError
 from guard.reporters import REPORTERS
 from guard.targets import against_choices, against_help
@@ -16,7 +17,7 @@ from guard.targets import against_choices, against_help
 @click.command(short_help="Compare PyTorch and Flax outputs of one model.")
 @click.argument("torch_dir", type=click.Path(path_type=Path))
 @click.argument("flax_dir", type=click.Path(path_type=Path), required=False)
-@click.option("--against", "against", type=click.Choice(against_choices()), default=None, help=against_help())
+@click.option("--against", "against", type=TableChoice(against_choices), default=None, help=against_help())
 @click.option("--against-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The Python of an environment where the --against library is installed (default: "
                    "$CKPT_GUARD_AGAINST_PYTHON, else this process when it has the library, else the environment "
