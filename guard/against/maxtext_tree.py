@@ -55,7 +55,7 @@ def _leaf_from_file(leaf: Any, file_tensors: Mapping[str, Callable[[], Any]], he
             return piece
         if array is None:
             array = np.empty(leaf.shape, piece.dtype)
-        array[leaf.index(at)] = piece
+        array[leaf.place(at)] = piece
     return array
 
 

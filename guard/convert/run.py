@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,14 @@ from guard.convert.read.source_training import adapt_names, find_training_source
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
 from guard.findings import Finding, Severity
 from guard.progress import progress
+from guard.records import Record
 from guard.write.cast import CastPolicy
 from guard.write.publish import discard, make_temp_dir, publish
 from guard.write.verify import verify_output
 from guard.write.writer import LAYOUTS, Naming, OutputTensor, plan_shards, write_output
 
 
-@dataclass(frozen=True)
-class ConvertRequest:
+class ConvertRequest(Record):
     src: Path
     out: Path
     to: str  # "flax" | "torch"
@@ -124,7 +123,7 @@ def convert_model(req: ConvertRequest) -> tuple[list[Finding], dict[str, Any]]:
             source = dequantized_source(source, quantized, config)
         except DequantError as exc:
             return findings + [refusal(exc, source)], figures
-        req = replace(req, cast=dequantized_cast(req.cast, config))
+        req = req._replace(cast=dequantized_cast(req.cast, config))
         figures["dtype"] = req.cast.target
     for tensor in source.tensors:
         info = dtypes.DTYPES.get(tensor.info.dtype)

@@ -33,7 +33,7 @@ class Refusal(Exception):
         self.next_step = next_step  # what to do instead, where the code's generic advice would be wrong
 
 
-@dataclass
+@dataclass  # mutable: the name mapping appends tensors, findings, decisions and aliases as it maps
 class Mapping:
     how: str
     architecture: str | None = None

@@ -11,7 +11,6 @@ holds that its Flax twin has no place for.  Nothing is dropped without a line sa
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from guard.catalogue import make_finding
@@ -20,13 +19,13 @@ from guard.convert.map.mapped import Mapping, Refusal
 from guard.convert.map.rules import flax_to_torch, torch_to_flax
 from guard.convert.read.source import SourceModel
 from guard.findings import Severity
+from guard.records import Record
 from guard.write.plan import Key, Mapped, Perm, SourceTensor
 
 __all__ = ["Mapped", "Mapping", "Refusal", "map_tensors"]  # Mapped: the writer's input
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(Record):
     family: Family
     model_type: str
     config: dict[str, Any]

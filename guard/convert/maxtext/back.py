@@ -41,7 +41,7 @@ class LeafSlices:
             self._key = leaf.key
             if tuple(self._array.shape) != leaf.shape:
                 raise MalformedCheckpoint(f"{leaf.name} has shape {list(self._array.shape)}, not {list(leaf.shape)}")
-        piece = self._array[leaf.index(at)] if leaf.axes else self._array
+        piece = self._array[leaf.place(at)] if leaf.axes else self._array
         return np.ascontiguousarray(steps.to_hf(piece, leaf.param.steps, self._head_dim))
 
 

@@ -9,7 +9,6 @@ MaxText's ``_build_multi_axis_stacked_tensor``) for scanned experts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import prod
 from typing import Any
 
@@ -17,14 +16,14 @@ from guard.catalogue import make_finding
 from guard.convert.maxtext.refusals import unsupported_layouts
 from guard.convert.maxtext.source_config import dimensions, rope_type, tied
 from guard.findings import Finding
+from guard.records import Record
 from guard.targets.maxtext import ARCHITECTURES, PARAM_SCAN_AXIS, Architecture, Param
 
 ROOT = ("params", "params")
 Spec = tuple[tuple[str, ...], tuple[tuple[tuple[int, ...], str], ...], tuple[int, ...]]  # (key, grid, stacked axes)
 
 
-@dataclass(frozen=True)
-class Leaf:
+class Leaf(Record):
     key: tuple[str, ...]  # the Orbax key, ROOT first
     param: Param
     grid: tuple[tuple[tuple[int, ...], str], ...]  # (index on the stacked axes, HF tensor name)
@@ -44,7 +43,7 @@ class Leaf:
             shape.insert(axis, count)
         return tuple(shape)
 
-    def index(self, at: tuple[int, ...]) -> tuple[Any, ...]:
+    def place(self, at: tuple[int, ...]) -> tuple[Any, ...]:
         """The numpy index of one HF tensor's place in the MaxText array."""
         index: list[Any] = [slice(None)] * (len(self.piece) + len(self.axes))
         for axis, i in zip(self.axes, at):

@@ -9,7 +9,6 @@ into place only when complete; a refusal writes nothing.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from guard.convert.maxtext.plan import Leaf, choose_row, dimensions, plan_leaves
 from guard.convert.maxtext.refusals import UNCONVERTED
 from guard.errors import GuardError, MalformedCheckpoint, UsageError
 from guard.findings import Finding, Severity
+from guard.records import Record
 from guard.targets import TARGETS
 from guard.targets.maxtext import ARCHITECTURES, Architecture
 from guard.write.cast import CastCheck, CastPolicy
@@ -30,8 +30,7 @@ FORMAT_VERSION = 1
 TARGET = TARGETS["maxtext"]  # its row: the library's version is its environment's
 
 
-@dataclass(frozen=True)
-class MaxTextRequest:
+class MaxTextRequest(Record):
     src: Path
     out: Path
     scan: bool = False
@@ -116,7 +115,7 @@ def _write(req: MaxTextRequest, config: dict[str, Any], row: Architecture, leave
                     import numpy as np
 
                     array = np.empty(leaf.shape, numpy_dtype(code))
-                array[leaf.index(at)] = piece
+                array[leaf.place(at)] = piece
             found = check.finding(name=leaf.name, path=str(req.src))
             if found is not None:
                 cast_findings.append(found._replace(severity=Severity.warning) if req.allow_lossy else found)

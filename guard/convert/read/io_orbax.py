@@ -18,13 +18,13 @@ direct child of the checkpoint directory.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from guard import dtypes
 from guard.errors import MalformedCheckpoint
+from guard.records import Record
 from guard.sources import LocalFile
 from guard.write.orbax_layout import METADATA, ZARR_DTYPES, Key, array_dir, chunk_name
 
@@ -36,8 +36,7 @@ def is_orbax_checkpoint(path: Path) -> bool:
     return (path / METADATA).is_file()
 
 
-@dataclass(frozen=True)
-class OrbaxLeaf:
+class OrbaxLeaf(Record):
     key: Key
     code: str
     shape: tuple[int, ...]

@@ -22,7 +22,7 @@ from guard.tensors import FileScan, TensorInfo
 from guard.write.plan import Loader, SourceTensor
 
 
-@dataclass
+@dataclass  # mutable: readers append tensors and findings as they open the files
 class SourceModel:
     framework: str  # "torch" | "flax"
     format: str

@@ -11,7 +11,7 @@ is copied or cast exactly as plain ``convert`` would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +21,7 @@ from guard.convert.read.dequant import DequantError, dequantizer
 from guard.convert.read.source import SourceModel
 from guard.errors import MalformedCheckpoint, UsageError
 from guard.findings import Finding
+from guard.records import Record
 from guard.tensors import TensorInfo
 from guard.write.plan import SourceTensor
 
@@ -28,13 +29,12 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-@dataclass
-class Quantized:
+class Quantized(Record):
     """What the inventory says about the set convert reads."""
 
     quant: Any  # guard.inventory.quantization.Quantization
     modules: tuple[Any, ...]  # its QuantModule records
-    findings: list[Finding] = field(default_factory=list)  # the integrity rules' errors (CG110-CG113)
+    findings: list[Finding]  # the integrity rules' errors (CG110-CG113)
 
 
 def open_quantization(src: Path, source: SourceModel) -> Quantized | None:
