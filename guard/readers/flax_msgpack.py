@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import prod
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding
 from guard.readers.binary.window import Window
+from guard.records import Record
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 
@@ -46,13 +47,13 @@ _NUMBERS = {0xca: ("float", 4, False), 0xcb: ("float", 8, False),
             0xcc: ("int", 1, False), 0xcd: ("int", 2, False), 0xce: ("int", 4, False),
             0xcf: ("int", 8, False), 0xd0: ("int", 1, True), 0xd1: ("int", 2, True),
             0xd2: ("int", 4, True), 0xd3: ("int", 8, True)}
-_CONSTANTS = {0xc0: ("nil", 0), 0xc2: ("bool", 0), 0xc3: ("bool", 1)}
+_CONSTANTS = {0xc0: ("nil", 0, 0), 0xc2: ("bool", 0, 0), 0xc3: ("bool", 1, 0)}
 
 
-class _Head(NamedTuple):
+class _Head(Record):
     kind: str  # map | array | str | bin | ext | int | float | bool | nil
     value: int  # entry count, byte length, or the int / bool itself
-    ext_type: int = 0
+    ext_type: int  # 0 but on an ext (given every time: the record's quickest construction, once per token)
 
 
 class _Cursor:
@@ -96,13 +97,13 @@ def _read_head(cur: _Cursor) -> _Head:
     at = cur.pos
     marker = cur.take(1)[0]
     if marker <= 0x7f or marker >= 0xe0:
-        return _Head("int", marker if marker <= 0x7f else marker - 0x100)
+        return _Head("int", marker if marker <= 0x7f else marker - 0x100, 0)
     if marker <= 0x8f:
-        head = _Head("map", marker & 0x0f)
+        head = _Head("map", marker & 0x0f, 0)
     elif marker <= 0x9f:
-        head = _Head("array", marker & 0x0f)
+        head = _Head("array", marker & 0x0f, 0)
     elif marker <= 0xbf:
-        head = _Head("str", marker & 0x1f)
+        head = _Head("str", marker & 0x1f, 0)
     elif marker in _SIZED:
         kind, width = _SIZED[marker]
         length = cur.uint(width)
@@ -113,8 +114,8 @@ def _read_head(cur: _Cursor) -> _Head:
         kind, width, signed = _NUMBERS[marker]
         if kind == "float":
             cur.skip(width)
-            return _Head("float", 0)
-        return _Head("int", cur.uint(width, signed=signed))
+            return _Head("float", 0, 0)
+        return _Head("int", cur.uint(width, signed=signed), 0)
     elif marker in _CONSTANTS:
         return _Head(*_CONSTANTS[marker])
     else:

@@ -29,7 +29,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 from guard import dtypes
 from guard.catalogue import make_finding
@@ -38,6 +38,7 @@ from guard.errors import MissingExtraError
 from guard.findings import Finding
 from guard.inventory import ModelInventory
 from guard.progress import ByteProgress
+from guard.records import Record
 from guard.tensors import TensorInfo
 
 # small enough that a chunk, its magnitudes and its flags (2.5x the chunk) stay in a core's L2 cache
@@ -47,7 +48,7 @@ WORKERS = min(4, os.cpu_count() or 1)  # peak memory: a few MiB per worker
 FP16_MAX, FP16_TINY = "65504", "2^-14"
 
 
-class ValueResults(NamedTuple):
+class ValueResults(Record):
     findings: list[Finding]
     stats: list[dict[str, Any]]  # per-tensor figures, carried in the JSON report's extra["values"]
 

@@ -12,18 +12,21 @@ arithmetic).  So each format is described by its bit fields, and:
   float64 through float32 first (so a float64 value is rounded twice, as there).
 
 Equal to ml_dtypes on every bit pattern of bf16, fp16 and the fp8 formats, and on random fp32
-patterns (tests/test_values_minifloats.py).  The caller imports numpy; this module needs nothing else.
+patterns (tests/test_values_minifloats.py).  The caller imports numpy; this module needs nothing else
+but ``guard.records``.
 """
 
 from __future__ import annotations
 
 from functools import cache
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from guard.records import Record
 
-class Format(NamedTuple):
+
+class Format(Record):
     exponent: int  # exponent bits
     mantissa: int  # stored mantissa bits
     bias: int

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from typing import NamedTuple
 
 from guard.errors import MalformedCheckpoint
 from guard.readers.binary.window import Window
+from guard.records import Record
 
 VARINT, FIXED64, LEN, START_GROUP, END_GROUP, FIXED32 = 0, 1, 2, 3, 4, 5
 MAX_DEPTH = 100  # protobuf's default recursion limit (upb and the C++ parser)
@@ -31,7 +31,7 @@ _NUMERIC_WIRE = {"varint": VARINT, "fixed32": FIXED32, "fixed64": FIXED64}
 Schema = Mapping[str, Mapping[int, str]]
 
 
-class Field(NamedTuple):
+class Field(Record):
     number: int
     wire: int
     value: int  # a varint's value, else where the payload starts
