@@ -6,9 +6,10 @@ classmethods).  At run time it builds what namedtuple builds without importing t
 of a hook's start-up, docs/benchmarks.md) and with one shared ``__new__`` (``collections.namedtuple``
 compiles one per class with ``eval``: ~0.1 ms each, and a hook imports 26 records before its first read):
 a tuple subclass with ``__slots__ = ()``, a field accessor per field, ``_fields``, ``_field_defaults``,
-``_make``, ``_replace``, ``_asdict``, namedtuple's ``repr`` and pickling.  ``@record`` on a plain class
-body is the same; ``class X(Record)`` is the spelling a type checker reads.  Methods must not use
-zero-argument ``super()`` (the class they close over is not the record).
+``_make``, ``_replace``, ``_asdict``, namedtuple's ``repr`` and pickling.  Methods must not use
+zero-argument ``super()`` (the class they close over is not the record).  A ``@dataclass`` is left only
+to mutable state, and to the torch pickle's descriptions, which must not be tuples
+(tests/test_architecture.py holds the rule).
 """
 
 from __future__ import annotations
@@ -18,10 +19,6 @@ from guard._speedups import tuple_field  # namedtuple's own field accessor (a C 
 _SKIP = {"__dict__", "__weakref__", "__annotations__", "__qualname__", "__module__", "__doc__"}
 _tuple_new = tuple.__new__  # the one constructor every record shares (namedtuple compiles one per class)
 _MISSING = object()  # a field with no default, not given: compared by identity only
-
-
-def record(cls: type) -> type:
-    return _build(cls.__name__, dict(cls.__dict__))
 
 
 def _build(name: str, body: dict[str, object]) -> type:

@@ -1,4 +1,4 @@
-"""The package layout: no import cycles, a scan imports exactly what it uses, command groups load lazily."""
+"""The package layout: no import cycles, a scan imports what it uses, command groups load lazily, one record type."""
 
 from __future__ import annotations
 
@@ -330,3 +330,63 @@ def test_the_flag_table_knows_every_output_format() -> None:
     from guard.reporters import REPORTERS
 
     assert FORMATS == tuple(REPORTERS)
+
+
+def _record_rule_breaks(root: Path = GUARD) -> list[str]:
+    """Where a module declares a value type other than ``class X(Record)`` (guard.records, the one record type).
+
+    A ``@dataclass`` stays only on mutable state, its decorator line saying ``# mutable: <what changes it>``,
+    or on a value that must not be a tuple, saying ``# not a tuple: <why>`` (the torch pickle's descriptions,
+    on a stack where a tuple is one the pickle built).  ``frozen=True`` belongs to the second kind only.
+    """
+    breaks: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        if path == root / "records.py":
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        where = path.relative_to(root.parent)
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    if (base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)) == "NamedTuple":
+                        breaks.append(f"{where}:{node.lineno}: {node.name} is a NamedTuple, not a Record")
+                for decorator in node.decorator_list:
+                    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                    name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", None)
+                    line = lines[decorator.lineno - 1]
+                    if name == "record":
+                        breaks.append(f"{where}:{decorator.lineno}: @record on {node.name}: write class X(Record)")
+                    elif name == "dataclass":
+                        frozen = isinstance(decorator, ast.Call) and any(
+                            k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True
+                            for k in decorator.keywords)
+                        if "# not a tuple:" not in line and (frozen or "# mutable:" not in line):
+                            breaks.append(f"{where}:{decorator.lineno}: {node.name} is a dataclass"
+                                          f"{' (frozen)' if frozen else ''} with no '# mutable:' on its decorator line")
+            elif isinstance(node, ast.Call):
+                func = node.func
+                if (func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)) == "namedtuple":
+                    breaks.append(f"{where}:{node.lineno}: namedtuple(): write a class X(Record)")
+    return breaks
+
+
+def test_every_value_type_is_a_record() -> None:
+    """One record type across the package (issue 40): an immutable value with fields is ``class X(Record)``."""
+    assert _record_rule_breaks() == []
+
+
+def test_the_record_rule_finds_each_other_kind(tmp_path: Path) -> None:
+    package = tmp_path / "guard"
+    package.mkdir()
+    (package / "records.py").write_text("def record(cls): ...\n")
+    (package / "kinds.py").write_text(
+        "import collections\nfrom dataclasses import dataclass\nfrom typing import NamedTuple\n\n"
+        "class A(NamedTuple):\n    x: int\n\n"
+        "@dataclass(frozen=True)\nclass B:\n    x: int\n\n"
+        "@dataclass\nclass C:\n    x: int\n\n"
+        "@dataclass  # mutable: the loop counts into x\nclass D:\n    x: int\n\n"
+        "@dataclass(frozen=True)  # mutable: frozen, so not mutable\nclass E:\n    x: int\n\n"
+        "@dataclass(frozen=True, slots=True)  # not a tuple: a tuple means one\nclass F:\n    x: int\n\n"
+        "G = collections.namedtuple('G', 'x')\n")
+    assert [b.split(": ", 1)[0] for b in _record_rule_breaks(package)] == [
+        "guard/kinds.py:5", "guard/kinds.py:8", "guard/kinds.py:12", "guard/kinds.py:20", "guard/kinds.py:28"]

@@ -24,11 +24,10 @@ import json, pickle, sys
 from guard import _speedups, jsonload
 from guard.findings import Finding
 from guard.readers.safetensors import read_safetensors
-from guard.records import record
+from guard.records import Record
 from guard.sources import BytesSource
 
-@record
-class Point:
+class Point(Record):
     x: int
     y: int = 2
     label: str = "p"
