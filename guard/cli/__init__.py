@@ -54,10 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(args)
 
 
-def _plain(command: Callable[[], object], *, process: bool) -> int:
+def _plain(command: Callable[[], int], *, process: bool) -> int:
     """Run a command parsed without click: one line and exit 2 for the tool's own failures."""
     try:
-        code = int(command())  # type: ignore[call-overload]  # a command returns its int exit status
+        code = int(command())
     except GuardError as exc:
         print(f"ckpt-guard: error: {exc}", file=sys.stderr)
         return 2

@@ -19,6 +19,9 @@ from guard.cli.options import emit, output_options, policy_options, resolve_poli
 from guard.errors import GuardError, UsageError
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from 3.11
+
+    from guard.cli.run import PolicyFlags
     from guard.hub.client import HubClient
 
 token_option = click.option(
@@ -63,13 +66,13 @@ def make_client(token: str | None, timeout: float, *, retry_deadline: float,
 @output_options
 def scan_cmd(repo_ids: tuple[str, ...], revision: str | None, author: str | None, jobs: int,
              max_rps: float | None, token: str | None, timeout: float, retry_deadline: float, no_summary: bool,
-             fmt: str, output: Path | None, **policy_flags: object) -> int:
+             fmt: str, output: Path | None, **policy_flags: Unpack[PolicyFlags]) -> int:
     """Scan Hub repositories through ranged reads of their headers (no weights downloaded)."""
     from guard.hub.scan import list_author_models, scan_hub
 
     if not repo_ids and not author:
         raise UsageError("give at least one REPO_ID, or --author ORG")
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
+    policy = resolve_policy(**policy_flags)
     client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
     targets = list(repo_ids)
     if author:
@@ -100,13 +103,13 @@ def scan_cmd(repo_ids: tuple[str, ...], revision: str | None, author: str | None
 @output_options
 def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: bool, private: bool,
                commit_message: str | None, token: str | None, timeout: float, retry_deadline: float, fmt: str,
-               output: Path | None, **policy_flags: object) -> int:
+               output: Path | None, **policy_flags: Unpack[PolicyFlags]) -> int:
     """Scan LOCAL_DIR, then upload it to REPO_ID only if the policy passes (or as a PR with the report)."""
     from guard.hub.upload import gated_upload
 
     if not local_dir.is_dir():
         raise UsageError(f"{local_dir}: not a directory")
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
+    policy = resolve_policy(**policy_flags)
     outcome = gated_upload(local_dir, repo_id, policy, token=token, timeout=timeout, revision=revision,
                            create_pr=create_pr, private=private, commit_message=commit_message,
                            retry_deadline=retry_deadline)
@@ -135,7 +138,7 @@ def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: b
 @output_options
 def fix_cmd(repo_id: str, revision: str | None, create_pr: bool, replace: bool, cast: bool, to_config: bool,
             allow_lossy: bool, add: tuple[str, ...], max_rps: float | None, token: str | None, timeout: float,
-            retry_deadline: float, fmt: str, output: Path | None, **policy_flags: object) -> int:
+            retry_deadline: float, fmt: str, output: Path | None, **policy_flags: Unpack[PolicyFlags]) -> int:
     """Plan the fixes of REPO_ID from its remote headers; with --create-pr, open one pull request with them.
 
     Only the files the fixes read are downloaded; every file written is verified before it is
@@ -146,12 +149,12 @@ def fix_cmd(repo_id: str, revision: str | None, create_pr: bool, replace: bool, 
     from guard.hub.fix_text import plan_text
 
     target_branch(revision)  # a usage error before anything is asked of the Hub
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
+    policy = resolve_policy(**policy_flags)
     client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
     options = FixOptions(replace=replace, cast=cast, to_config=to_config, allow_lossy=allow_lossy, add=add)
     result = fix_repo(client, repo_id, policy, options, revision=revision, create_pr=create_pr,
-                      select=tuple(policy_flags.get("select") or ()),  # type: ignore[arg-type]  # the CLI's parsed codes, strings
-                      ignore=tuple(policy_flags.get("ignore") or ()))  # type: ignore[arg-type]  # the CLI's parsed codes, strings
+                      select=tuple(policy_flags.get("select") or ()),
+                      ignore=tuple(policy_flags.get("ignore") or ()))
     report = result.after or result.before
     report.extra["fix"] = result.to_json()
     if fmt == "text" and output is None:
@@ -180,7 +183,7 @@ DIFF_FORMATS = ("text", "json", "markdown", "github", "sarif")  # guard.diff.ren
 @deadline_option
 @policy_options
 def diff_cmd(repo_id: str, old: str, new: str, fmt: str, output: Path | None, max_rps: float | None,
-             token: str | None, timeout: float, retry_deadline: float, **policy_flags: object) -> int:
+             token: str | None, timeout: float, retry_deadline: float, **policy_flags: Unpack[PolicyFlags]) -> int:
     """Compare two revisions of REPO_ID from their remote headers: tensors added, removed, recast and
     reshaped, sizes, and the findings the change introduces and resolves (no weights downloaded).
 
@@ -190,7 +193,7 @@ def diff_cmd(repo_id: str, old: str, new: str, fmt: str, output: Path | None, ma
     from guard.diff import render_change
     from guard.hub.diff import hub_change
 
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
+    policy = resolve_policy(**policy_flags)
     client = make_client(token, timeout, retry_deadline=retry_deadline, max_rps=max_rps)
     result = hub_change(client, repo_id, old, new, policy)
     text = render_change(result.change, fmt)

@@ -46,8 +46,9 @@ def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_
         from guard.cli.parity_against import parity_against
 
         return parity_against(torch_dir, against, against_python, seed, fmt, output, verbose, drift)
+    assert flax_dir is not None  # given when --against is not (checked above)
     for directory in (torch_dir, flax_dir):
-        if not directory.is_dir():  # type: ignore[union-attr]  # flax_dir is given when --against is not (checked above)
+        if not directory.is_dir():
             raise UsageError(f"{directory}: not a directory")
     from guard.parity.needs import flax_side
     from guard.quiet import quiet_libraries
@@ -55,7 +56,7 @@ def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_
     found = flax_side(flax_python, "parity")  # where the Flax side runs, or the one line saying why not
     python = None if found.in_process else found.python
     with quiet_libraries(verbose=verbose):
-        return _parity(torch_dir, flax_dir, seed, fmt, output, drift, python, found.figures())  # type: ignore[arg-type]  # flax_dir is given when --against is not (checked above)
+        return _parity(torch_dir, flax_dir, seed, fmt, output, drift, python, found.figures())
 
 
 def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path | None, drift: bool | None,

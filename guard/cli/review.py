@@ -15,6 +15,15 @@ from pathlib import Path
 from guard.cli.flags import POLICY_FLAGS, Flag
 from guard.errors import UsageError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: git's textconv driver imports none
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from typing_extensions import Unpack  # typing's from 3.11
+
+    from guard.cli.run import PolicyFlags
+    from guard.diff.change import ChangeReport
+
 DIFF_FORMATS = ("text", "json", "markdown", "github", "sarif")  # guard.diff.render.VIEWS, in order
 DIFF_FLAGS: tuple[Flag, ...] = (
     *POLICY_FLAGS,
@@ -27,21 +36,21 @@ DIFF_FLAGS: tuple[Flag, ...] = (
 
 
 def run_diff(old: Path, new: Path, *, fmt: str, output: Path | None, values: bool, no_summary: bool,
-             **policy_flags: object) -> int:
+             **policy_flags: Unpack[PolicyFlags]) -> int:
     from guard.cli.run import resolve_policy, write_rendered
     from guard.diff import compare_sides, local_side, render_change
 
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
+    policy = resolve_policy(**policy_flags)
     change = compare_sides(local_side(old), local_side(new), policy, values=values)
     write_rendered(lambda as_fmt, color=False: render_change(change, as_fmt, color=color), fmt, output,
                    summary=None if no_summary else lambda: _markdown(change))
     return change.exit_code
 
 
-def _markdown(change: object) -> str:
+def _markdown(change: ChangeReport) -> str:
     from guard.diff import render_change_markdown
 
-    return render_change_markdown(change)  # type: ignore[arg-type]  # the change is a ChangeReport here (plain output handled above)
+    return render_change_markdown(change)
 
 
 def run_textconv(file: Path) -> int:
@@ -54,7 +63,7 @@ def run_textconv(file: Path) -> int:
     return 0
 
 
-def plain_review(args: list[str]):
+def plain_review(args: list[str]) -> Callable[[], int] | None:
     """A call of `diff OLD NEW [flags]` or `textconv FILE` in plain spellings, ready to run; else None."""
     if args[:1] == ["textconv"] and len(args) == 2 and not args[1].startswith("-"):
         return lambda: run_textconv(Path(args[1]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from guard import __version__, lazy
@@ -25,8 +27,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 class LazyGroup(click.Group):
     """A group whose commands are imported on first use."""
 
-    def __init__(self, *args: object, commands: dict[str, tuple[str, str, str]], **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]  # click.Group's own arguments, passed through
+    def __init__(self, *args: Any, commands: dict[str, tuple[str, str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # click.Group's own arguments, passed through
         self.lazy = commands
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -17,6 +17,21 @@ from guard.reporters import render
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (~3 ms, the hook's path)
 if TYPE_CHECKING:  # no pathlib on the hook's path either (guard.paths)
     from pathlib import Path
+    from typing import TypedDict
+
+    from typing_extensions import Unpack  # typing's from 3.11
+
+    class PolicyFlags(TypedDict):
+        """The policy flags as the CLI parses them (guard.cli.flags.POLICY_FLAGS): resolve_policy's arguments."""
+
+        config_file: Path | None
+        expect: str | None
+        keep_fp32: tuple[str, ...]
+        targets: tuple[str, ...]
+        select: tuple[str, ...]
+        extend_select: tuple[str, ...]
+        ignore: tuple[str, ...]
+        fail_on: str | None
 
 
 def resolve_policy(*, config_file: Path | None, expect: str | None, keep_fp32: tuple[str, ...],
@@ -33,10 +48,10 @@ def resolve_policy(*, config_file: Path | None, expect: str | None, keep_fp32: t
 
 
 def run_scan(paths: tuple[str | Path, ...], fmt: str, output: Path | None, values: bool, no_summary: bool,
-             **policy_flags: object) -> int:
+             **policy_flags: Unpack[PolicyFlags]) -> int:
     from guard.scan import scan_paths
 
-    policy = resolve_policy(**policy_flags)  # type: ignore[arg-type]  # policy_flags are the CLI's parsed flags, of resolve_policy's types
+    policy = resolve_policy(**policy_flags)
     report = scan_paths(paths or (".",), policy, values=values)
     emit(report, fmt, output, summary=not no_summary)
     return report.exit_code
