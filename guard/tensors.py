@@ -53,9 +53,21 @@ class TensorInfo(Record):
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (the hook's path)
 if TYPE_CHECKING:  # to the type checker a getter is a function of a TensorInfo, and a column holds its values
     from collections.abc import Callable
-    from typing import Any, TypeVar
+    from typing import Any, Protocol, TypeVar
 
     _V = TypeVar("_V")
+
+    class TrainingClaim(Protocol):
+        """A scan's ``training``: guard.training.state.TrainingState, by the fields read below the training
+        layer (guard.training imports this module)."""
+
+        @property
+        def layout(self) -> str: ...
+        @property
+        def publishes(self) -> str: ...
+        @property
+        def homes(self) -> tuple[object, ...]: ...
+
     TENSOR_NAME: Callable[[TensorInfo], str]
     TENSOR_DTYPE: Callable[[TensorInfo], str]
     TENSOR_SHAPE: Callable[[TensorInfo], tuple[int, ...]]
@@ -81,11 +93,11 @@ class _AsTuple(Sequence[TensorInfo]):
     def __hash__(self) -> int:
         return hash(tuple(self))
 
-    def __add__(self, other: object) -> tuple[TensorInfo, ...]:
-        return tuple(self) + tuple(other)  # type: ignore[arg-type]  # other is a tuple (tuple + non-tuple raises, as tuple's own + does)
+    def __add__(self, other: Sequence[TensorInfo]) -> tuple[TensorInfo, ...]:
+        return tuple(self) + tuple(other)
 
-    def __radd__(self, other: object) -> tuple[TensorInfo, ...]:
-        return tuple(other) + tuple(self)  # type: ignore[arg-type]  # other is a tuple (tuple + non-tuple raises, as tuple's own + does)
+    def __radd__(self, other: Sequence[TensorInfo]) -> tuple[TensorInfo, ...]:
+        return tuple(other) + tuple(self)
 
     def __repr__(self) -> str:
         return repr(tuple(self))
@@ -266,4 +278,4 @@ class FileScan(Record):
     # the inventory resolves them against the directory listing, local or remote.
     companions: tuple[str, ...] = ()
     # A training checkpoint read as one scan (guard.training.state.TrainingState); None for any other file.
-    training: object | None = None  # typed loosely: guard.training imports this module
+    training: TrainingClaim | None = None

@@ -29,6 +29,10 @@ from guard.sources import ByteSource, BytesSource, LocalFile
 from guard.tensors import FileScan
 from guard.training.registry import has_training_marker  # the trainers' marker names (their code: lazily)
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (the hook's path)
+if TYPE_CHECKING:
+    from guard.training.dirs import TrainingDir  # the trainers' code, imported only where a marker is
+
 SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".tox", ".cache"}
 FIX_STAGING_PREFIX = ".ckpt-guard-fix-"  # guard.fix.apply's staging directories: half-written, never scanned
 # Files without a weight suffix are sniffed by magic bytes when at least this large (a weight file
@@ -56,7 +60,7 @@ class LocalModel(Record):
     weight_files: tuple[str, ...]
     json_files: tuple[str, ...]
     orbax: tuple[str, ...] = ()  # Orbax checkpoint directories (guard.inventory.orbax_dirs)
-    training: tuple[object, ...] = ()  # training checkpoints here (guard.training.dirs.TrainingDir)
+    training: tuple[TrainingDir, ...] = ()  # training checkpoints here
 
 
 def display_path(path: str | os.PathLike[str]) -> str:
@@ -126,8 +130,8 @@ def discover_models(paths: Iterable[str | os.PathLike[str]]) -> list[LocalModel]
             models.append(model)
     roots = [m.directory for m in models if m.orbax]  # nothing inside an Orbax checkpoint
     # nor inside a folder a training checkpoint claims (a claimed name ending in "/": DeepSpeed's universal zero/)
-    owned = [os.path.join(t.directory, c.rstrip("/")) for m in models for t in m.training  # type: ignore[attr-defined]  # training holds TrainingDirs, typed object: guard.training is above inventory's imports here
-             for c in t.claimed if c.endswith("/")]  # type: ignore[attr-defined]  # as above
+    owned = [os.path.join(t.directory, c.rstrip("/")) for m in models for t in m.training
+             for c in t.claimed if c.endswith("/")]
     if owned:
         models = [m for m in models if not any(m.directory == o or _inside(m.directory, o) for o in owned)]
     return [m for m in models if not any(_inside(m.directory, r) for r in roots)] if roots else models
@@ -211,12 +215,12 @@ def _local_model(directory: str, named: set[str], entries: list[os.DirEntry[str]
         weights = tf_dirs.local_weights(directory, entries, weights)  # TF bundles and SavedModels
     training = _training(directory, entries)
     if training:  # the files a training checkpoint owns are read with it, not as weights of their own
-        claimed = {name for found in training for name in found.claimed}  # type: ignore[attr-defined]  # training holds TrainingDirs, typed object: guard.training is above inventory's imports here
+        claimed = {name for found in training for name in found.claimed}
         weights = [w for w in weights if path_name(w) not in claimed]
     return LocalModel(directory, tuple(weights), tuple(jsons), orbax, training)
 
 
-def _training(directory: str, entries: list[os.DirEntry[str]]) -> tuple[object, ...]:
+def _training(directory: str, entries: list[os.DirEntry[str]]) -> tuple[TrainingDir, ...]:
     """The training checkpoints the directory holds (guard.training.dirs), asked only where a trainer's marker is."""
     if not has_training_marker(e.name for e in entries):
         return ()
@@ -280,7 +284,7 @@ def load_local_model(model: LocalModel) -> ModelInventory:
         from guard.training.dirs import scan_training_dir
 
         for found in model.training:
-            scans.append(scan_training_dir(found, name=display_path(found.directory)))  # type: ignore[arg-type,attr-defined]  # as above
+            scans.append(scan_training_dir(found, name=display_path(found.directory)))
             settle(scans[-1].format)
     scans = tf_dirs.rebase_companions(scans, display_path(model.directory))  # a SavedModel's variables/
     opened: list[LocalFile] = []

@@ -169,8 +169,8 @@ def build_inventory(
         sets, indexes, found = _settle_indexes(files, sets, indexes, deferred)
         for at, name in reversed(marks):
             findings[at:at] = found.get(name, ())
-    sets = mark_primary(sets, diffusers=_is_diffusers(config))  # type: ignore[assignment]  # mark_primary returns the sets as a tuple, as ModelInventory holds them
-    return ModelInventory(path, files, tuple(indexes), config_path, config, config_text, tuple(findings), sets,  # type: ignore[arg-type]  # sets is mark_primary's tuple here
+    marked = mark_primary(sets, diffusers=_is_diffusers(config))
+    return ModelInventory(path, files, tuple(indexes), config_path, config, config_text, tuple(findings), marked,
                           MappingProxyType(quant_files) if quant_files else NO_QUANT_FILES)
 
 

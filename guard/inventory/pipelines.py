@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from guard import jsonload
 from guard.inventory.model import MAX_JSON_BYTES, PIPELINE_INDEX
@@ -44,7 +44,8 @@ def _is_component(key: str, value: object) -> bool:
             and "/" not in key and key not in (".", ".."))
 
 
-def local_pipelines(directories: Iterable[str | os.PathLike[str]], *, display: object) -> list[Pipeline]:
+def local_pipelines(directories: Iterable[str | os.PathLike[str]], *,
+                    display: Callable[[str | os.PathLike[str]], str]) -> list[Pipeline]:
     """Pipelines whose root is one of, or the parent of one of, the model directories."""
     roots: dict[str, None] = {}
     for raw in directories:
@@ -67,7 +68,7 @@ def local_pipelines(directories: Iterable[str | os.PathLike[str]], *, display: o
             except OSError:
                 continue  # a component folder that is absent: diffusers' own error, not a variant's
             components[name] = files
-        pipelines.append(Pipeline(display(root), components))  # type: ignore[operator]  # display is the caller's path formatter (typed object)
+        pipelines.append(Pipeline(display(root), components))
     return pipelines
 
 

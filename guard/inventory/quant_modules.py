@@ -70,6 +70,14 @@ class QuantModule(Record):
     missing: tuple[str, ...] = ()  # required component roles not found (CG110)
 
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    MODULE_PREFIX: Callable[[QuantModule], str]
+else:
+    MODULE_PREFIX = TENSOR_NAME  # a record's first field, in C: a QuantModule's prefix, as a TensorInfo's name
+
+
 class Kind(Record):
     """The modules of one signature (their suffixes and dtypes): one plan, worked out once, for all of them."""
 
@@ -118,7 +126,7 @@ class Grouped:
         if self._modules is None:
             made = [kind.built if kind.built is not None else list(map(kind.module, range(len(kind.prefixes))))
                     for kind in self.kinds]
-            self._modules = tuple(sorted(chain.from_iterable(made), key=TENSOR_NAME))  # type: ignore[arg-type]  # QuantModule.prefix: a QuantModule's first field, as a TensorInfo's is its name
+            self._modules = tuple(sorted(chain.from_iterable(made), key=MODULE_PREFIX))
         return self._modules
 
 
@@ -178,8 +186,8 @@ def _group(ws: WeightSet, quant: Quantization) -> Grouped:
             roles.update(zip(map(TENSOR_NAME, aligned[suffix]), repeat(role)))
         for suffix in plan.floats:
             component_floats += sum(map(prod, map(TENSOR_SHAPE, aligned[suffix])))
-        layout = plan.layout  # type: ignore[assignment]  # a plan's layout may be None: handled on the next line
-        if layout is None:
+        planned = plan.layout
+        if planned is None:
             for suffix in plan.stray:
                 stray.extend(map(TENSOR_NAME, aligned[suffix]))
             continue
@@ -191,8 +199,9 @@ def _group(ws: WeightSet, quant: Quantization) -> Grouped:
                                                                     repeat(bits)))
         else:  # counted module by module (scales × group size, a bitmask, bits per module): the records first
             parts = list(map(kind.parts, range(len(prefixes))))
-            kind = kind._replace(built=list(map(_module, repeat(plan), prefixes, parts, repeat(quant))))
-            logical += sum(map(_logical_count, repeat(layout), parts, kind.built))  # type: ignore[arg-type]  # kind.built is set on the line above
+            built = list(map(_module, repeat(plan), prefixes, parts, repeat(quant)))
+            kind = kind._replace(built=built)
+            logical += sum(map(_logical_count, repeat(planned), parts, built))
         kinds.append(kind)
     if strict and not kinds and quant.method in LAYOUTS_BY_METHOD and layouts is not LAYOUTS:
         # nothing packed the declared way: read the tensors by every layout, so the count stays logical
@@ -265,13 +274,14 @@ def _by_signature(columns: Mapping[str, dict[str, TensorInfo]]) -> Iterator[tupl
     signatures = list(zip(*(map(dict(zip(column, map(TENSOR_DTYPE, column.values()))).get, names)
                             for column in present.values())))
     distinct = dict.fromkeys(signatures)
+    groups: Iterator[tuple[tuple[str | None, ...], list[str]]]
     if len(distinct) <= _FEW:
         groups = ((signature, list(compress(names, map(signature.__eq__, signatures)))) for signature in distinct)
     else:
         by_signature: dict[tuple[str | None, ...], list[str]] = {}
         for prefix, signature in zip(names, signatures):
             by_signature.setdefault(signature, []).append(prefix)
-        groups = iter(by_signature.items())  # type: ignore[arg-type]  # either branch yields (signature, prefixes) pairs
+        groups = iter(by_signature.items())
     for signature, prefixes in groups:
         yield prefixes, {suffix: list(map(column.__getitem__, prefixes))
                          for (suffix, column), dtype in zip(present.items(), signature) if dtype is not None}

@@ -29,6 +29,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the hook
 if TYPE_CHECKING:  # guard.inventory.model imports this module: no import back
     from typing import Any as ModelInventory  # not the class: even a type-only import back is one (test_architecture)
 
+    from typing_extensions import Never  # typing's from 3.11
+
     from guard.inventory.quant_modules import QuantModule
     from guard.inventory.sets import WeightSet
     from guard.tensors import TensorInfo
@@ -36,7 +38,7 @@ if TYPE_CHECKING:  # guard.inventory.model imports this module: no import back
 __all__ = ["Quantization", "QuantModule", "bits_per_weight", "component_roles", "logical_by_dtype",
            "logical_parameters", "packed_label", "quantized_modules", "set_quantization"]
 
-_EMPTY: Mapping[str, object] = MappingProxyType({})
+_EMPTY: Mapping[str, Never] = MappingProxyType({})  # no value: a default for a mapping of any value type
 
 
 class Quantization(Record):
@@ -153,10 +155,12 @@ def _from_quant_method(qc: dict[str, object]) -> Quantization:
     elif method == "bitnet":
         bits = 2
     elif method == "modelopt":
-        nested = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
-        fmt = str(nested.get("quant_algo") or "FP8")  # type: ignore[attr-defined]  # nested is qc or its quantization dict: a dict either way
+        nested = qc.get("quantization")
+        if not isinstance(nested, dict):
+            nested = qc
+        fmt = str(nested.get("quant_algo") or "FP8")
         bits = 4 if "FP4" in fmt.upper() else 8
-        group = _int(nested.get("group_size")) or (16 if bits == 4 else None)  # type: ignore[attr-defined]  # nested is qc or its quantization dict: a dict either way
+        group = _int(nested.get("group_size")) or (16 if bits == 4 else None)
     elif method == "torchao":
         quant_type = qc.get("quant_type")
         fmt = str(quant_type.get("default", {}).get("_type", "")) if isinstance(quant_type, dict) and isinstance(
@@ -257,7 +261,7 @@ def _name_candidates(ws: WeightSet, known: Mapping[str, str]) -> Iterator[Tensor
 
 
 
-def _from_tensor_names(ws: WeightSet, *, known: Mapping[str, str] = _EMPTY) -> Quantization | None:  # type: ignore[assignment]  # the shared empty mapping, never written
+def _from_tensor_names(ws: WeightSet, *, known: Mapping[str, str] = _EMPTY) -> Quantization | None:
     """A method's distinctive tensor names (one set lookup per tensor); MLX's ``biases`` only beside U32 weights.
     ``known``: tensors already read as components of the declared method, passed over."""
     if not (ws.by_dtype().keys() & _PACKED_CODES):

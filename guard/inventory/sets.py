@@ -184,7 +184,8 @@ def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list
     """Every file and index of one directory, in the set it belongs to (sorted by name)."""
     found: dict[tuple[object, ...], tuple[FileRole, str, list[FileScan], list[ShardIndex]]] = {}
     for scan in files:
-        role = classify(scan.path, weights=True) if scan.training is None else _training_role(scan)
+        training = scan.training
+        role = classify(scan.path, weights=True) if training is None else _training_role(scan, training.layout)
         family = role.format or _READER_FAMILIES.get(scan.format or "", scan.format or "")
         key = (*role.set_key[:3], family, role.variant, role.set_key[5])
         found.setdefault(key, (role, family, [], []))[2].append(scan)
@@ -198,10 +199,9 @@ def group_sets(files: Sequence[FileScan], indexes: Sequence[ShardIndex]) -> list
     return sorted(sets, key=lambda s: s.name)
 
 
-def _training_role(scan: FileScan) -> FileRole:
+def _training_role(scan: FileScan, layout: str) -> FileRole:
     """A training checkpoint (guard.training) is one set of its own, of its layout, whatever its folder's name."""
     name = posixpath.basename(scan.path.rstrip("/")) or scan.path
-    layout = scan.training.layout  # type: ignore[attr-defined]  # a scan's training is a claim with a layout, typed object (guard.training imports guard.tensors)
     return FileRole(name, "training-state", "file", layout, name, scan.format or layout, None, None)
 
 

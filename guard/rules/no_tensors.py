@@ -31,7 +31,7 @@ def no_tensor_findings(ws: WeightSet, scan: FileScan) -> list[Finding]:
     if declared.isdigit() and int(declared) > 0:
         return [make_finding("CG001", scan.path, f"unreadable checkpoint: the {scan.format} header declares "
                              f"{int(declared):,} tensor(s), and none could be read")]
-    if not ws.judged or (scan.training is not None and scan.training.homes):  # type: ignore[attr-defined]  # ScanFile.training is typed object (guard.training imports guard.tensors); set, it is a claim with homes
+    if not ws.judged or (scan.training is not None and scan.training.homes):
         return []  # training state whose tensors are all optimizer or other state: its notes list them
     if declared == "0":
         what = _DECLARED_NONE.get(scan.format, f"the {scan.format} header declares no tensors")

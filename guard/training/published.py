@@ -9,24 +9,38 @@ its training sets (``guard.rules.publishing.PublishingCheck`` keeps those), and 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from guard import dtypes
 from guard.catalogue import make_finding
 from guard.findings import Finding
 from guard.training.state import KINDS
 
+if TYPE_CHECKING:
+    from guard.tensors import FileScan
 
-def narrower_findings(training: Iterable[object], weights: Iterable[tuple[str, str, str]]) -> Iterator[Finding]:
+
+class TrainingSet(Protocol):
+    """A training checkpoint's weight set (guard.inventory.sets.WeightSet, a layer above this one)."""
+
+    @property
+    def files(self) -> Sequence[FileScan]: ...
+
+    def parameters_by_dtype(self) -> dict[str, int]: ...
+
+
+def narrower_findings(training: Iterable[TrainingSet], weights: Iterable[tuple[str, str, str]]) -> Iterator[Finding]:
     """CG122 for each primary weight set in a training set's folder, or the folder above it, narrower than it."""
     published = {directory: (dtype, file) for directory, dtype, file in weights}
     for ws in training:
-        state = ws.files[0].training  # type: ignore[attr-defined]  # ws is a WeightSet, typed object to keep this module below inventory
-        floats = {c: n for c, n in ws.parameters_by_dtype().items() if dtypes.is_float(c)}  # type: ignore[attr-defined]  # as above
+        state = ws.files[0].training
+        assert state is not None  # a training set's first file carries its claim (PublishingCheck keeps those)
+        floats = {c: n for c, n in ws.parameters_by_dtype().items() if dtypes.is_float(c)}
         if not floats:
             continue
         masters = max(floats, key=floats.__getitem__)
-        path = ws.files[0].path  # type: ignore[attr-defined]  # as above
+        path = ws.files[0].path
         directory = posixpath.dirname(path.rstrip("/")) or "."
         for folder in dict.fromkeys((path.rstrip("/"), directory)):  # its own folder, and the one above it
             if folder not in published or not _narrower(published[folder][0], masters):
