@@ -20,8 +20,14 @@ shards to show the cost per tensor stays flat.
 Discovery (``--cases discovery``): a tree of 50,000 non-weight files (sources, configs, images,
 data) plus one model, `ckpt-guard scan TREE` against `find TREE -type f` (target: at most 5x).
 
+Loading (``--cases loading``): where the loading rules (CG123-CG127) judge a set at scale: a per-expert
+Qwen3-MoE (config.json naming ``Qwen3MoeForCausalLM``, 128 layers of 512 experts: 197,763 tensors that
+all match the table, in 100 shards), ``ckpt-guard scan DIR`` against the same scan with those rules
+ignored (``--ignore CG123,...,CG127``), and the same model with experts 2-3 left out of layer 0 (the
+judge's finding path). Target: the rules add at most 5 %.
+
 Usage: .venv/bin/python bench/scan.py [--size-gib 1.0] [--rounds 7] [--out bench/out/scan]
-                                      [--cases loaders layout scale discovery]
+                                      [--cases loaders layout scale discovery loading]
 
 Every case runs ckpt-guard and the references with the interpreter that runs this script: with
 `.venv-latest/bin/python` (`make bench-latest`) it measures the latest releases (bench/envs.py).
@@ -140,9 +146,10 @@ def main() -> int:
     parser.add_argument("--size-gib", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scan")
-    parser.add_argument("--cases", nargs="+", choices=("loaders", "layout", "scale", "discovery"),
+    parser.add_argument("--cases", nargs="+", choices=("loaders", "layout", "scale", "discovery", "loading"),
                         default=["loaders", "layout", "scale", "discovery"])
     parser.add_argument("--generate-sharded", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--generate-moe", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     # An installed package runs from compiled bytecode; with PYTHONDONTWRITEBYTECODE set, every child
     # would compile each guard module from source again (a third of a tiny scan's start-up here).
@@ -150,6 +157,9 @@ def main() -> int:
     if args.generate_sharded:
         generate_sharded(Path(args.generate_sharded[0]), int(args.generate_sharded[1]), 50,
                          form=(args.generate_sharded[2:] or ["library"])[0])
+        return 0
+    if args.generate_moe:
+        generate_moe(Path(args.generate_moe[0]), missing=args.generate_moe[1] == "missing")
         return 0
     sys.path.insert(0, str(ROOT / "bench"))
     import envs
@@ -160,6 +170,8 @@ def main() -> int:
         scale(args.out, args.rounds)
     if "discovery" in args.cases:
         discovery(args.out, args.rounds)
+    if "loading" in args.cases:
+        loading(args.out, args.rounds)
     if "loaders" in args.cases:
         loaders(args)
     if "layout" in args.cases:
@@ -354,6 +366,102 @@ def scale(out: Path, rounds: int) -> None:
         print(f"  ckpt-guard / safe_open: wall {ratio:.2f}x, cpu {cpu_ratio:.2f}x (target <= 1.5x); "
               f"{work:.2f} us of cpu per tensor above start-up")
     print(f"  cpu per tensor, 4,000 shards / 1,000 shards: {per_tensor[1] / per_tensor[0]:.2f} (linear: ~1.0)")
+
+
+MOE_CONFIG = {  # Qwen3-MoE as transformers 5.25 writes it (Qwen3-235B-A22B's fields), sized for headers only
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "dtype": "bfloat16",
+    "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
+    "intermediate_size": 16, "moe_intermediate_size": 2, "num_local_experts": 512, "num_experts_per_tok": 8,
+    "num_hidden_layers": 128, "vocab_size": 32, "tie_word_embeddings": False, "mlp_only_layers": [],
+    "decoder_sparse_step": 1, "norm_topk_prob": True, "rms_norm_eps": 1e-06, "max_position_embeddings": 40960,
+    "transformers_version": "5.25.0",
+}
+
+
+def moe_tensors(config: dict[str, object], *, missing: bool = False) -> list[tuple[str, list[int]]]:
+    """A per-expert Qwen3-MoE's names and shapes in the Hub's order (as its shards list them)."""
+    h, heads, kv, hd = (int(config[k]) for k in  # type: ignore[call-overload]  # the literal's ints
+                        ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"))
+    inter, experts, vocab = (int(config[k]) for k in  # type: ignore[call-overload]  # as above
+                             ("moe_intermediate_size", "num_local_experts", "vocab_size"))
+    out: list[tuple[str, list[int]]] = [("model.embed_tokens.weight", [vocab, h])]
+    for layer in range(int(config["num_hidden_layers"])):  # type: ignore[call-overload]  # as above
+        p = f"model.layers.{layer}."
+        out += [(p + "input_layernorm.weight", [h]), (p + "mlp.gate.weight", [experts, h])]
+        for e in range(experts):
+            if missing and layer == 0 and e in (2, 3):
+                continue  # an expert-parallel save that never gathered them
+            out += [(f"{p}mlp.experts.{e}.down_proj.weight", [h, inter]),
+                    (f"{p}mlp.experts.{e}.gate_proj.weight", [inter, h]),
+                    (f"{p}mlp.experts.{e}.up_proj.weight", [inter, h])]
+        out += [(p + "post_attention_layernorm.weight", [h]), (p + "self_attn.k_norm.weight", [hd]),
+                (p + "self_attn.k_proj.weight", [kv * hd, h]), (p + "self_attn.o_proj.weight", [h, heads * hd]),
+                (p + "self_attn.q_norm.weight", [hd]), (p + "self_attn.q_proj.weight", [heads * hd, h]),
+                (p + "self_attn.v_proj.weight", [kv * hd, h])]
+    return out + [("model.norm.weight", [h]), ("lm_head.weight", [vocab, h])]
+
+
+def generate_moe(out: Path, *, shards: int = 100, missing: bool = False) -> Path:
+    """The per-expert Qwen3-MoE of ``moe_tensors`` in ``shards`` safetensors files (compact headers as the library
+    writes them, zeros for data), its index and config.json; ``missing``: layer 0's experts 2-3 left out."""
+    root = out / f"moe-{'missing' if missing else 'whole'}"
+    if (root / ".built").exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    tensors = moe_tensors(MOE_CONFIG, missing=missing)
+    per_shard = -(-len(tensors) // shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for shard in range(shards):
+        file = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
+        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, shape in sorted(tensors[shard * per_shard:(shard + 1) * per_shard]):
+            size = 2
+            for dim in shape:
+                size *= dim
+            header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+            weight_map[name] = file
+            offset += size
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        (root / file).write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+        total += offset
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (root / "config.json").write_text(json.dumps(MOE_CONFIG, indent=2, sort_keys=True) + "\n")
+    (root / ".built").touch()
+    return root
+
+
+LOADING_CODES = "CG123,CG124,CG125,CG126,CG127"
+
+
+def loading(out: Path, rounds: int) -> None:
+    """The scan of a 197,763-tensor per-expert MoE whose config names its class, with and without the loading
+    rules, whole processes alternating (CPU time the steadier figure on a shared machine)."""
+    py = sys.executable
+    print("loading: per-expert Qwen3-MoE, 128 layers x 512 experts, 100 shards; whole processes, alternating")
+    for kind in ("whole", "missing"):
+        subprocess.run([py, __file__, "--generate-moe", str(out), kind], check=True)
+        root = out.resolve() / f"moe-{kind}"
+        scan = [py, "-m", "guard", "scan", "--expect", "config", "--no-summary", str(root)]
+        cmds = {"scan": scan, "scan --ignore loading": [*scan, "--ignore", LOADING_CODES]}
+        for cmd in cmds.values():
+            timed_rss(cmd)
+        runs: dict[str, list[tuple[float, int, float]]] = {name: [] for name in cmds}
+        for i in range(rounds):
+            for name in (list(cmds) if i % 2 == 0 else list(reversed(cmds))):
+                runs[name].append(timed_rss(cmds[name]))
+        wall = {n: statistics.median(w for w, _, _ in r) for n, r in runs.items()}
+        cpu = {n: statistics.median(c for _, _, c in r) for n, r in runs.items()}
+        rss = {n: max(m for _, m, _ in r) for n, r in runs.items()}
+        for name in cmds:
+            print(f"  {kind:<8} {name:<22} wall {wall[name] * 1000:6.0f} ms  cpu {cpu[name] * 1000:6.0f} ms"
+                  f"  peak RSS {rss[name] / 1e6:6.1f} MB")
+        base = "scan --ignore loading"
+        print(f"  {kind:<8} with the rules / without: wall {wall['scan'] / wall[base]:.3f}x, "
+              f"cpu {cpu['scan'] / cpu[base]:.3f}x (target <= 1.05x)")
 
 
 def generate_tree(out: Path, files: int = 50_000) -> Path:

@@ -147,3 +147,111 @@ def test_layers_with_a_gap_get_no_fix(saved: Path, tmp_path: Path, capsys: pytes
     _, out = fix_run(capsys, "--write", "--unsafe-fixes", str(root), fmt="json")
     assert json.loads(out)["extra"]["fix"]["plan"] == []
     assert snapshot(root) == before
+
+
+# Beyond Llama: per-expert MoE layers (merged into the fused parameters they load as), T5's two stacks,
+# and configs that list each layer's kind (layer_types: Qwen2/3, Gemma 2/3, gpt-oss), made as long as the count.
+def _fixed(capsys: pytest.CaptureFixture[str], root: Path) -> dict:
+    code, out = fix_run(capsys, "--write", "--unsafe-fixes", str(root), fmt="json")
+    report = json.loads(out)
+    [outcome] = report["extra"]["fix"]["outcomes"]
+    assert outcome["ok"], outcome
+    assert {f["code"] for f in report["findings"]} & {"CG123", "CG124", "CG125"} == set()  # the re-scan
+    return report
+
+
+def _loads_every_tensor(root: Path, class_name: str) -> None:
+    _, info = getattr(transformers, class_name).from_pretrained(root, output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"] and not info["mismatched_keys"], info
+
+
+@pytest.mark.parametrize(("model_type", "edited"), [
+    *[(m, "count and layer_types") for m in ("qwen3_moe", "mixtral", "deepseek_v3", "t5", "qwen3", "gemma2", "gemma3",
+                                              "gpt_oss")],
+    *[(m, "count alone") for m in ("qwen3", "gemma2", "gemma3", "gpt_oss")],  # layer_types left as written
+])
+def test_extra_layers_fixed_beyond_llama(tmp_path: Path, capsys: pytest.CaptureFixture[str], model_type: str,
+                                         edited: str) -> None:
+    """save_pretrained's 3 layers, the config cut to 2 (per-expert experts, T5's encoder and decoder, a
+    layer_types list cut with the count, or left as written): the fix restores config.json byte for byte.
+    Gemma 2 and gpt-oss alternate sliding and full layers: two entries left do not show the pattern twice,
+    so the kind of the third is not mechanical, and the fix is shown only."""
+    from test_loading import MODELS
+
+    class_name, kwargs, _ = MODELS[model_type]
+    kwargs = dict(kwargs)
+    if "text_config" in kwargs:
+        kwargs["text_config"] = dict(kwargs["text_config"], num_hidden_layers=3)  # type: ignore[call-overload]  # a dict of the test's
+    else:
+        kwargs["num_layers" if model_type == "t5" else "num_hidden_layers"] = 3
+    torch.manual_seed(0)
+    config = transformers.CONFIG_MAPPING[model_type](**kwargs)
+    if "topk_method" in config.to_dict():
+        config.topk_method = "greedy"
+    root = tmp_path / model_type
+    getattr(transformers, class_name)(config).save_pretrained(root)
+    written = (root / "config.json").read_bytes()
+    config = json.loads(written)
+    assert written.decode() == json.dumps(config, indent=2, sort_keys=True) + "\n"  # save_pretrained's form
+    held = config.get("text_config", config)  # a multimodal model: its language model's layers
+    lists = "layer_types" in held
+    assert lists or edited != "count alone"
+    for count in ("num_hidden_layers", "num_layers", "num_decoder_layers"):
+        if count in held:
+            held[count] -= 1  # T5: both stacks
+    if lists and edited != "count alone":
+        held["layer_types"] = held["layer_types"][:-1]
+    (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    [finding] = [f for f in scan(capsys, root)["findings"] if f["code"] == "CG124"]
+    if edited != "count alone" and model_type in ("gemma2", "gpt_oss"):
+        assert held["layer_types"] == ["sliding_attention", "full_attention"]
+        assert not finding["fix"]["available"]
+        assert "does not repeat one kind or a pattern seen twice" in finding["fix"]["description"]
+        return
+    assert finding["fix"]["available"] and finding["fix"]["safety"] == "unsafe", finding["fix"]
+    report = _fixed(capsys, root)
+    if lists and edited != "count alone":
+        assert "layer_types: 2 -> 3 entries" in report["extra"]["fix"]["outcomes"][0]["summary"]
+    assert (root / "config.json").read_bytes() == written
+    _loads_every_tensor(root, class_name)
+
+
+def _qwen3(root: Path, types: list[str]) -> Path:
+    config = transformers.Qwen3Config(**dict(SMALL, num_hidden_layers=len(types), head_dim=8), layer_types=types,
+                                      sliding_window=16, use_sliding_window=True)
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(config).save_pretrained(root)
+    return root
+
+
+def _cut(root: Path) -> None:
+    config = json.loads((root / "config.json").read_text())
+    config["num_hidden_layers"] -= 1
+    config["layer_types"] = config["layer_types"][:-1]
+    (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def test_layer_types_continued_where_a_pattern_is_seen_twice(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Five layers, sliding and full in turn: cut to four, the pattern is seen twice and layer 4 is sliding."""
+    s, f = "sliding_attention", "full_attention"
+    root = _qwen3(tmp_path / "q", [s, f, s, f, s])
+    _cut(root)
+    _fixed(capsys, root)
+    config = json.loads((root / "config.json").read_text())
+    assert config["num_hidden_layers"] == 5 and config["layer_types"] == [s, f, s, f, s]
+    _loads_every_tensor(root, "Qwen3ForCausalLM")
+
+
+def test_layer_types_not_mechanical_is_shown_with_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Three layers (sliding, full, full) cut to two: which kind the third layer is, the list cannot say."""
+    root = _qwen3(tmp_path / "q", ["sliding_attention", "full_attention", "full_attention"])
+    _cut(root)
+    [finding] = [f for f in scan(capsys, root)["findings"] if f["code"] == "CG124"]
+    assert not finding["fix"]["available"]
+    assert "num_hidden_layers: 3" in finding["fix"]["description"]
+    assert "layer_types does not repeat one kind or a pattern seen twice" in finding["fix"]["description"]
+    before = snapshot(root)
+    _, out = fix_run(capsys, "--write", "--unsafe-fixes", str(root), fmt="json")
+    assert json.loads(out)["extra"]["fix"]["plan"] == []
+    assert snapshot(root) == before

@@ -10,7 +10,11 @@ where transformers is silent (it merges the experts it finds and leaves the rest
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from operator import itemgetter
 
 from guard.records import Record
 
@@ -117,20 +121,25 @@ def expected_weights(row: object, config: Mapping[str, object], *, count: Mappin
 
 
 def judge(row: object, class_name: str, config: Mapping[str, object],
-          tensors: Iterable[tuple[str, tuple[int, ...]]]) -> Loading | str:
-    """What loading ``tensors`` (name, shape) into the config's class would do."""
+          tensors: Mapping[str, tuple[int, ...]] | Iterable[tuple[str, tuple[int, ...]]], *,
+          tried_whole: bool = False) -> Loading | str:
+    """What loading ``tensors`` (name -> shape, or (name, shape) pairs) into the config's class would do.
+    ``tried_whole``: the caller found ``whole`` false already (it is not asked again)."""
+    files = tensors if isinstance(tensors, dict) else dict(tensors)
+    if not tried_whole and whole(row, class_name, config, list(files), list(files.values())):
+        return Loading(class_name, (), (), (), (), ())
     expected = expected_weights(row, config)
     if isinstance(expected, str):
         return expected
     prefix: str = row.prefix  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
     base_class = class_name == row.base  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
-    files = dict(tensors)
     if prefix:
         dotted = prefix + "."
         if base_class:  # the base model: the table's names under the prefix, without it
             expected = {k[len(dotted):]: v for k, v in expected.items() if k.startswith(dotted)}
             files = {k[len(dotted):] if k.startswith(dotted) else k: v for k, v in files.items()}
-        elif not any(k.startswith(dotted) for k in files):  # a base model's file loaded by a head class
+        elif (not any(k.startswith(dotted) for k in files)  # a base model's file loaded by a head class
+              and any(k.startswith(dotted) for k in expected)):  # (T5's head builds nothing under its prefix)
             heads = {k for k in expected if not k.startswith(dotted)}
             files = {(k if k in heads else dotted + k): v for k, v in files.items()}
     renames = [(re.compile(a), b) for a, b in row.renames]  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
@@ -148,13 +157,7 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
             renamed[name] = shape
         if renames:
             files = renamed
-    tie = config.get("tie_word_embeddings")
-    if not isinstance(tie, bool):
-        text = config.get("text_config")
-        tie = text.get("tie_word_embeddings") if isinstance(text, dict) else None
-    if not isinstance(tie, bool):
-        tie = row.tie_default  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
-    omittable = set(row.aliases) | (set(row.tied) if tie else set())  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+    omittable = _omittable(row, config)
     if base_class:
         omittable = {k[len(prefix) + 1:] if k.startswith(prefix + ".") else k for k in omittable}
     pieces, loose = _merge_experts(row, files)
@@ -163,7 +166,8 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
     mismatched: list[Mismatch]  # (declared for the type checker: never evaluated)
     missing, missing_experts, mismatched = [], [], []
     cache: dict[tuple[object, ...], tuple[int | None, ...]] = {}
-    for name, shape in expected.items():  # type: ignore[assignment]  # expected's values are shape expressions (shape held a stored shape above)
+    pieces_seen: dict[tuple[object, ...], list[Mismatch]] = {}
+    for name, shape in expected.items():
         held = loose.get(name)
         if held is not None:
             want = cache.get(shape)  # per distinct shape (every layer repeats its entries' shapes)
@@ -175,17 +179,25 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
             experts = evaluate(shape[0], config) if shape else None
             found = pieces[name]
             need = next(iter(found.values()))[1]  # how many per-expert sources merge into it
-            have = {e for (e, _) in found if all((e, i) in found for i in range(need))}
+            if {piece[1] for piece in found.values()} == {need}:  # one converter's sources: indices 0..need-1
+                have = {e for e, n in Counter(map(itemgetter(0), found)).items() if n == need}
+            else:
+                have = {e for (e, _) in found if all((e, i) in found for i in range(need))}
             if experts is not None:
                 absent = tuple(e for e in range(experts) if e not in have)
                 if absent:
                     missing_experts.append((name, absent, experts))
             for (e, _), (piece_shape, count, dim) in sorted(found.items()):
-                piece_want: list[object] = list(shape[1:])  # expressions, then values
-                if dim is not None and 0 < dim <= len(piece_want):
-                    value = evaluate(piece_want[dim - 1], config)
-                    piece_want[dim - 1] = value // count if value is not None else None
-                _compare(f"{name}[{e}]", piece_shape, tuple(piece_want), config, mismatched)
+                key = (shape, piece_shape, count, dim)  # an expert's verdict: the same for every expert alike
+                verdict = pieces_seen.get(key)
+                if verdict is None:
+                    piece_want: list[object] = list(shape[1:])  # expressions, then values
+                    if dim is not None and 0 < dim <= len(piece_want):
+                        value = evaluate(piece_want[dim - 1], config)
+                        piece_want[dim - 1] = value // count if value is not None else None
+                    verdict = pieces_seen[key] = []
+                    _compare("", piece_shape, tuple(piece_want), config, verdict)
+                mismatched += [m._replace(tensor=f"{name}[{e}]") for m in verdict]
         elif name in omittable or any(p.search(name) for p in ignore_missing):
             continue
         else:
@@ -201,8 +213,198 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
         experts = evaluate(expected[name][0], config) if expected[name] else None
         if experts is not None:
             unexpected.extend(f"{name}[{e}]" for (e, s) in found if e >= experts and s == 0)
+    built = set(loose) | set(pieces)  # the file's names as the class's: its experts merged
     return Loading(class_name, tuple(missing), tuple(missing_experts), tuple(sorted(unexpected)),
-                   tuple(mismatched), _extra_layers(row, config, expected, files, unexpected) if unexpected else ())
+                   tuple(mismatched), _extra_layers(row, config, expected, built, unexpected) if unexpected else ())
+
+
+def _omittable(row: object, config: Mapping[str, object]) -> set[str]:
+    """Names the file may leave out: aliases (written once), and the tied head where the config ties it."""
+    tie = config.get("tie_word_embeddings")
+    if not isinstance(tie, bool):
+        text = config.get("text_config")
+        tie = text.get("tie_word_embeddings") if isinstance(text, dict) else None
+    if not isinstance(tie, bool):
+        tie = row.tie_default  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+    return set(row.aliases) | (set(row.tied) if tie else set())  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+
+
+def whole(row: object, class_name: str, config: Mapping[str, object], names: Sequence[str],
+          shapes: Sequence[tuple[int, ...]]) -> bool:
+    """Whether the file's tensors (``names`` and ``shapes``, in step) are exactly the weights the class builds,
+    in one expert layout, each of its shape: then judging finds nothing (the usual answer).
+
+    Said in passes that run in C, without the judgement's work per name: the file's names sorted and joined
+    as one text; the class's names written out in the same order a layer at a time (a layer's names share
+    its prefix, so each layer is one run of the order, its names sorted once per kind of layer, an expert's
+    tensors spelled as the per-expert layout names them where the file has that layout); the two texts
+    compared, then the shapes as one list.  False where it cannot say (a base class, an expert count the
+    config lacks, a name of the file's with a line break): the judgement then runs, and says the same."""
+    if class_name == row.base or row.ignore_missing:  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+        return False
+    plan = _plan(row)
+    if plan is None or not names or len(names) != len(shapes):
+        return False
+    ordered = sorted(names)
+    values: dict[object, int | None] = {}
+
+    def shape_of(expressions: tuple[object, ...]) -> object:
+        """The expected shape, or a stand-in equal to the shapes the judgement accepts (a dimension unchecked)."""
+        out = []
+        for e in expressions:
+            v = values[e] if e in values else values.setdefault(e, evaluate(e, config))
+            if v is None:
+                return _Accepts(expressions, config)
+            out.append(v)
+        return tuple(out)
+
+    def held(name: str) -> bool:
+        at = bisect_left(ordered, name)
+        return at < len(ordered) and ordered[at] == name
+
+    optional = _omittable(row, config)
+    groups: list[tuple[str, list[str], list[object]]] = []  # (sort key: a name or a layer's prefix, rests, shapes)
+    for name, expressions in row.flat:  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+        if name not in optional or held(name):
+            groups.append((name, [""], [shape_of(expressions)]))
+    per_expert = None  # which layout the file holds: judged from the first layer with an expert parameter
+    for container, layers in row.containers.items():  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+        n = _field(config, layers.count) if layers.count else None
+        if n is None:
+            return False
+        kinds: dict[str, tuple[list[str], list[object]] | None] = {}
+        for index in range(n):
+            kind = _layer_kind(layers, index, config)
+            if kind not in kinds:
+                entries = layers.kinds.get(kind) or next(iter(layers.kinds.values()))
+                if per_expert is None:
+                    per_expert = _layout(plan, entries, held, index)
+                kinds[kind] = _block(plan, container, entries, bool(per_expert), shape_of, config)
+            block = kinds[kind]
+            if block is None:
+                return False
+            groups.append((f"{container}.{index}.", *block))
+    groups.sort(key=itemgetter(0))
+    for (key, _, _), (after, _, _) in zip(groups, groups[1:]):
+        if key == after or (key.endswith(".") and after.startswith(key)):
+            return False  # a name twice, or a name within a layer's run: the order cannot be written out
+    joined = "\n".join(ordered) + "\n"
+    at = 0
+    expected: list[object] = []
+    for key, rests, group_shapes in groups:
+        if rests:  # each group's text (a layer's written out now) where the file's sorted names have it
+            text = key + f"\n{key}".join(rests)
+            end = at + len(text)
+            if not joined.startswith(text, at) or joined[end:end + 1] != "\n":
+                return False
+            at += len(text) + 1
+            expected += group_shapes
+    # as many names as the class builds: no name of the file's holds a line break of its own
+    if at != len(joined) or len(expected) != len(ordered):
+        return False
+    # the shapes sorted by their names: each shape's key is the next name (a call in C, no index per tensor)
+    return sorted(shapes, key=partial(next, iter(names))) == expected
+
+
+class _Accepts:
+    """Equal to the shapes the judgement accepts for a shape with an unchecked dimension (``_compare``)."""
+
+    __slots__ = ("expressions", "config")
+
+    def __init__(self, expressions: tuple[object, ...], config: Mapping[str, object]) -> None:
+        self.expressions, self.config = expressions, config
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, tuple) and not _mismatched(other, self.expressions, self.config)
+
+    __hash__ = None  # type: ignore[assignment]  # compared, never hashed
+
+
+def _mismatched(shape: tuple[int, ...], expressions: tuple[object, ...], config: Mapping[str, object]) -> bool:
+    found: list[Mismatch] = []
+    _compare("", shape, expressions, config, found)
+    return bool(found)
+
+
+_PLANS: dict[int, tuple[object, dict[str, tuple[tuple[str, str, int, int | None], ...]] | None]] = {}
+
+
+def _plan(row: object) -> dict[str, tuple[tuple[str, str, int, int | None], ...]] | None:
+    """Per fused expert parameter of the row (its name's tail), its per-expert sources: (text before the
+    expert index, text after, source index, dim); None where the row's renames or per-expert patterns would
+    touch a name the class builds (then only the judgement can say what the file's names become).
+
+    Checked once per row on the names of layer 0 and layer 10 (the patterns name no layer digit)."""
+    cached = _PLANS.get(id(row))
+    if cached is not None and cached[0] is row:
+        return cached[1]
+    sources: dict[str, tuple[tuple[str, str, int, int | None], ...]] = {}
+    for parts, target, dim in row.experts:  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+        sources[target] = tuple((*source.split("*", 1), index, dim) for index, source in enumerate(parts))
+    built = [name for name, _ in row.flat]  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+    for layers in row.containers.values():  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+        for entries in layers.kinds.values():
+            built += [name.replace("{L}", layer) for name, _ in entries for layer in ("0", "10")]
+    renames = [re.compile(a) for a, _ in row.renames]  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+    converters = [(re.compile(re.escape(s).replace(r"\*", r"(\d+)")), t, i) for parts, t, _ in row.experts  # type: ignore[attr-defined]  # as above
+                  for i, s in enumerate(parts)]
+    plan: dict[str, tuple[tuple[str, str, int, int | None], ...]] | None = sources
+    for name in built:
+        if any(p.search(name) for p in renames) or any(p.search(name) for p, _, _ in converters):
+            plan = None  # a built name the load would rename or merge: judged in full
+            break
+        target = next((t for t in sources if name.endswith(t)), "")
+        for before, after, index, _ in sources.get(target, ()):
+            for expert in ("0", "10"):
+                piece = name[:len(name) - len(target)] + before + expert + after
+                first = next(((p, t, i) for p, t, i in converters if p.search(piece)), None)
+                if (first is None or first[1:] != (target, index) or first[0].sub(target, piece, 1) != name
+                        or any(p.search(piece) for p in renames)):
+                    plan = None  # the per-expert name would be renamed, or not merge back into this parameter
+    _PLANS[id(row)] = (row, plan)
+    return plan
+
+
+def _layout(plan: dict[str, tuple[tuple[str, str, int, int | None], ...]], entries: tuple[tuple[str, object], ...],
+            held: Callable[[str], bool], index: int) -> bool | None:
+    """Whether the file holds the per-expert layout (else the fused one), from the layer's first expert parameter
+    (None: the layer has none)."""
+    for name, _ in entries:
+        target = next((t for t in plan if name.endswith(t)), None)
+        if target is not None:
+            return not held(name.replace("{L}", str(index)))
+    return None
+
+
+def _block(plan: dict[str, tuple[tuple[str, str, int, int | None], ...]], container: str,
+           entries: tuple[tuple[str, object], ...], per_expert: bool, shape_of: Callable[[tuple[object, ...]], object],
+           config: Mapping[str, object]) -> tuple[list[str], list[object]] | None:
+    """A layer kind's names after the layer's prefix, sorted, and their shapes in step; None where a name does
+    not start with the prefix or an expert count cannot be worked out."""
+    lead = container + ".{L}."
+    named: list[tuple[str, object]] = []
+    for name, expressions in entries:
+        if not name.startswith(lead) or "{L}" in name[len(lead):]:
+            return None
+        rest = name[len(lead):]
+        target = next((t for t in plan if name.endswith(t)), None) if per_expert else None
+        if target is None:
+            named.append((rest, shape_of(expressions)))  # type: ignore[arg-type]  # a table entry's shape
+            continue
+        experts = evaluate(expressions[0], config) if expressions else None  # type: ignore[index]  # a table entry's shape
+        if experts is None:
+            return None
+        pieces = plan[target]
+        stem = rest[:len(rest) - len(target)]
+        for before, after, _, dim in pieces:
+            piece = list(expressions[1:])  # type: ignore[index]  # as above
+            if dim is not None and 0 < dim <= len(piece):
+                value = evaluate(piece[dim - 1], config)
+                piece[dim - 1] = value // len(pieces) if value is not None else None
+            want = shape_of(tuple(piece))
+            named += [(f"{stem}{before}{e}{after}", want) for e in range(experts)]
+    named.sort(key=itemgetter(0))
+    return [rest for rest, _ in named], [shape for _, shape in named]
 
 
 def _merge_experts(row: object, files: dict[str, tuple[int, ...]]
@@ -219,18 +421,25 @@ def _merge_experts(row: object, files: dict[str, tuple[int, ...]]
     any_source = re.compile("|".join(p.pattern for p, *_ in converters), re.M) if converters else None
     if any_source is not None and any_source.search("\n".join(files)) is None:
         return {}, dict(files)  # no per-expert tensor at all (a fused file): one pass in C
+    # the text after each source's expert index: a name matches a source only if it holds that text
+    tails = [source.split("*", 1)[-1] for sources, _, _ in row.experts for source in sources]  # type: ignore[attr-defined]  # as above
+    earlier = [tuple(tails[:k]) for k in range(len(tails))]
     for name, shape in files.items():
-        if any_source is None or not any_source.search(name):
+        found = any_source.search(name) if any_source is not None else None
+        if found is None:
             loose[name] = shape
             continue
-        for pattern, target, index, count, dim in converters:
-            match = pattern.search(name)
-            if match:
-                fused = name[:match.start()] + target + name[match.end():]
-                pieces.setdefault(fused, {})[(int(match.group(1)), index)] = (shape, count, dim)
-                break
+        # the search's alternative k is the converter tried first that matches, unless an earlier one matches
+        # further on (it would then hold its text): the name is tried in order, as transformers does
+        k = found.lastindex - 1  # type: ignore[operator]  # one group per alternative: the matching one's
+        if k and any(map(name.__contains__, earlier[k])):
+            match = next(filter(None, (c[0].search(name) for c in converters)))
+            k = next(j for j, c in enumerate(converters) if c[0].search(name))
         else:
-            loose[name] = shape
+            match = found
+        _, target, index, count, dim = converters[k]
+        fused = name[:match.start()] + target + name[match.end():]
+        pieces.setdefault(fused, {})[(int(match.group(match.lastindex or 1)), index)] = (shape, count, dim)
     return pieces, loose
 
 
@@ -247,22 +456,26 @@ def _compare(name: str, shape: tuple[int, ...], expressions: tuple[object, ...],
 
 
 def _extra_layers(row: object, config: Mapping[str, object], expected: Mapping[str, object],
-                  files: Mapping[str, object], unexpected: list[str]) -> tuple[tuple[str, str, int], ...]:
-    """Containers whose file holds whole layers beyond the config's count, and nothing else unexpected."""
+                  built: set[str], unexpected: list[str]) -> tuple[tuple[str, str, int], ...]:
+    """Containers whose file holds whole layers beyond the config's count, and nothing else unexpected.
+
+    ``built``: the file's names as the class's (per-expert tensors as the fused parameter they merge into),
+    so a per-expert MoE's extra layers count as whole as a fused one's; an unexpected expert beyond the
+    config's expert count (``name[e]``) is not a layer's."""
     found = []
     left = set(unexpected)
     for container, layers in row.containers.items():  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
         if not layers.count:
             continue
         pattern = re.compile(re.escape(container) + r"\.(\d+)\.")
-        indices = {int(m.group(1)) for name in files if (m := pattern.match(name))}
+        indices = {int(m.group(1)) for name in built if (m := pattern.match(name))}
         n = _field(config, layers.count)
         if not indices or n is None or max(indices) < n or indices != set(range(max(indices) + 1)):
             continue
         more = expected_weights(row, config, count={container: max(indices) + 1})
-        if isinstance(more, str) or not all(k in files or k in expected for k in more):
+        if isinstance(more, str) or not all(k in built or k in expected for k in more):
             continue
-        left -= {k for k in files if (m := pattern.match(k)) and int(m.group(1)) >= n}
+        left -= {k for k in left if (m := pattern.match(k)) and int(m.group(1)) >= n and "[" not in k}
         found.append((container, layers.count, max(indices) + 1))
     return tuple(found) if found and not left else ()
 

@@ -15,8 +15,8 @@ judges every set the dtype rules judge, a training checkpoint's masters included
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from itertools import compress
+from collections.abc import Callable, Iterator
+from itertools import chain, compress
 
 from guard.catalogue import make_finding
 from guard.config import Policy, match_flags
@@ -86,29 +86,47 @@ def loading_findings(inventory: ModelInventory, ws: WeightSet) -> Iterator[Findi
     config = inventory.config
     if not isinstance(config, dict):
         return
-    tensors = [(name, tuple(shape)) for scan in ws.files
-               for name, shape in zip(column(TENSOR_NAME, scan.tensors), column(TENSOR_SHAPE, scan.tensors))]
-    files = {name: scan.path for scan in ws.files for name in column(TENSOR_NAME, scan.tensors)}
-    for finding in judged_tensors(config, tensors, path=ws.files[0].path, files=files,
+    # names and shapes in step, read from the columns in C (the shapes are the readers' tuples); which file
+    # holds a name is worked out only where a finding names it
+    names = list(chain.from_iterable(column(TENSOR_NAME, scan.tensors) for scan in ws.files))
+    shapes = list(chain.from_iterable(column(TENSOR_SHAPE, scan.tensors) for scan in ws.files))
+    for finding in judged_tensors(config, (names, shapes), path=ws.files[0].path, file_of=_file_of(ws),
                                   config_path=inventory.config_path, inventory=inventory):
         yield finding._replace(set=ws.name)
 
 
-def judged_tensors(config: dict[str, object], tensors: list[tuple[str, tuple[int, ...]]], *, path: str,
-                   files: dict[str, str] | None = None, config_path: str | None = None,
-                   inventory: ModelInventory | None = None) -> Iterator[Finding]:
-    """The loading findings for names and shapes the config's class would load: a scanned set's, or what a
-    consolidation is about to publish (``guard.convert.run``).  ``inventory``: the scanned model, whose
-    config.json text CG124's fix rewrites (none without it)."""
-    from guard.inventory.architectures import judge, table_row
+def _file_of(ws: WeightSet) -> Callable[[str], str | None]:
+    """Which of the set's files holds a tensor: the map built on the first lookup (a finding's), not per scan."""
+    paths: dict[str, str] = {}
 
-    files = files or {}
+    def file_of(name: str) -> str | None:
+        if not paths:
+            for scan in ws.files:
+                paths.update(dict.fromkeys(column(TENSOR_NAME, scan.tensors), scan.path))
+        return paths.get(name)
+    return file_of
+
+
+def judged_tensors(config: dict[str, object],
+                   tensors: tuple[list[str], list[tuple[int, ...]]] | list[tuple[str, tuple[int, ...]]], *, path: str,
+                   file_of: Callable[[str], str | None] | None = None, config_path: str | None = None,
+                   inventory: ModelInventory | None = None) -> Iterator[Finding]:
+    """The loading findings for names and shapes the config's class would load (a list of names and one of
+    shapes in step, or (name, shape) pairs): a scanned set's, or what a consolidation is about to publish
+    (``guard.convert.run``).  ``inventory``: the scanned model, whose config.json text CG124's fix rewrites
+    (none without it)."""
+    from guard.inventory.architectures import judge, table_row, whole
+
     found = table_row(config)
     if isinstance(found, str):
         yield _not_checked(config_path or path, found)
         return
     class_name, row = found
-    loading = judge(row, class_name, config, tensors)
+    names, shapes = tensors if isinstance(tensors, tuple) else ([n for n, _ in tensors], [s for _, s in tensors])
+    if whole(row, class_name, config, names, shapes):
+        return  # the weights the class builds, each of its shape: nothing to judge
+    mapped = dict(zip(names, shapes))
+    loading = judge(row, class_name, config, mapped, tried_whole=True)
     if isinstance(loading, str):
         yield _not_checked(config_path or path, loading)
         return
@@ -120,10 +138,11 @@ def judged_tensors(config: dict[str, object], tensors: list[tuple[str, tuple[int
             tensor=template.replace("{L}", str(layers[0]) if layers else "0"),
         )._replace(fix=_no_fix(class_name))
     for (template, experts, of), layers in _expert_groups(loading.missing_experts):
+        plural = "s" if len(set(layers)) > 1 else ""
         yield make_finding(
             "CG123", path,
             f"{class_name} would fill experts {_ranges(experts)} of {of}"
-            f"{' in layers ' + _ranges(layers) if layers else ''} ({template}) at random: the file holds "
+            f"{f' in layer{plural} ' + _ranges(layers) if layers else ''} ({template}) at random: the file holds "
             f"no tensor for them (transformers merges the experts it finds and reports nothing)",
             tensor=template.replace("{L}", str(layers[0]) if layers else "0"),
         )._replace(fix=_no_fix(class_name))
@@ -133,13 +152,13 @@ def judged_tensors(config: dict[str, object], tensors: list[tuple[str, tuple[int
         extra = "; ".join(f"{container}: {count} layers in the file, config.json {field} says fewer"
                           for container, field, count in loading.extra_layers)
         yield make_finding(
-            "CG124", files.get(first, path),
+            "CG124", (file_of and file_of(first)) or path,
             f"{class_name} would drop {len(loading.unexpected)} tensor(s) with no place in it: "
             + ", ".join(_spelled(t, ls) for t, ls in shown_names[:6])
             + (f" and {len(shown_names) - 6} more group(s)" if len(shown_names) > 6 else "")
             + (f" ({extra})" if extra else ""),
             tensor=first,
-        )._replace(fix=_layers_fix(loading, row, config, tensors, inventory) if loading.extra_layers
+        )._replace(fix=_layers_fix(loading, row, config, mapped, inventory) if loading.extra_layers
                    else _DROPPED_NO_FIX)
     for mismatch in loading.mismatched:
         name = mismatch.tensor.split("[", 1)[0]
@@ -149,7 +168,7 @@ def judged_tensors(config: dict[str, object], tensors: list[tuple[str, tuple[int
         if not reasons:
             reasons = [f"{len(mismatch.shape)} dimensions where the class builds {len(mismatch.expected)}"]
         yield make_finding(
-            "CG125", files.get(name, path),
+            "CG125", (file_of and file_of(name)) or path,
             f"{shown(mismatch.tensor)} has shape {list(mismatch.shape)}: {'; '.join(reasons)} "
             f"({class_name} refuses to load it)",
             tensor=name,
@@ -184,7 +203,7 @@ _DROPPED_NO_FIX = Fix("", "no mechanical fix: these tensors were not found to be
 
 
 def _layers_fix(loading: object, row: object, config: dict[str, object],
-                tensors: list[tuple[str, tuple[int, ...]]], inventory: ModelInventory | None) -> Fix:
+                tensors: dict[str, tuple[int, ...]], inventory: ModelInventory | None) -> Fix:
     """CG124 where the file holds whole layers the config does not count: config.json's count set to the
     file's, an unsafe fix (``--unsafe-fixes``): which is right, the config or the weights, only the user knows.
 
@@ -210,7 +229,7 @@ def _layers_fix(loading: object, row: object, config: dict[str, object],
 
 
 def _count_edits(loading: object, row: object, config: dict[str, object],
-                 tensors: list[tuple[str, tuple[int, ...]]],
+                 tensors: dict[str, tuple[int, ...]],
                  inventory: ModelInventory | None) -> list[dict[str, object]] | str:
     """config.json's byte spans of each count field, with the file's count; or why none is planned."""
     import json
@@ -226,11 +245,18 @@ def _count_edits(loading: object, row: object, config: dict[str, object],
         path = _field_path(config, field)
         if path is None:
             return f"config.json holds no integer {field}"
-        holder = _at(config, path[:-1])
-        if isinstance(holder, dict) and isinstance(holder.get("layer_types"), list):
-            return f"its layer_types lists the layers too; {'.'.join(path[:-1] + ('layer_types',))} needs editing"
+        types_path = path[:-1] + ("layer_types",)
+        types = _at(config, types_path)
         try:
             spans = find_values(inventory.config_text, path)
+            if isinstance(types, list) and len(types) != count:  # a list of the layers' kinds: as long as the count
+                if any(edit["path"] == list(types_path) for edit in edits):
+                    return f"two counts share {'.'.join(types_path)}"
+                edit = _layer_types_edit(inventory.config_text, types_path, types, count)
+                if isinstance(edit, str):
+                    return edit
+                edits.append(edit)
+                changed = _with(changed, types_path, json.loads(str(edit["value"])))
         except JsonSpanError:
             return "its text cannot be walked"
         was = _at(config, path)
@@ -243,6 +269,48 @@ def _count_edits(loading: object, row: object, config: dict[str, object],
     if isinstance(again, str) or again.missing or again.missing_experts or again.unexpected or again.mismatched:
         return "with the file's count, loading would still fill, drop or refuse tensors: the layers are not whole"
     return sorted(edits, key=lambda edit: int(edit["offset"]))  # type: ignore[call-overload]  # each edit's offset is an int
+
+
+def _layer_types_edit(text: str, path: tuple[str, ...], types: list[object], count: int) -> dict[str, object] | str:
+    """config.json's ``layer_types`` made ``count`` long: cut to the file's layers, or continued where the list
+    is one kind repeated, or a pattern seen whole at least twice (Gemma's five sliding layers and a full one);
+    else why the kinds of the added layers are not mechanical.  One edit: the list's last entry with the
+    entries added after it (as the list separates its entries), or the entries past ``count`` taken out."""
+    import json
+
+    from guard.jsonspan import find_values, span_of
+
+    key = ".".join(path)
+    if not types or not all(isinstance(t, str) for t in types):
+        return f"{key} is not a list of names"
+    if count > len(types):
+        period = next(p for p in range(1, len(types) + 1)
+                      if all(t == types[i % p] for i, t in enumerate(types)))
+        if 2 * period > len(types):  # a kind seen once is no pattern yet
+            return (f"{key} does not repeat one kind or a pattern seen twice: which kind layers {len(types)}.."
+                    f"{count - 1} are is not mechanical; set it and the count by hand")
+        value = types + [types[i % period] for i in range(len(types), count)]
+    else:
+        value = types[:count]
+    at = {i: find_values(text, (*path, i)) for i in {0, 1, count - 1, len(types) - 1} if i < len(types)}
+    if any(len(found) != 1 or json.loads(found[0].token) != types[i] for i, found in at.items()):
+        return f"{key} is written more than once, or its text and its parsed values disagree"
+    first, last = at[0][0], at[len(types) - 1][0]
+    if len(types) > 1:
+        separator = text[first.end:at[1][0].start]
+    else:  # one entry: as json.dumps(indent=N) separates them, where the entry starts a line
+        lead = text[text.rfind("\n", 0, first.start) + 1:first.start]
+        separator = ",\n" + lead if not lead.strip() else ", "
+    if separator.strip() != ",":
+        return f"{key}'s text separates its entries with more than a comma"
+    if count > len(types):
+        start, old = last, last.token
+        new = last.token + "".join(separator + json.dumps(t) for t in value[len(types):])
+    else:
+        start = span_of(text, at[count - 1][0].end, last.end)
+        old, new = start.token, ""
+    return {**start.to_json(), "old": old, "new": new, "key": key, "path": list(path), "was": types,
+            "value": json.dumps(value)}
 
 
 def _field_path(config: dict[str, object], field: str) -> tuple[str, ...] | None:

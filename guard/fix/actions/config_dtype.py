@@ -1,6 +1,7 @@
 """config-dtype (CG103) and config-field (CG124): config.json with planned values rewritten, every other
 byte as it was.  config-dtype rewrites the dtype keys; config-field one integer field (the layer count of a
-file that holds more whole layers than the config says), an unsafe fix that only ``--unsafe-fixes`` applies.
+file that holds more whole layers than the config says; with it, where the config lists each layer's kind,
+its ``layer_types`` made as long), an unsafe fix that only ``--unsafe-fixes`` applies.
 
 The scan planned the edits as byte spans of the file it read.  Here the file is read again;
 each span must still hold the text the plan saw, or the file changed since the scan and the
@@ -49,15 +50,26 @@ def stage_config_field(fix: Fix, ctx: ActionContext) -> Staged:
     """The planned integer fields rewritten, staged and verified exactly as a dtype rewrite is."""
     staged = stage_config_dtype(fix, ctx)
     edits = staged.details.get("edits") or []
-    for edit in edits:  # the plan's new values are integers: a span that would hold anything else is refused
-        if not str(edit.get("new", "")).isdigit():
+    for edit in edits:  # the plan's new values are integers (a count) or a list of names (layer_types, whole in
+        # "value"): a span that would hold anything else is refused
+        if not (str(edit.get("new", "")).isdigit() or _names(edit.get("value"))):
             raise StaleConfig(f"{edit.get('key')}: {edit.get('new')!r} is not a count; nothing written")
     shown = fix.writes[0] if fix.writes else str(fix.arguments.get("file", "config.json"))
-    changes = ", ".join(f"{e['key']}: {e['old']} -> {e['new']}" for e in edits)
+    changes = ", ".join(f"{e['key']}: {e['old']} -> {e['new']}" if "value" not in e else
+                        f"{e['key']}: {len(e['was'])} -> {len(json.loads(e['value']))} entries" for e in edits)
     size = staged.files[0][0].stat().st_size if staged.files else 0
     return Staged(files=staged.files, findings=staged.findings,
                   summary=f"{shown}: {changes} ({len(edits)} value(s) rewritten, {size:,} bytes)",
                   details=staged.details)
+
+
+def _names(value: object) -> bool:
+    """A list edit's whole new value: a JSON list of strings."""
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return False
+    return isinstance(parsed, list) and all(isinstance(item, str) for item in parsed)
 
 
 def _read(path: object, shown: str) -> bytes:
@@ -96,12 +108,13 @@ def verify_rewrite(old: bytes, new: bytes, edits: Sequence[dict[str, object]]) -
     expected = before
     for edit in edits:
         path = tuple(str(step) for step in edit["path"])  # type: ignore[attr-defined]  # each edit's path is the list of keys the plan recorded
-        value = json.loads(str(edit["new"]))
+        listed = "value" in edit  # a list's entries rewritten ("new" is their text, "value" the whole list)
+        value = json.loads(str(edit["value" if listed else "new"]))
         try:
             spans = find_values(new.decode("utf-8"), path)
         except JsonSpanError as exc:
             return [f"its text cannot be walked ({exc})"]
-        if not spans or _get(after, path) != value:
+        if (not spans and not listed) or _get(after, path) != value:
             problems.append(f"{'.'.join(path)} does not hold {edit['new']}")
         expected = _set(expected, path, value)
     # compared as canonical JSON: a NaN in the file equals itself there
