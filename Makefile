@@ -134,7 +134,9 @@ test-prereqs: lint $(TEST_PREREQS)
 
 test-lanes: test-main-envs test-lane-2
 
-test-main-rest: $(TEST_PREREQS)
+# (in the lanes, only what is already built: a phony prerequisite here would be a job, and make -j2 would start
+# the environments' builds in both slots before the main session)
+test-main-rest: $(filter-out dev-tools keras-hub-lib tf4-venv,$(TEST_PREREQS))
 	@echo "== main session (but ENV_TESTS) started $$(date -u +%T)"
 	CKPT_GUARD_TEST_PENDING_ENVS=tunix,easydel,maxtext $(PY) -m pytest -q -m "not transformers4" \
 		$(ENV_TESTS:%=--ignore=%)
@@ -146,7 +148,7 @@ test-main-envs: test-main-rest $(MANAGED_VENVS)
 	@echo "== ENV_TESTS ended $$(date -u +%T)"
 
 # lane 2: the environments first (order-only: test-tf4 does not need them, ENV_TESTS do)
-test-tf4: $(TEST_PREREQS) | $(MANAGED_VENVS)
+test-tf4: $(filter-out dev-tools keras-hub-lib tf4-venv,$(TEST_PREREQS)) | $(MANAGED_VENVS)
 	@echo "== transformers-4 session started $$(date -u +%T)"
 	$(TF4_PY) -m pytest -q -p no:cacheprovider -m transformers4
 	@echo "== transformers-4 session ended $$(date -u +%T)"
