@@ -85,6 +85,7 @@ class Kind(Record):
     prefixes: list[str]
     columns: dict[str, list[TensorInfo]]  # suffix -> each module's tensor, in ``prefixes``' order
     quant: Quantization
+    layout: Layout  # the plan's layout: a plan without one makes no kind
     built: list[QuantModule] | None = None  # the records, where the logical count needed them module by module
 
     def parts(self, i: int) -> dict[str, TensorInfo]:
@@ -191,7 +192,7 @@ def _group(ws: WeightSet, quant: Quantization) -> Grouped:
             for suffix in plan.stray:
                 stray.extend(map(TENSOR_NAME, aligned[suffix]))
             continue
-        kind = Kind(plan, prefixes, aligned, quant)
+        kind = Kind(plan, prefixes, aligned, quant, planned)
         if plan.count is not None:  # _logical_count's "payload" arithmetic, its factors worked out once
             stored, bits = plan.count
             elements = map(prod, map(TENSOR_SHAPE, aligned[plan.payload]))

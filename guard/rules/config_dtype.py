@@ -99,7 +99,7 @@ def config_fix(inv: ModelInventory, primary: WeightSet, weights: str, policy: Po
                      "description": f"write {primary.name} again in {dn(next(iter(declared)))}, the dtype "
                                     f"config.json declares, replacing it (value-checked when it narrows)"}
     return make_fix("config-dtype", description, writes=(str(inv.config_path),),
-                    **config_params(inv, edits, weights), to_config=to_config)  # type: ignore[arg-type]  # config_params' values are the str fields make_fix takes by name
+                    **config_params(inv, edits, weights), to_config=to_config)
 
 
 def _both_keys_disagree(inv: ModelInventory, items: list[ConfigDtype]) -> Iterator[Finding]:

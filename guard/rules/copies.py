@@ -32,6 +32,18 @@ from guard.inventory import ModelInventory, WeightSet
 from guard.inventory.sets import choose_primary
 from guard.tensors import TensorInfo
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (the hook's path)
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    class AddCopyParams(TypedDict):
+        """The ``add-copy`` action's params (guard.fix.actions), beside make_fix's own fields."""
+
+        dir: str
+        what: str
+        primary: str
+        reads: list[str]
+
 COPY_LAYOUTS = ("hf", "original", "fsdp")  # one model's copies; loose files and exports are their own
 PYTORCH_NAMES = ("safetensors", "torch")  # formats that keep PyTorch's state-dict names
 SHARE_TOLERANCE = 0.01  # of the floating parameters
@@ -226,8 +238,7 @@ def plan_add_copy(inv: ModelInventory, what: str) -> Fix:
         return no_fix("CG107", f"--add {what}: {primary.name} is not a transformers-named safetensors, PyTorch "
                                "or Flax set, which is what copies are made from")
     held = [ws for ws in inv.sets if ws.role == "weights" and ws.variant is None]
-    params: dict[str, object] = {"dir": inv.path, "what": what, "primary": primary.name,
-                                 "reads": _reads(inv, primary)}
+    params: AddCopyParams = {"dir": inv.path, "what": what, "primary": primary.name, "reads": _reads(inv, primary)}
     if what.startswith("variant:"):  # CG109's own fix writes it (guard.fix.actions.cast)
         from guard.rules.variants import plan_variant_add
 
@@ -240,7 +251,7 @@ def plan_add_copy(inv: ModelInventory, what: str) -> Fix:
                                f"weights, not {primary.name}")
     if what == "orbax":  # an ORBAX_DIR already there is refused when staged (planning reads no directories)
         return make_fix("add-copy", f"add an Orbax checkpoint of {primary.name} in {ORBAX_DIR}/, through convert, "
-                                    "bit-exactly", writes=(f"{inv.path}/{ORBAX_DIR}",), **params)  # type: ignore[arg-type]  # config_params' values are the str fields make_fix takes by name
+                                    "bit-exactly", writes=(f"{inv.path}/{ORBAX_DIR}",), **params)
     fmt = "flax" if what == "flax" else "safetensors"
     existing = next((ws for ws in held if ws.format == fmt), None)
     if existing is not None:
@@ -255,11 +266,11 @@ def plan_add_copy(inv: ModelInventory, what: str) -> Fix:
         return _delegated(plan_copy(inv, primary, stem), what, params)
     name = "flax_model.msgpack" if fmt == "flax" else "model.safetensors"
     return make_fix("add-copy", f"add {name} (or shards and their index) from {primary.name}, through convert, "
-                                "bit-exactly", writes=(f"{inv.path}/{name}",), **params)  # type: ignore[arg-type]  # config_params' values are the str fields make_fix takes by name
+                                "bit-exactly", writes=(f"{inv.path}/{name}",), **params)
 
 
-def _delegated(planned: Fix, what: str, params: dict[str, object]) -> Fix:
+def _delegated(planned: Fix, what: str, params: AddCopyParams) -> Fix:
     """An --add request that another fix already knows how to write: its description and files, as add-copy."""
     if not planned.available:
         return no_fix("CG107", f"--add {what}: {planned.description}")
-    return make_fix("add-copy", planned.description, writes=planned.writes, **params)  # type: ignore[arg-type]  # config_params' values are the str fields make_fix takes by name
+    return make_fix("add-copy", planned.description, writes=planned.writes, **params)

@@ -13,6 +13,20 @@ from guard.config import Policy
 from guard.fixes import Fix, no_fix
 from guard.inventory import ModelInventory, WeightSet
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (the hook's path)
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    class ConfigParams(TypedDict):
+        """The ``config-dtype`` action's params (guard.fix.actions), beside make_fix's own fields."""
+
+        dir: str
+        file: str
+        reads: list[str]
+        value: str | None  # the dtype's torch name
+        edits: list[dict[str, object]]
+
+
 CASTABLE_FORMATS = ("safetensors",)  # sets set-cast can replace: nothing here writes pickles or msgpack again
 DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers' key before 4.56, and since
 MAX_CONFIG_DEPTH = 8  # as deep as ModelInventory.config_dtypes reads
@@ -69,7 +83,7 @@ def config_edits(inv: ModelInventory, code: str) -> list[dict[str, object]] | No
     return sorted(edits, key=lambda edit: int(edit["offset"]))  # type: ignore[call-overload]  # each edit's offset is an int
 
 
-def config_params(inv: ModelInventory, edits: list[dict[str, object]], code: str) -> dict[str, object]:
+def config_params(inv: ModelInventory, edits: list[dict[str, object]], code: str) -> ConfigParams:
     """The ``config-dtype`` action's params: where, and which edits."""
     name = relative(inv.path, inv.config_path or "config.json")
     return {"dir": inv.path, "file": name, "reads": [name], "value": dtypes.DTYPES[code].torch, "edits": edits}

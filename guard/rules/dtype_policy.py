@@ -34,7 +34,7 @@ def judged_sets(inv: ModelInventory) -> Iterator[WeightSet]:
     return (ws for ws in inv.sets if ws.judged)
 
 
-def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tuple[TensorInfo, ...]]:
+def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, Sequence[TensorInfo]]:
     """Floating tensors of one set the dtype policy applies to, by dtype code (once per set and policy).
 
     Quantized payloads (F8/F6/F4, ggml block types) and a quantized set's components (payloads,
@@ -51,7 +51,7 @@ def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) ->
 
 
 
-def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tuple[TensorInfo, ...]]:
+def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, Sequence[TensorInfo]]:
     quant = inv.quantization(ws)
     if quant is not None and not quant.known:
         return {}  # a method the table does not know: which tensors are its components, nobody here can say
@@ -60,7 +60,7 @@ def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tu
     # GGUF file types are "mostly X, except 1-d tensors", which stay F32 by design
     gguf_files = {scan.path for scan in ws.files if scan.format == "gguf"}
     keeps_fp32 = fp32_keeper(policy.keep_fp32)
-    policed: dict[str, tuple[TensorInfo, ...]] = {}
+    policed: dict[str, Sequence[TensorInfo]] = {}  # a group kept whole is the set's own (a tuple or columns)
     for code, group in ws.by_dtype().items():
         if not dtypes.is_float(code) or code in dtypes.QUANTIZED_CODES:
             continue
@@ -71,7 +71,7 @@ def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tu
         elif code == "F32":  # the common case: keep-fp32 alone decides, each name tested in C
             group = _kept(group, map(not_, match_flags(policy.keep_fp32, list(column(TENSOR_NAME, group)))))
         if group:
-            policed[code] = group  # type: ignore[assignment]  # policed holds the kept group (a tuple or the list _kept makes)
+            policed[code] = group
     whole = ws.by_dtype()
     if any(group is not whole[code] and group[0] != whole[code][0] for code, group in policed.items()):
         # a left-out tensor led its dtype: order the codes by their first policed tensor, as a walk
@@ -85,8 +85,8 @@ def _policed(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, tu
 
 def _kept(group: Sequence[TensorInfo], flags: Iterator[bool]) -> Sequence[TensorInfo]:
     """The group's tensors whose flag is true; the group itself when every flag is (no record made)."""
-    flags = list(flags)  # type: ignore[assignment]  # the flags, read once into a list
-    return group if all(flags) else tuple(select(group, flags))
+    kept = list(flags)  # read once: all() and select() both walk them
+    return group if all(kept) else tuple(select(group, kept))
 
 
 def policed_parameters(inv: ModelInventory, ws: WeightSet, policy: Policy) -> dict[str, int]:

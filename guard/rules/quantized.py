@@ -73,7 +73,7 @@ def _missing_components(inv: ModelInventory, ws: WeightSet, quant: Quantization,
             first = min(kind.prefixes)
             example = (first, kind.payload(kind.prefixes.index(first)).name)
             for role in kind.plan.missing:
-                key = (kind.plan.layout.name, role)  # type: ignore[union-attr]  # a built kind's plan has a layout (plans without one are not kinds)
+                key = (kind.layout.name, role)
                 count, seen = by_role.get(key, (0, example))
                 by_role[key] = (count + len(kind.prefixes), min(seen, example))
     files = _files(ws)
@@ -97,7 +97,7 @@ def _shape_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, fou
         return  # the declaration is wrong (CG112): its bits and group size say nothing of these tensors
     problems: dict[str, list[tuple[str, str, str]]] = defaultdict(list)  # layout -> (prefix, payload, problem)
     for kind in found.kinds:
-        problems[kind.plan.layout.name].extend(kind_shape_problems(kind))  # type: ignore[union-attr]  # a built kind's plan has a layout (plans without one are not kinds)
+        problems[kind.layout.name].extend(kind_shape_problems(kind))
     files = _files(ws)
     for layout, items in sorted(problems.items()):
         if items:
@@ -171,7 +171,7 @@ def _kept_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, foun
             continue
         prefix, dot, last = name.rpartition(".")
         if suffixes is None:
-            suffixes = {kind.plan.layout.weight for kind in kinds}  # type: ignore[union-attr]  # a built kind's plan has a layout (plans without one are not kinds)
+            suffixes = {kind.layout.weight for kind in kinds}
         if not dot or "." + last not in suffixes:
             continue
         if siblings is None:

@@ -92,7 +92,7 @@ def _listed(names: Iterable[str]) -> str:
 
 
 # The index convention that goes with each variant shard convention (guard.inventory.conventions).
-_SHARD_INDEXES = {
+_SHARD_INDEXES: dict[str | None, str] = {  # a convention with no template looks up None: no row
     "{stem}.{variant}-{shard}.{ext}": "{stem}.{ext}.index.{variant}.json",  # save_pretrained(variant=)
     "{stem}-{shard}.{variant}.{ext}": "{stem}.{ext}.{variant}.index.json",  # diffusers, deprecated
 }
@@ -157,7 +157,7 @@ def _index_fix(inv: ModelInventory, ws: WeightSet, shards: list[str]) -> Fix:
 def _index_name(roles: list[FileRole]) -> str | None:
     templates = {getattr(convention_of(role.name), "template", None) for role in roles}
     names = {(role.stem, role.name.rpartition(".")[2], role.variant) for role in roles}
-    template = _SHARD_INDEXES.get(templates.pop()) if len(templates) == 1 else None  # type: ignore[arg-type]  # the one template: a str
+    template = _SHARD_INDEXES.get(templates.pop()) if len(templates) == 1 else None
     if template is None or len(names) != 1:
         return None
     stem, ext, variant = names.pop()
