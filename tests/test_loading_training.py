@@ -71,8 +71,8 @@ def _fsdp2_deepseek_worker(rank: int, world: int, port: int, out: str, config_di
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        torch.manual_seed(0)
-        model = transformers.DeepseekV3ForCausalLM.from_pretrained(config_dir)
+        torch.manual_seed(0)  # the same model on both ranks, built as dcp_writers builds its Llama (no loading threads)
+        model = transformers.DeepseekV3ForCausalLM(transformers.AutoConfig.from_pretrained(config_dir))
         options: dict[str, object] = {"mesh": init_device_mesh("cpu", (world,))}
         if narrowed:
             model = model.to(torch.bfloat16)  # the router too: transformers' keep-fp32 undone (Automodel#2143)
