@@ -255,3 +255,17 @@ def test_layer_types_not_mechanical_is_shown_with_why(tmp_path: Path, capsys: py
     _, out = fix_run(capsys, "--write", "--unsafe-fixes", str(root), fmt="json")
     assert json.loads(out)["extra"]["fix"]["plan"] == []
     assert snapshot(root) == before
+
+
+def test_layer_types_longer_than_the_file_is_cut(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Three layers in the file, config.json saying 2 with four layer_types: both made 3, the list cut."""
+    f = "full_attention"
+    root = _qwen3(tmp_path / "q", [f, f, f])
+    written = (root / "config.json").read_bytes()
+    config = json.loads(written)
+    config["num_hidden_layers"], config["layer_types"] = 2, [f] * 4
+    (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    report = _fixed(capsys, root)
+    assert "layer_types: 4 -> 3 entries" in report["extra"]["fix"]["outcomes"][0]["summary"]
+    assert (root / "config.json").read_bytes() == written
+    _loads_every_tensor(root, "Qwen3ForCausalLM")
