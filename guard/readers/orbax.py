@@ -106,8 +106,8 @@ def _read(files: Mapping[str, int], open_file: OpenFile, local_root: str | None,
         prefix = f"{item}/" if item else ""
         tree = _json(files, open_file, prefix + METADATA)
         params = leaf_params(tree_metadata(tree, prefix + METADATA))
-        ocdbt = tree.get("use_ocdbt", f"{prefix}manifest.ocdbt" in files) is True  # type: ignore[attr-defined]  # _json returns the parsed dict (its callers check the shape)
-        zarr3 = tree.get("use_zarr3") is True  # type: ignore[attr-defined]  # _json returns the parsed dict (its callers check the shape)
+        ocdbt = tree.get("use_ocdbt", f"{prefix}manifest.ocdbt" in files) is True
+        zarr3 = tree.get("use_zarr3") is True
         meta_name = "zarr.json" if zarr3 else ".zarray"
         keys = {p: f"{p}/{meta_name}" for p in params}
         kinds.add(("ocdbt+" if ocdbt else "") + ("zarr3" if zarr3 else "zarr2"))
@@ -211,13 +211,13 @@ def zarr_dtype_shape(meta: dict[str, object], *, zarr3: bool, param: str) -> tup
 def _check_zarr_fields(meta: dict[str, object], *, zarr3: bool, rank: int, param: str) -> None:
     """The structural fields tensorstore requires before it opens the array (cheap to check)."""
     if zarr3:
-        grid, keys = meta.get("chunk_grid"), meta.get("chunk_key_encoding")
+        grid, keys, codecs = meta.get("chunk_grid"), meta.get("chunk_key_encoding"), meta.get("codecs")
         config = grid.get("configuration") if isinstance(grid, dict) else None
         chunk_shape = config.get("chunk_shape") if isinstance(config, dict) else None
         ok = (meta.get("zarr_format") == 3 and meta.get("node_type") == "array"
               and isinstance(grid, dict) and grid.get("name") == "regular" and _dims(chunk_shape, rank)
               and isinstance(keys, dict) and isinstance(keys.get("name"), str)
-              and isinstance(meta.get("codecs"), list) and all(isinstance(c, dict) for c in meta["codecs"]))  # type: ignore[attr-defined]  # meta['codecs'] is a list: checked just before
+              and isinstance(codecs, list) and all(isinstance(c, dict) for c in codecs))
     else:  # zarr 2 metadata has every member (tensorstore refuses a missing one)
         ok = (meta.get("zarr_format") == 2 and _dims(meta.get("chunks"), rank)
               and "compressor" in meta and (meta["compressor"] is None or isinstance(meta["compressor"], dict))
@@ -281,10 +281,13 @@ def _ts_reason(exc: BaseException) -> str:
     return (str(exc).split(" [source locations", 1)[0].splitlines() or ["tensorstore error"])[0][:200]
 
 
-def _json(files: Mapping[str, int], open_file: OpenFile, name: str) -> object:
+def _json(files: Mapping[str, int], open_file: OpenFile, name: str) -> dict[str, object]:
     if name not in files:
         raise MalformedCheckpoint(f"no {name}")
-    return read_metadata_json(open_file(name), name, size=files[name])
+    tree = read_metadata_json(open_file(name), name, size=files[name])
+    if not isinstance(tree, dict):  # what tree_metadata() says of it
+        raise MalformedCheckpoint(f"{name} has no tree_metadata object")
+    return tree
 
 
 def read_metadata_json(source: ByteSource, name: str, *, size: int | None = None) -> object:

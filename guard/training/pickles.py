@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from guard.errors import MalformedCheckpoint
-from guard.readers.torch.pickle import ITEMSIZES, DictDesc, Global, PickleWalker, Unsafe
+from guard.readers.torch.pickle import ITEMSIZES, DictDesc, Global, PickleWalker, Subclass, Unsafe
 from guard.readers.torch.tensors import storage_from_pid
 from guard.training.registry import PickleGlobals
 
@@ -69,7 +69,7 @@ class AllowListWalker(PickleWalker):
         self.accepts = {dotted: (tuple((value,) for value in values), what)
                         for dotted, values, what in allowed.accepts}
 
-    def _global(self, module: str, name: str) -> Global | Unsafe:
+    def _global(self, module: str, name: str) -> Global | Subclass | Unsafe:
         dotted = f"{module}.{name}"
         if dotted in self.allowed.records or dotted in self.allowed.values:
             return Global(module, name)

@@ -55,6 +55,7 @@ def read_tree(root: Path) -> tuple[list[Key], bool, bool]:
     with LocalFile(root / METADATA, name=METADATA) as source:  # the scanner's read: its size limit, its checks
         meta = read_metadata_json(source, METADATA)
     tree = tree_metadata(meta, METADATA)
+    assert isinstance(meta, dict)  # tree_metadata() has checked it
     leaf_params(tree)  # raises MalformedCheckpoint for anything orbax or the scanner would refuse
     keys = [tuple(k["key"] for k in entry["key_metadata"]) for entry in tree.values()  # type: ignore[index]  # leaf_params(tree) above has checked each entry's shape
             if entry["value_metadata"]["value_type"] in ARRAY_TYPES]  # type: ignore[index]  # leaf_params(tree) above has checked each entry's shape
@@ -64,7 +65,7 @@ def read_tree(root: Path) -> tuple[list[Key], bool, bool]:
         except ValueError as exc:
             raise MalformedCheckpoint(str(exc)) from None
     # the scanner's rule (guard.readers.orbax): without the key, OCDBT is what a manifest says
-    return keys, meta.get("use_ocdbt", (root / "manifest.ocdbt").is_file()) is True, meta.get("use_zarr3") is True  # type: ignore[attr-defined]  # read_metadata_json returns the parsed dict
+    return keys, meta.get("use_ocdbt", (root / "manifest.ocdbt").is_file()) is True, meta.get("use_zarr3") is True
 
 
 def read_leaf(root: Path, key: Key, *, ocdbt: bool, zarr3: bool) -> OrbaxLeaf:
@@ -98,7 +99,9 @@ def _plain_chunk(meta: bytes, name: str) -> tuple[str, tuple[int, ...]] | None:
     code, shape = zarr_dtype_shape(fields, zarr3=False, param=name)  # the scanner's checks, and its dtype
     if code not in ZARR_DTYPES:
         raise MalformedCheckpoint(f"{name}: dtype {code} is not one convert can carry")
-    single = all(c >= d for c, d in zip(fields["chunks"], shape))  # type: ignore[call-overload]  # zarr_dtype_shape has checked fields['chunks'] is a list of ints
+    chunks = fields["chunks"]
+    assert isinstance(chunks, list)  # zarr_dtype_shape has checked it: a list of ints
+    single = all(c >= d for c, d in zip(chunks, shape))
     # raw only in the byte order and spelling convert writes: ">f4" parses as F32 but is big-endian
     raw = (fields["compressor"] is None and not fields["filters"] and fields["order"] == "C"
            and fields.get("dtype") == ZARR_DTYPES[code])

@@ -154,10 +154,12 @@ def layer_policies(config: dict[str, object], prefix: str = "layers/", depth: in
         path = f"{prefix}{group}/"
         out.update(layer_policies(layer, f"{path}layers/", depth + 1))
         cfg = layer.get("config")
-        name = _policy_name(cfg.get("dtype")) if isinstance(cfg, dict) else None
+        if not isinstance(cfg, dict):
+            continue  # no config: no dtype policy
+        name = _policy_name(cfg.get("dtype"))
         code = POLICY_VARIABLE_DTYPES.get(name or "") or dtypes.parse_dtype_name(name or "")
         if layer["class_name"] != "InputLayer" and name and not name.startswith("quantized:") and code:
-            out[path] = [str(cfg.get("name", group))[:100], name[:50], code]  # type: ignore[union-attr]  # cfg is a dict: name is set only then
+            out[path] = [str(cfg.get("name", group))[:100], name[:50], code]
     return out
 
 

@@ -16,7 +16,16 @@ from __future__ import annotations
 import functools
 from operator import itemgetter, sub
 
-from guard.readers.safetensors.pattern import SPAN_BYTES, Span, frame, needs_exact_parse, read_compact, span_of, tiles
+from guard.readers.safetensors.pattern import (
+    SPAN_BYTES,
+    Span,
+    all_set,
+    frame,
+    needs_exact_parse,
+    read_compact,
+    span_of,
+    tiles,
+)
 from guard.readers.safetensors.templates import cut, from_template, remember
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorColumns
@@ -119,19 +128,19 @@ def _read_parsed(raw: bytes, source: ByteSource, length: int) -> FileScan | None
         infos = list(map(_PARSED_SPANS.get, keys))
     except (TypeError, KeyError):
         return None
-    if not all(infos):
+    if not all_set(infos):
         fresh = {key: span_of(key[0], list(key[1])) for key in set(keys).difference(_PARSED_SPANS)}
         if len(_PARSED_SPANS) + len(fresh) > _PARSED_SPANS_HELD:
             _PARSED_SPANS.clear()
         _PARSED_SPANS.update(fresh)
         infos = [fresh.get(key) if info is None else info for key, info in zip(keys, infos)]
-        if not all(infos):
+        if not all_set(infos):
             return None  # an unknown dtype, an empty tensor, a bad shape: the reference words it
-    if sizes_given != list(map(SPAN_BYTES, infos)):  # type: ignore[arg-type]  # every info is set: all(infos) checked above
+    if sizes_given != list(map(SPAN_BYTES, infos)):
         return None
     buffer_start = 8 + length
     if not tiles(begins, ends, source.size - buffer_start):
         return None
     in_order = begins == [0, *ends[:-1]]
-    tensors = TensorColumns(list(header), infos, source.name, buffer_start, None if in_order else begins)  # type: ignore[arg-type]  # no None left
+    tensors = TensorColumns(list(header), infos, source.name, buffer_start, None if in_order else begins)
     return FileScan(source.name, "safetensors", source.size, tensors, (), metadata, 8 + length, ())

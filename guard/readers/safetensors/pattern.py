@@ -20,6 +20,8 @@ from guard.readers.safetensors.reference import U64, no_constant, unique_keys
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorColumns
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the hook's path (a scan never imports it)
+
 # code -> (the code itself, its bits): the record keeps the table's own string, so 200,000 tensors
 # of a sharded model share one "BF16" instead of holding one copy each from the JSON parse
 KNOWN = {code: (code, info.bits) for code, info in dtypes.DTYPES.items()}
@@ -120,6 +122,14 @@ _SPANS_HELD = 1 << 14  # bounded: a hostile file's distinct shapes
 _TILINGS: dict[str, tuple[tuple[int, ...], int]] = {}
 _TILINGS_HELD, _TILING_CHARS = 256, 8192  # bounded: 256 headers' offsets of up to 8,192 characters (2 MB)
 SPAN_BYTES = itemgetter(2)
+if TYPE_CHECKING:
+    from typing import TypeGuard, TypeVar
+
+    _T = TypeVar("_T")
+
+    def all_set(items: list[_T | None]) -> TypeGuard[list[_T]]: ...
+else:  # the builtin itself, which the checker reads as a guard: every span a non-empty tuple, so only None is false
+    all_set = all
 
 
 def read_compact(raw: bytes, source: ByteSource, length: int, framed: Frame | None = None) -> FileScan | None:
@@ -162,7 +172,7 @@ def read_compact(raw: bytes, source: ByteSource, length: int, framed: Frame | No
     # all(): every span is a non-empty tuple, so a None is the only false item (a truth test per item
     # where ``None in infos`` made a rich comparison of each tuple with None)
     infos = list(map(spans.get, keys))
-    if not all(infos):  # a (dtype, shape) this process has not met yet, or one without a span
+    if not all_set(infos):  # a (dtype, shape) this process has not met yet, or one without a span
         fresh = {key: _span_of_entry_key(key, spaced) for key in set(keys).difference(spans)}
         # the file's own spans come from `infos` and `fresh`, never from the cache after it is emptied: a
         # long-lived process (the Hub reviewer) fills it, and a clear between two of a file's keys lost one
@@ -170,7 +180,7 @@ def read_compact(raw: bytes, source: ByteSource, length: int, framed: Frame | No
             spans.clear()
         spans.update(fresh)
         infos = [fresh.get(key) if info is None else info for key, info in zip(keys, infos)]
-        if not all(infos):
+        if not all_set(infos):
             return None
     # offsets tile the buffer in header order: each begin the previous end, compared as the text itself,
     # and each end the sum of the sizes up to its tensor, spelled as JSON spells it (str of the int: only
@@ -182,7 +192,7 @@ def read_compact(raw: bytes, source: ByteSource, length: int, framed: Frame | No
     if begins_text[0] == "0" and begins_text[1:] == ends_text[:-1]:
         # each end the sum of the sizes up to it, in JSON's spelling: worked out once per tiling, which the
         # shards of a model share (the same layers' shapes), then looked up by the ends' text
-        sizes = tuple(map(SPAN_BYTES, infos))  # type: ignore[arg-type]  # every info is set: all(infos) checked above
+        sizes = tuple(map(SPAN_BYTES, infos))
         spelled = ",".join(ends_text)
         known = _TILINGS.get(spelled)
         if known is None or known[0] != sizes:
@@ -207,14 +217,14 @@ def read_compact(raw: bytes, source: ByteSource, length: int, framed: Frame | No
                 listed.count(",0") != listed.count(",0,") + listed.endswith(",0"):
             return None
         begins, ends = list(map(int, begins_text)), list(map(int, ends_text))
-        if list(map(sub, ends, begins)) != list(map(SPAN_BYTES, infos)):  # type: ignore[arg-type]  # every info is set: all(infos) checked above
+        if list(map(sub, ends, begins)) != list(map(SPAN_BYTES, infos)):
             return None
         if not tiles(begins, ends, source.size - buffer_start):
             return None
     # the tensors in columns (guard.tensors.TensorColumns): the names and the spans shared with every header
     # of the same dtype and shape (the offsets follow from them where they are in header order); records are
     # made only for a caller that walks them
-    tensors = TensorColumns(names, infos, source.name, buffer_start, begins)  # type: ignore[arg-type]  # every info is set: all(infos) checked above
+    tensors = TensorColumns(names, infos, source.name, buffer_start, begins)
     # positional, all eight fields: the record's fast path (a scan of 4,000 shards builds 4,000 of these)
     return FileScan(source.name, "safetensors", source.size, tensors, (), metadata, 8 + length, ())
 

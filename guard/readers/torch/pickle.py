@@ -14,7 +14,7 @@ import re
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING  # pure data tables, as pickle uses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from guard.errors import MalformedCheckpoint
 
@@ -270,7 +270,7 @@ class PickleWalker:
             self.opcodes += 1
             name, reader = entry
             if name in ("GLOBAL", "INST"):
-                arg: object = (self._line(stream), self._line(stream))
+                arg: Any = (self._line(stream), self._line(stream))  # each opcode's own: its name tells which
             elif reader is None:
                 arg = None
             else:
@@ -280,7 +280,7 @@ class PickleWalker:
                     raise _bad(f"bad {name} argument before byte {stream.tell()}: {exc}") from None
                 if name in ("SHORT_BINSTRING", "BINSTRING"):  # a Python 2 str: torch.load decodes it as UTF-8
                     try:
-                        arg = arg.encode("latin-1").decode("utf-8")  # type: ignore[attr-defined]  # a str here
+                        arg = arg.encode("latin-1").decode("utf-8")
                     except UnicodeDecodeError:
                         raise _bad(f"Python 2 string before byte {stream.tell()} is not UTF-8") from None
                 if name in _PUSH_ARG:
@@ -292,7 +292,7 @@ class PickleWalker:
                 raise _bad("pickle stack or memo exceeds the size limit")
 
             if name in ("BINPUT", "LONG_BINPUT", "PUT"):
-                memo[int(arg)] = top()  # type: ignore[call-overload]  # the memo index is an int argument (BINPUT and its kin)
+                memo[int(arg)] = top()
             elif name == "MEMOIZE":
                 memo[len(memo)] = top()
             elif name in ("BINGET", "LONG_BINGET", "GET"):
@@ -356,8 +356,8 @@ class PickleWalker:
             elif name == "DUP":
                 stack.append(top())
             elif name in ("GLOBAL", "INST"):
-                module, attr = arg  # type: ignore[misc]  # GLOBAL/INST's arg is the two lines read above
-                glob = self._global(module, attr)  # type: ignore[has-type]  # GLOBAL/INST's arg is the two lines read above
+                module, attr = arg
+                glob = self._global(module, attr)
                 if name == "GLOBAL":
                     stack.append(glob)
                 else:
@@ -433,7 +433,7 @@ class PickleWalker:
             raise _bad(f"TorchScript class name {text!r} holds characters other than letters, digits, '_' and '.'")
         return text
 
-    def _global(self, module: str, name: str) -> Global | Unsafe:
+    def _global(self, module: str, name: str) -> Global | Subclass | Unsafe:
         # pickle maps Python 2 names (``__builtin__.eval``) the same way before importing.
         if (module, name) in NAME_MAPPING:
             module, name = NAME_MAPPING[(module, name)]
@@ -443,7 +443,7 @@ class PickleWalker:
         if glob.dotted in ALLOWED_GLOBALS or (self.torchscript and glob.dotted in SCRIPT_PASS_THROUGH):
             return glob
         if not self.torchscript and glob.dotted in TORCHAO_SUBCLASSES:
-            return Subclass(glob.dotted)  # type: ignore[return-value]  # a Subclass stands where a Global is resolved (TORCHAO_SUBCLASSES)
+            return Subclass(glob.dotted)  # stands where a Global is resolved (TORCHAO_SUBCLASSES)
         if not self.torchscript and glob.dotted in TORCHAO_VALUES:
             return glob
         if self.torchscript and (module == "__torch__" or module.startswith("__torch__.")):
@@ -501,9 +501,9 @@ class PickleWalker:
             return args[0] if args else Call(dotted)
         if dotted == "torch.Size" and args and isinstance(args[0], (tuple, list)):
             return tuple(args[0])
-        if dotted == "_codecs.encode" and len(args) == 2 and all(isinstance(a, str) for a in args):
+        if dotted == "_codecs.encode" and len(args) == 2 and isinstance(args[0], str) and isinstance(args[1], str):
             try:
-                return args[0].encode(args[1])  # type: ignore[union-attr]  # codecs.encode's args: a str and an encoding name
+                return args[0].encode(args[1])
             except LookupError:
                 raise _bad(f"_codecs.encode with unknown codec {args[1]!r}") from None
         return Call(dotted)
