@@ -20,7 +20,7 @@ layer type has no Flax class that computes it: refused (CG304) before anything i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from guard.catalogue import make_finding
 from guard.convert.map.families import ALIASES, FAMILIES
@@ -41,7 +41,7 @@ def rope_meaning(config: dict[str, Any]) -> tuple[float | None, dict[str, Any] |
     if params is None:
         theta = config.get("rope_theta")
         scaling = config.get("rope_scaling")
-        return (float(theta) if _number(theta) else None), (scaling if isinstance(scaling, dict) else None), None  # type: ignore[arg-type]  # _number(theta) holds: theta is an int or float
+        return (float(theta) if _number(theta) else None), (scaling if isinstance(scaling, dict) else None), None
     if not isinstance(params, dict):
         return None, None, f"rope_parameters is {type(params).__name__}, not an object"
     if params and all(isinstance(v, dict) or v is None for v in params.values()):
@@ -95,5 +95,5 @@ def flax_target_config(config: dict[str, Any], *, where: str) -> tuple[dict[str,
     return out, []
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)

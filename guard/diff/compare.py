@@ -97,15 +97,17 @@ def pair_sets(old: ModelInventory | None, new: ModelInventory | None
     olds = {ws.name: ws for ws in (old.sets if old else ())}
     news = {ws.name: ws for ws in (new.sets if new else ())}
     o_primary, n_primary = (old.primary if old else None), (new.primary if new else None)
-    renamed = (o_primary is not None and n_primary is not None and o_primary.name not in news
-               and n_primary.name not in olds)
-    roots = renamed and is_root_set(old, o_primary) and is_root_set(new, n_primary)  # type: ignore[arg-type]  # old and new are set when renamed holds
+    names = sorted(olds.keys() | news.keys())
+    if o_primary is None or n_primary is None or o_primary.name in news or n_primary.name in olds:
+        return [(name, olds.get(name), news.get(name)) for name in names]  # no rename
+    assert old is not None and new is not None  # each primary is its side's inventory's
+    roots = is_root_set(old, o_primary) and is_root_set(new, n_primary)
     pairs: list[tuple[str, WeightSet | None, WeightSet | None]] = []
-    for name in sorted(olds.keys() | news.keys()):
-        if renamed and name == o_primary.name:  # type: ignore[union-attr]  # o_primary and n_primary are set when renamed holds
-            key = name if roots else f"{name} -> {n_primary.name}"  # type: ignore[union-attr]  # o_primary and n_primary are set when renamed holds
+    for name in names:
+        if name == o_primary.name:
+            key = name if roots else f"{name} -> {n_primary.name}"
             pairs.append((key, o_primary, n_primary))
-        elif not (renamed and name == n_primary.name):  # type: ignore[union-attr]  # o_primary and n_primary are set when renamed holds
+        elif name != n_primary.name:
             pairs.append((name, olds.get(name), news.get(name)))
     return pairs
 
@@ -292,10 +294,10 @@ def _ref(t: TensorInfo) -> TensorRef:
 def _unvouched(ws: WeightSet | None):
     """Whether this side cannot say if it holds a name: a file of the set was unreadable (its tensors
     are unknown, not removed); with a shard index, only the names it places in such a file."""
-    bad = {s.path.rpartition("/")[2] for s in (ws.files if ws is not None else ()) if s.format is None}
-    if not bad:
+    bad = {s.path.rpartition("/")[2] for s in ws.files if s.format is None} if ws is not None else set()
+    if ws is None or not bad:
         return lambda name: False
-    maps = [i.weight_map for i in ws.indexes if i.weight_map]  # type: ignore[union-attr]  # an index's weight_map, tested in the same comprehension
+    maps = [i.weight_map for i in ws.indexes if i.weight_map]
     if not maps:
         return lambda name: True
     return lambda name: any(m.get(name) in bad for m in maps)

@@ -29,7 +29,7 @@ def render_change_github(change: ChangeReport) -> str:
 def _set_notices(change: ChangeReport, slots: int) -> list[str]:
     from guard.diff.markdown import what_changed
 
-    out = []  # type: ignore[var-annotated]  # the lines returned
+    out: list[str] = []
     for model in change.models:
         for ws in model.sets:
             if ws.status == "unchanged" or len(out) >= slots:

@@ -77,18 +77,19 @@ def locate(pairs: Sequence[tuple[TensorInfo, TensorInfo]]) -> list[tuple[TensorI
     return [(placed.get((o.file, o.name), o), placed.get((n.file, n.name), n)) for o, n in pairs]
 
 
-def _placed_torch_zip(path: str) -> tuple[TensorInfo, ...]:
+def _placed_torch_zip(path: str) -> Sequence[TensorInfo]:
     from guard.readers import READ_FAILURES, sniff_format
     from guard.sources import LocalFile
 
+    failures: tuple[type[BaseException], ...] = (OSError, *READ_FAILURES)
     try:
         with LocalFile(path, name=path) as source:
             if sniff_format(source) != "torch-zip":
                 return ()
             from guard.readers.torch.zip import read_torch_zip
 
-            return read_torch_zip(source, locate_data=True).tensors  # type: ignore[return-value]  # a torch zip's tensors: a tuple of TensorInfo at run time
-    except (OSError, *READ_FAILURES):  # type: ignore[misc]  # READ_FAILURES is a tuple of exception classes
+            return read_torch_zip(source, locate_data=True).tensors
+    except failures:
         return ()  # its tensors stay unplaced: "not compared"
 
 

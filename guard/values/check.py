@@ -86,15 +86,17 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
             with ThreadPoolExecutor(max_workers=WORKERS) as pool:
                 results = dict(zip(jobs, pool.map(scan, jobs)))
     for info, skip in zip(checked, skips):
-        result = results[_key(info)] if skip is None else None
-        if skip is not None or isinstance(result, _Truncated):
-            if result is not None:
-                findings.append(make_finding("CG001", info.file, str(result), tensor=info.name))
-            stats.append({**_where(info), "skipped": skip or str(result)})
+        if skip is not None:
+            stats.append({**_where(info), "skipped": skip})
+            continue
+        result = results[_key(info)]
+        if isinstance(result, _Truncated):
+            findings.append(make_finding("CG001", info.file, str(result), tensor=info.name))
+            stats.append({**_where(info), "skipped": str(result)})
             continue
         stats.append({**_where(info), **_figures(result), "numel": info.numel})
         findings.extend(_tensor_findings(info, result, in_play, labels))
-        for code, cast in result.casts.items():  # type: ignore[union-attr]  # a result whenever skip is None
+        for code, cast in result.casts.items():
             if code in requested and cast.rounded:
                 rounding.setdefault((info.file, code), []).append(
                     (cast.max_rel_error, cast.worst_rel_value, info.name, cast.rounded))
@@ -192,7 +194,9 @@ def _scan_range(key: tuple[str, int, int, str], files: _Files, *, ranges: tuple[
     dtype = "F32" if code == "C64" else code  # NaN/Inf only: a complex is two fp32
     targets = ((), ()) if code == "C64" else (ranges, rounding)
     scanner = TensorScanner(dtype, range_targets=targets[0], rounding_targets=targets[1])
-    fd, size = files.open(path)  # type: ignore[misc]  # a file that does not open is reported before its ranges are scanned (open() is memoised)
+    opened = files.open(path)
+    assert opened is not None  # a file that does not open is reported before its ranges are scanned (memoised)
+    fd, size = opened
     if end > size:
         raise _Truncated(f"tensor bytes truncated: they end at byte {end:,} but the file has {size:,}")
     buffer, scratch = files.workspace()

@@ -41,7 +41,7 @@ FORMATS: dict[str, Format] = {
     "F8_E5M2FNUZ": Format(5, 2, 16, "fnuz"),
     "F8_E8M0": Format(8, 0, 127, "e8m0"),  # unsigned powers of two: scales, never a cast target
 }
-NATIVE = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
+NATIVE: dict[str, type[np.floating[Any]]] = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
 BITS_VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -51,7 +51,7 @@ def itemsize(code: str) -> int:
 
 def smallest_normal(code: str) -> float:
     if code in NATIVE:
-        return float(np.finfo(NATIVE[code]).smallest_normal)  # type: ignore[type-var]  # NATIVE's values are numpy float types
+        return float(np.finfo(NATIVE[code]).smallest_normal)
     fmt = FORMATS[code]
     return 2.0 ** ((0 if fmt.kind == "e8m0" else 1) - fmt.bias)  # E8M0 has no subnormals: 0x00 is normal
 
@@ -59,7 +59,7 @@ def smallest_normal(code: str) -> float:
 def largest(code: str) -> float:
     """The largest finite value (``finfo(...).max``)."""
     if code in NATIVE:
-        return float(np.finfo(NATIVE[code]).max)  # type: ignore[type-var]  # NATIVE's values are numpy float types
+        return float(np.finfo(NATIVE[code]).max)
     fmt = FORMATS[code]
     top_exponent = (1 << fmt.exponent) - 1
     mantissa = (1 << fmt.mantissa) - 1

@@ -118,7 +118,7 @@ def _quant_state_findings(module: Any, info: TensorInfo) -> list[Finding]:
         return []
     blob = b"".join(chunk.tobytes() for chunk in _chunks(info._replace(dtype="U8")))
     try:
-        quant_state(module, _BlobReader({info.name: blob}))  # type: ignore[arg-type]  # quant_state reads tensors by calling the reader, all _BlobReader does
+        quant_state(module, _BlobReader({info.name: blob}))
     except DequantError as exc:
         return [make_finding(exc.code, info.file, f"{shown(exc.tensor)}: {exc.message}", tensor=exc.tensor)]
     return []

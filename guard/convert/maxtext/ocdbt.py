@@ -99,7 +99,8 @@ def _fsync_tree(top: Path) -> None:
 
     from guard.write.publish import fsync_paths
 
-    files, dirs = [], []  # type: ignore[var-annotated]  # lists of paths, filled below
+    files: list[Path] = []
+    dirs: list[Path] = []
     for parent, _subdirs, names in os.walk(top):
         files.extend(Path(parent) / n for n in names)
         dirs.append(Path(parent))

@@ -119,7 +119,8 @@ def _write(req: MaxTextRequest, config: dict[str, Any], row: Architecture, leave
             found = check.finding(name=leaf.name, path=str(req.src))
             if found is not None:
                 cast_findings.append(found._replace(severity=Severity.warning) if req.allow_lossy else found)
-            writer.write(leaf.key, array)  # type: ignore[arg-type]  # array is set: every leaf's pieces were placed above
+            assert array is not None  # every leaf's pieces were placed above
+            writer.write(leaf.key, array)
         findings += cast_findings
         findings += _rounding_findings(rounded, row, head_dim, req.src)
         if _blocking(findings):

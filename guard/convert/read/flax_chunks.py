@@ -29,7 +29,7 @@ def read_chunked(info: TensorInfo, ranges: list[tuple[int, int]]) -> np.ndarray:
     from guard.write.produce import read_into
 
     out = np.empty(info.shape, numpy_dtype(info.dtype))
-    view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy types __buffer__ from 3.12
+    view = out.reshape(-1).view(np.uint8).data  # memoryview(...), typed (numpy types __buffer__ from 3.12)
     done = 0
     with open(info.file, "rb", buffering=0) as fh:
         for start, end in ranges:

@@ -34,7 +34,7 @@ def read_range(info: TensorInfo) -> np.ndarray:
     assert info.data_start is not None and info.data_end is not None
     size = info.data_end - info.data_start
     buf = np.empty(size, np.uint8)
-    view = memoryview(buf)  # type: ignore[arg-type]  # numpy types __buffer__ from 3.12
+    view = buf.data  # memoryview(buf), typed (numpy types __buffer__ from 3.12)
     with open(info.file, "rb", buffering=0) as fh:
         fh.seek(info.data_start)
         if read_into(fh, view) < size:

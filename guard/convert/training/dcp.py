@@ -52,7 +52,8 @@ def find_checkpoint(src: Path) -> tuple[Path, Path] | None:
             return None
         if tracked.problem is not None:
             return src / TRACKER, src  # named, so that the source says CG119
-        inner = find_checkpoint(src / tracked.folder)  # type: ignore[operator]  # folder is set when problem is None (the tracker's parse)
+        assert tracked.folder is not None  # set when problem is None (the tracker's parse)
+        inner = find_checkpoint(src / tracked.folder)
         return None if inner is None else (inner[0], src if "config.json" in names else inner[1])
     return src, src if "config.json" in names else src.parent
 

@@ -105,6 +105,7 @@ class MegatronLoader:
         """Plans the HF tensors one stored tensor holds; a finding where it cannot be placed."""
         name, shape = tensor.name, tensor.info.shape
         layer = _LAYER.search(name)
+        layers: list[int | None]  # a name with no layer: [None] stands for its one layer
         if layer is not None:
             pattern, layers = _LAYER.sub("N", name, count=1), [int(layer.group(0))]
             rows = shape
@@ -112,7 +113,7 @@ class MegatronLoader:
             pattern, layers, rows = "decoder.layers.N." + name[len(_STACK):], list(range(shape[0] if shape else 0)), \
                 shape[1:]
         else:
-            pattern, layers, rows = name, [None], shape  # type: ignore[list-item]  # a name with no layer: [None] stands for its one layer
+            pattern, layers, rows = name, [None], shape
         targets = LLAMA_FROM_MEGATRON.get(pattern)
         if targets is None:
             return [make_finding("CG304", where, f"Megatron tensor {name!r} has no place in HF Llama (Megatron-"

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from guard.convert.read.dequant import BAND_ELEMENTS, DequantError, Read, row_bands
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
 
 # bitsandbytes.functional.get_4bit_type: nf4 as listed; fp4 normalised by its largest magnitude (12)
@@ -39,7 +41,7 @@ def code_table(quant_type: str) -> np.ndarray:
     return table / np.float32(12.0)
 
 
-def quant_state(module: Any, read: Read) -> dict[str, Any]:
+def quant_state(module: Any, read: Callable[[str], np.ndarray]) -> dict[str, Any]:  # a Read, or one blob's reader
     """The JSON blob bitsandbytes packs the 4-bit state's scalars into (shape, blocksize, quant type, ...)."""
     name = module.components.get("quant_state")
     if name is None:

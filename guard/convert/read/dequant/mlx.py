@@ -38,12 +38,13 @@ def settings(module: Any, quant: Any) -> tuple[str, int | None, int | None]:
     """(mode, bits, group_size) for one module: what the inventory resolved for it (per-module overrides
     included), else its own entry in the config record, else the record's."""
     params = getattr(quant, "params", None) or {}
-    record = params.get("quantization") if isinstance(params.get("quantization"), dict) else params
+    nested = params.get("quantization")
+    record = nested if isinstance(nested, dict) else params
     own = record.get(module.prefix) if isinstance(record, dict) else None
     chosen = own if isinstance(own, dict) else record
-    mode = getattr(module, "format", None) or chosen.get("mode") or getattr(quant, "format", None) or "affine"  # type: ignore[union-attr]  # chosen is own or record, a dict here (params defaults to {})
-    bits = getattr(module, "bits", None) or chosen.get("bits", getattr(quant, "bits", None))  # type: ignore[union-attr]  # chosen is own or record, a dict here (params defaults to {})
-    group = getattr(module, "group_size", None) or chosen.get("group_size", getattr(quant, "group_size", None))  # type: ignore[union-attr]  # chosen is own or record, a dict here (params defaults to {})
+    mode = getattr(module, "format", None) or chosen.get("mode") or getattr(quant, "format", None) or "affine"
+    bits = getattr(module, "bits", None) or chosen.get("bits", getattr(quant, "bits", None))
+    group = getattr(module, "group_size", None) or chosen.get("group_size", getattr(quant, "group_size", None))
     return str(mode), bits if isinstance(bits, int) else None, group if isinstance(group, int) else None
 
 

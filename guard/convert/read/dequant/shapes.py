@@ -21,8 +21,10 @@ _LINEARS: dict[str, tuple[str, str]] = {
 
 
 def _sizes(config: dict[str, Any]) -> dict[str, int]:
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    get = {k: v for k, v in text.items() if isinstance(v, int) and not isinstance(v, bool)}  # type: ignore[union-attr]  # text is config.get(...) only where that is a dict
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        text = config
+    get = {k: v for k, v in text.items() if isinstance(v, int) and not isinstance(v, bool)}
     heads = get.get("num_attention_heads", 0)
     hidden = get.get("hidden_size", 0)
     head_dim = get.get("head_dim") or (hidden // heads if heads else 0)

@@ -48,10 +48,12 @@ def open_quantization(src: Path, source: SourceModel) -> Quantized | None:
     inventory = load_local_model(models[0])
     names = {p.name for p in source.files}
     ws = next((s for s in inventory.sets if {Path(f.path).name for f in s.files} == names), None)
-    quant = inventory.quantization(ws) if ws is not None else None
+    if ws is None:
+        return None
+    quant = inventory.quantization(ws)
     if quant is None:
         return None
-    return Quantized(quant, tuple(quantized_modules(inventory, ws)), _integrity_findings(inventory, names))  # type: ignore[arg-type]  # a set with a quantization is the primary weight set, never None
+    return Quantized(quant, tuple(quantized_modules(inventory, ws)), _integrity_findings(inventory, names))
 
 
 def _integrity_findings(inventory: Any, names: set[str]) -> list[Finding]:
@@ -207,7 +209,7 @@ def dequantized_source(source: SourceModel, quantized: Quantized, config: dict[s
     # a second thread reads only through byte ranges (safetensors); torch's .bin loader keeps one open shard
     shared = _Modules(quant, impl, read, ahead=source.format == "safetensors")
     consumed: set[str] = set()
-    planned: dict[str, list[SourceTensor]] = {}  # payload name -> the outputs standing in its place
+    planned: dict[str, tuple[Any, list[SourceTensor]]] = {}  # payload name -> its module, the outputs in its place
     for module in quantized.modules:
         if getattr(module, "missing", ()):
             raise DequantError("CG110", module.payload, f"the quantized module has no {', '.join(module.missing)}")
@@ -220,15 +222,15 @@ def dequantized_source(source: SourceModel, quantized: Quantized, config: dict[s
             if shape is None:
                 raise DequantError("CG111", module.payload, "the headers do not say the dequantized weight's shape")
             outs.append(SourceTensor(TensorInfo(name, "F32", tuple(int(d) for d in shape), file), loader))
-        planned[module.payload] = outs
+        planned[module.payload] = module, outs
         shared.sizes[id(module)] = sum(4 * prod(t.info.shape) for t in outs)
         consumed.update((module.payload, *module.components.values()))
     tensors: list[SourceTensor] = []
     for tensor in source.tensors:
         if tensor.name in planned:
-            outs = planned.pop(tensor.name)
+            module, outs = planned.pop(tensor.name)
             if outs:
-                shared.order.append(outs[0].loader.module)  # type: ignore[attr-defined]  # a planned output's loader is a module loader, which has module
+                shared.order.append(module)
             tensors.extend(outs)
         elif tensor.name not in consumed:
             tensors.append(tensor)
