@@ -9,7 +9,7 @@ MLX_VENV := .venv-mlx
 # auto-gptq's torch dequantization (its QuantLinear), the reference for GPTQ: unpacked, not installed
 AUTO_GPTQ := .auto-gptq
 
-.PHONY: demo lint test test-prereqs test-lanes test-main-rest test-main-envs test-tf4 test-lane-2 wheel test-pythons bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
+.PHONY: demo lint test test-prereqs test-lanes test-main-rest test-main-envs test-envs-2 test-tf4 test-lane-2 wheel test-pythons bench fuzz clean mlx-venv dev-tools latest-venv test-latest bench-latest tunix-venv keras-hub-lib maxtext-lib maxtext-venv easydel-venv tf4-venv
 
 # The development pins, with the environments' constraints: package data (guard/envs/), shipped in the wheel.
 CONSTRAINTS := guard/envs/constraints.txt
@@ -110,8 +110,9 @@ dev-tools:
 # classes in the managed tf4 environment, then the fast part on the latest releases (test-latest) and on every
 # Python the package claims (test-pythons).  In two lanes on CI's two cores (make -j2): most of the suite is one
 # process on one core, and the environments' builds are mostly downloads.
-#   lane 1: lint, the main session but for ENV_TESTS, then ENV_TESTS (once their environments are built);
-#   lane 2: tunix, EasyDeL and MaxText built, then the transformers-4 session, test-latest and test-pythons.
+#   lane 1: the main session but for ENV_TESTS, then ENV_TESTS_1 (once their environments are built);
+#   lane 2: tunix, EasyDeL and MaxText built, then ENV_TESTS_2, the transformers-4 session, test-latest and
+#   test-pythons.
 # Each target's output is printed whole when it ends (--output-sync): two sessions' lines never interleave.
 test:
 	$(MAKE) -j2 --output-sync=target --no-print-directory test-prereqs
@@ -120,8 +121,10 @@ test:
 # The tests that need the managed tunix, EasyDeL or MaxText environments.  The rest of the main session runs
 # while those are built, told so (CKPT_GUARD_TEST_PENDING_ENVS): a test there that asks for one of them fails,
 # naming this list, rather than building a second copy beside the lane that builds it (tests/against_envs.py).
-ENV_TESTS := tests/test_action.py tests/test_as_installed.py tests/test_convert_maxtext.py \
-	tests/test_parity_against.py tests/test_parity_against_maxtext.py
+# Split in two, one a lane, for the lanes to end together.
+ENV_TESTS_1 := tests/test_action.py tests/test_parity_against.py
+ENV_TESTS_2 := tests/test_as_installed.py tests/test_convert_maxtext.py tests/test_parity_against_maxtext.py
+ENV_TESTS := $(ENV_TESTS_1) $(ENV_TESTS_2)
 MANAGED_VENVS := tunix-venv easydel-venv maxtext-venv
 # what every session needs, built before either lane's tests start (the wheel too: the later venvs install it,
 # so no pip builds in the checkout's build/ while a test does)
@@ -143,12 +146,17 @@ test-main-rest: $(filter-out dev-tools keras-hub-lib tf4-venv,$(TEST_PREREQS))
 	@echo "== main session (but ENV_TESTS) ended $$(date -u +%T)"
 
 test-main-envs: test-main-rest $(MANAGED_VENVS)
-	@echo "== ENV_TESTS started $$(date -u +%T)"
-	$(PY) -m pytest -q -m "not transformers4" $(ENV_TESTS)
-	@echo "== ENV_TESTS ended $$(date -u +%T)"
+	@echo "== ENV_TESTS_1 started $$(date -u +%T)"
+	$(PY) -m pytest -q -m "not transformers4" $(ENV_TESTS_1)
+	@echo "== ENV_TESTS_1 ended $$(date -u +%T)"
 
-# lane 2: the environments first (order-only: test-tf4 does not need them, ENV_TESTS do)
-test-tf4: $(filter-out dev-tools keras-hub-lib tf4-venv,$(TEST_PREREQS)) | $(MANAGED_VENVS)
+# lane 2: the environments first, then the tests that need them (lane 1 holds pytest's cache: none here)
+test-envs-2: $(filter-out dev-tools keras-hub-lib tf4-venv,$(TEST_PREREQS)) $(MANAGED_VENVS)
+	@echo "== ENV_TESTS_2 started $$(date -u +%T)"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not transformers4" $(ENV_TESTS_2)
+	@echo "== ENV_TESTS_2 ended $$(date -u +%T)"
+
+test-tf4: $(filter-out dev-tools keras-hub-lib tf4-venv,$(TEST_PREREQS)) | test-envs-2
 	@echo "== transformers-4 session started $$(date -u +%T)"
 	$(TF4_PY) -m pytest -q -p no:cacheprovider -m transformers4
 	@echo "== transformers-4 session ended $$(date -u +%T)"
