@@ -41,7 +41,7 @@ def read_values(raw: dict[str, Any], hf_config: Any, *, flax: bool) -> dict[str,
     """What one side's transformers takes: its config object (4.x's keys, or 5.x's ``rope_parameters``),
     and for a Flax class with a fixed RoPE base, that base and no scaling."""
     values: dict[str, Any] = {key: getattr(hf_config, key, None) for key in SIZE_KEYS}
-    fixed = FLAX_FIXED_ROPE_BASE.get(raw.get("model_type")) if flax else None  # type: ignore[arg-type]  # a missing model_type looks up None: no row, so None
+    fixed = FLAX_FIXED_ROPE_BASE.get(raw.get("model_type", "")) if flax else None  # no model_type: no row
     if fixed is not None:
         values["rope_theta"], values["rope_scaling"] = fixed, None
     elif hasattr(hf_config, "rope_theta"):

@@ -137,13 +137,14 @@ def _streaming(figures: dict[str, Any], torch_side: dict[str, Any], flax_side: d
                    if not how.get("streamed")]
         figures.update(streamed=False, not_streamed="; ".join(reasons))
         return {}
-    figures.update(streamed=True, blocks=len(blocks),  # type: ignore[arg-type]  # the PyTorch side streamed, so it names its blocks
+    assert blocks is not None  # the PyTorch side streamed, so it names its blocks
+    figures.update(streamed=True, blocks=len(blocks),
                    leaves_streamed=[s for s, how in (("flax", flax_side), ("torch", torch_side))
                                     if how.get("leaves_streamed")])
     for who, how in (("flax", flax_side), ("torch", torch_side)):
         if how.get("leaves_resident"):
             figures["leaves_resident"] = f"{who}: {how['leaves_resident']}"
-    if list(flax_side.get("blocks") or []) != list(blocks):  # type: ignore[arg-type]  # the PyTorch side streamed, so it names its blocks
+    if list(flax_side.get("blocks") or []) != list(blocks):
         figures["not_located"] = "the two sides' PyTorch classes name their blocks differently"
         return {}
     return {"modules": {**torch_modules, **flax_modules}, "blocks": blocks}

@@ -136,11 +136,11 @@ def flax_kwargs(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     import jax.numpy as jnp
 
     accepted = inspect.signature(cls.__call__).parameters
-    kwargs = {name: jnp.asarray(value) for name, value in inputs.items() if name in accepted}
+    kwargs: dict[str, Any] = {name: jnp.asarray(value) for name, value in inputs.items() if name in accepted}
     if "input_values" in inputs and "input_values" not in accepted and "inputs" in accepted:
         kwargs["inputs"] = jnp.asarray(inputs["input_values"])  # FlaxSpeechEncoderDecoderModel's name for it
     flags = {"output_hidden_states": True, "return_dict": True, "train": False}
-    kwargs.update({k: v for k, v in flags.items() if _takes(accepted, k)})  # type: ignore[misc]  # kwargs carries the model call's flags beside its arrays
+    kwargs.update({k: v for k, v in flags.items() if _takes(accepted, k)})  # the call's flags beside its arrays
     return kwargs
 
 

@@ -101,9 +101,10 @@ def _by_unit(slots: list[Slot], blocks: list[str], units: set[str]) -> dict[str,
     for slot in slots:
         owners = {_block_of(n, blocks) or (n.rpartition(".")[0] if n.rpartition(".")[0] in units else None)
                   for n in slot[0]}
-        if None not in owners:
-            for owner in owners:
-                per_unit[owner].append(slot)  # type: ignore[index]  # no None among the owners: checked above
+        named = {owner for owner in owners if owner is not None}
+        if len(named) == len(owners):  # no None among them
+            for owner in named:
+                per_unit[owner].append(slot)
     return per_unit
 
 

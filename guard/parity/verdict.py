@@ -90,10 +90,11 @@ def comparison_findings(comparisons: list[dict[str, Any]], *, where: str) -> lis
             continue
         located = comp.get("located")
         if not comp["failures"]:  # every output within bound, but a block is not
-            first = located["first"]  # type: ignore[index]  # located is set whenever failures is empty (the worker's comparison)
+            assert located is not None  # set whenever failures is empty (the worker's comparison)
+            first = located["first"]
             findings.append(make_finding("CG302", where, (
                 f"{comp['name']} ({comp['reference']} vs {comp['other']}): block {first['module']!r} max_rel = "
-                f"{first['max_rel']:.3g} exceeds {first['bound']:.3g}; {located['failing_blocks']} failing "  # type: ignore[index]  # located is set whenever failures is empty (the worker's comparison)
+                f"{first['max_rel']:.3g} exceeds {first['bound']:.3g}; {located['failing_blocks']} failing "
                 f"block(s), every model output within bound")))
             continue
         first, tol = comp["failures"][0], comp["tolerance"]
