@@ -18,7 +18,7 @@ from guard.records import Record
 from guard.tensors import FileScan
 from guard.training.dcp.hf_shards import ScanShard, is_hf_shard, scan_hf_shards
 from guard.training.dcp.integrity import integrity_findings
-from guard.training.dcp.layout import DcpMetadata, parse_metadata
+from guard.training.dcp.layout import DcpItem, DcpMetadata, parse_metadata
 from guard.training.dcp.roles import build_state
 from guard.training.dirs import TrainingDir
 from guard.training.megatron.common import COMMON, check_common
@@ -144,8 +144,8 @@ def read_metadata(directory: str, sizes: dict[str, int], *, name: str,
     """The checkpoint's metadata: `.metadata`, else every `__R.metadata` joined (a save without collectives).
     ``read_whole``: how a file's bytes are fetched (the Hub's); by default from ``directory``."""
     read_whole = read_whole or _read_local(directory)
-    files = [METADATA] if METADATA in sizes else sorted(
-        (n for n in sizes if _RANK_METADATA.match(n)), key=lambda n: int(_RANK_METADATA.match(n).group(1)))  # type: ignore[union-attr]  # n was picked by _RANK_METADATA, so it matches
+    ranks = {} if METADATA in sizes else {n: int(m.group(1)) for n in sizes if (m := _RANK_METADATA.match(n))}
+    files = [METADATA] if METADATA in sizes else sorted(ranks, key=ranks.__getitem__)
     if not files:
         data_files = sorted(n for n in sizes if n.endswith(".distcp"))
         finding = make_finding("CG117", f"{name}/{data_files[0]}" if data_files else name,
@@ -179,11 +179,11 @@ def read_metadata(directory: str, sizes: dict[str, int], *, name: str,
 
 
 def _join_ranks(meta: DcpMetadata) -> DcpMetadata:
-    joined: dict[str, object] = {}
+    joined: dict[str, DcpItem] = {}
     for item in meta.items:
         held = joined.get(item.fqn)
-        joined[item.fqn] = item if held is None else held._replace(chunks=held.chunks + item.chunks)  # type: ignore[attr-defined]  # held is an item of the same record type
-    return DcpMetadata(tuple(joined.values()), meta.storage, meta.version, ())  # type: ignore[arg-type]  # joined's values are the metadata's items
+        joined[item.fqn] = item if held is None else held._replace(chunks=held.chunks + item.chunks)
+    return DcpMetadata(tuple(joined.values()), meta.storage, meta.version, ())
 
 
 def _unreadable(shown: str, why: str, read: int) -> MetadataRead:

@@ -161,12 +161,12 @@ def build_state(found: TrainingDir, *, name: str, models: dict[int, ModelStates]
     elif first is not None and not optims and not stage and not findings:  # no ZeRO: the module is the model
         placed = [Placed(t.name, t.dtype, t.shape, (Piece(t.file, t.data_start, t.numel),), "module")
                   for t in first.module if t.numel]
-    elif complete and not findings:
+    elif complete and first is not None and not findings:  # complete: first is set
         ranks = [optims[r] for r in sorted(optims)]
         fragments = [models[r] for r in sorted(models)] if stage == 3 else []
-        placed, problems = place(first, ranks, fragments)  # type: ignore[arg-type,assignment]  # first is set (complete); problems here are place()'s CG118 messages
+        placed, messages = place(first, ranks, fragments)
         findings += [make_finding("CG118", name, f"ZeRO partitions do not add up to param_shapes: {p}")
-                     for p in problems]
+                     for p in messages]
     weights = tuple(TensorInfo(model_key((p.name,)), "F32" if p.upcast else p.dtype, p.shape, name)
                     for p in placed if p.alias_of is None)
     homes = count_homes([("module", t.dtype, t.numel) for m in models.values() for t in m.module]

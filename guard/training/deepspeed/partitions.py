@@ -100,21 +100,23 @@ def place(model: ModelStates, optims: Sequence[OptimStates],
 def _frozen(model: ModelStates, ranks: Sequence[ModelStates], stage: int, problems: list[str]) -> list[Placed]:
     out = []
     for name, shape in model.frozen_shapes:
-        frags = [next((t for t in r.frozen_fragments if t.name == name), None) for r in ranks]
-        if any(f is None for f in frags):
+        found = [next((t for t in r.frozen_fragments if t.name == name), None) for r in ranks]
+        frags = [f for f in found if f is not None]
+        if len(frags) != len(found):
             problems.append(f"frozen parameter {name!r} has no fragment in every model states file")
             continue
-        flat = _Flat(frags)  # type: ignore[arg-type]  # no fragment is None: checked above
+        flat = _Flat(frags)
         if flat.numel < _numel(shape):
             problems.append(f"frozen parameter {name!r} {list(shape)} needs {_numel(shape):,} elements, "
                             f"its fragments hold {flat.numel:,}")
             continue
-        out.append(Placed(name, frags[0].dtype, shape, tuple(flat.pieces(0, _numel(shape))), "frozen"))  # type: ignore[union-attr]  # no fragment is None: checked above
+        out.append(Placed(name, frags[0].dtype, shape, tuple(flat.pieces(0, _numel(shape))), "frozen"))
     return out
 
 
 def _zero2(model: ModelStates, optims: Sequence[OptimStates], problems: list[str]) -> list[Placed]:
-    world, out = len(optims), []  # type: ignore[var-annotated]  # the Placed list returned
+    world = len(optims)
+    out: list[Placed] = []
     groups = len(optims[0].masters)
     if any(len(o.masters) != groups for o in optims) or len(model.param_shapes) != groups:
         problems.append(f"param_shapes has {len(model.param_shapes)} group(s), the partitions "
@@ -145,7 +147,8 @@ def _zero2(model: ModelStates, optims: Sequence[OptimStates], problems: list[str
 
 
 def _zero3(model: ModelStates, optims: Sequence[OptimStates], problems: list[str]) -> list[Placed]:
-    world, out = len(optims), []  # type: ignore[var-annotated]  # the Placed list returned
+    world = len(optims)
+    out: list[Placed] = []
     sizes = [m.numel for m in optims[0].masters]
     if any([m.numel for m in o.masters] != sizes for o in optims):
         problems.append("the ranks' flat partitions differ in size: " +

@@ -94,11 +94,13 @@ def read_model_states(file: ZeroFile) -> ModelStates:
     buffers = top.get("buffer_names") or []
     shared = _fields(top.get("shared_params") or DictDesc(), "shared_params")
     config = top.get("ds_config")
-    stage, bf16 = None, False
+    stage: int | None = None
+    bf16 = False
     if isinstance(config, DictDesc):
         zero = _fields(config, "ds_config").get("zero_optimization")
-        if isinstance(zero, DictDesc) and type(_fields(zero, "zero_optimization").get("stage")) is int:
-            stage = _fields(zero, "zero_optimization")["stage"]
+        value = _fields(zero, "zero_optimization").get("stage") if isinstance(zero, DictDesc) else None
+        if type(value) is int:
+            stage = value
         half = _fields(config, "ds_config").get("bf16")
         bf16 = isinstance(half, DictDesc) and _fields(half, "bf16").get("enabled") is True
     version = top.get("ds_version")
@@ -109,7 +111,7 @@ def read_model_states(file: ZeroFile) -> ModelStates:
         _tensors(file, top.get("frozen_param_fragments"), "frozen_param_fragments"),
         tuple(str(b) for b in buffers) if isinstance(buffers, list) else (),
         tuple((k, v) for k, v in shared.items() if isinstance(v, str)),
-        _optional_int(top.get("dp_world_size")), _optional_int(top.get("mp_world_size")), stage,  # type: ignore[arg-type]  # stage is the config's int stage or None (type-checked above)
+        _optional_int(top.get("dp_world_size")), _optional_int(top.get("mp_world_size")), stage,
         version if isinstance(version, str) else None,
         tuple(k for k, v in top.items() if k not in ("module", "param_shapes", "frozen_param_shapes",
                                                          "frozen_param_fragments", "buffer_names", "shared_params")
