@@ -133,4 +133,6 @@ def _scalar_end(text: str, pos: int) -> int:
 
 
 def _skip(text: str, pos: int) -> int:
-    return _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # _SPACE matches the empty string: always a match
+    match = _SPACE.match(text, pos)
+    assert match is not None  # _SPACE matches the empty string: always a match
+    return match.end()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -24,7 +24,7 @@ def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "",
         yield from iterable
         return
     if total is None:
-        total = len(iterable) if hasattr(iterable, "__len__") else 0  # type: ignore[arg-type]  # iterable has __len__: checked by hasattr
+        total = len(iterable) if isinstance(iterable, Sized) else 0  # Sized: a class with __len__
     done = 0
     _draw(done, total, desc, unit)
     try:

@@ -21,9 +21,9 @@ _tuple_new = tuple.__new__  # the one constructor every record shares (namedtupl
 _MISSING = object()  # a field with no default, not given: compared by identity only
 
 
-def _build(name: str, body: dict[str, object]) -> type:
-    """The record class of a class statement's body (its namespace)."""
-    annotations: dict[str, object] = body.get("__annotations__", {})  # type: ignore[assignment]  # a class body's
+def _build(name: str, body: dict[str, Any]) -> type:
+    """The record class of a class statement's body (its namespace: any value under any name)."""
+    annotations: dict[str, object] = body.get("__annotations__", {})
     fields = tuple(annotations)
     with_default = [field for field in fields if field in body]
     if fields[len(fields) - len(with_default):] != tuple(with_default):
@@ -57,7 +57,7 @@ class _RecordMeta(type):
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (the hook's path)
 if TYPE_CHECKING:
-    from typing import NamedTuple as Record
+    from typing import Any, NamedTuple as Record
 else:
     class Record(metaclass=_RecordMeta):
         """The base of every record: ``class Finding(Record): code: str; ...``."""

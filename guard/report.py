@@ -178,7 +178,7 @@ class ModelSummary(Record):
         declared = inv.config_dtypes()
         primary = inv.primary
         quantization = inv.quantization()
-        counted = quantization is not None and primary is not None
+        counted = primary if quantization is not None else None  # the set the logical figures count
         return cls(
             path=inv.path,
             files=tuple(FileSummary(s.path, s.format, s.size, len(s.tensors), s.metadata.get("unsupported"))
@@ -187,8 +187,8 @@ class ModelSummary(Record):
             config_dtype=declared[0].value if declared else None,
             quantization=quantization,
             sets=tuple(SetSummary.from_set(ws, inv=inv) for ws in inv.sets),
-            logical=logical_parameters(inv, primary) if counted else None,  # type: ignore[arg-type]  # primary is set whenever counted is true
-            bits_per_weight=bits_per_weight(inv, primary) if counted else None,  # type: ignore[arg-type]  # primary is set whenever counted is true
+            logical=logical_parameters(inv, counted) if counted is not None else None,
+            bits_per_weight=bits_per_weight(inv, counted) if counted is not None else None,
         )
 
     def to_json(self) -> dict[str, Any]:

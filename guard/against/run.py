@@ -79,7 +79,8 @@ def run_against(src: Path, name: str, *, seed: int = 0, python: Path | None = No
     with tempfile.TemporaryDirectory(prefix="ckpt-guard-against-") as tmp:
         from guard.envs.worker import run_worker
 
-        checkpoint, findings = src.resolve(), []  # type: ignore[var-annotated]  # the Findings gathered below
+        checkpoint = src.resolve()
+        findings: list[Finding] = []
         if target.converts_to:  # the library reads its own format: the file converted by our converter first
             from guard.against.maxtext_tree import convert_first
 
@@ -203,7 +204,7 @@ def _conventions_comparison(target: Target, fp32: dict[str, Any], runs: dict[str
 def _judged_by_conventions(finding: Finding, conventions: dict[str, Any], target: Target) -> Finding:
     """The fp32 miss, judged again: within the bound of the conventional reference, it is the target's declared
     conventions only (a warning, as the conversion's declared roundings are); beyond it, something else too."""
-    figures = conventions["outputs"].get("logits") or next(iter(conventions["outputs"].values()), {})  # type: ignore[var-annotated]  # the recorded outputs' figures (a JSON dict)
+    figures: dict[str, Any] = conventions["outputs"].get("logits") or next(iter(conventions["outputs"].values()), {})
     value, bound = figures.get("max_rel", float("inf")), conventions["tolerance"]["max_rel"]
     if conventions["passed"]:
         return finding._replace(severity=Severity.warning, message=(

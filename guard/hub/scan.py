@@ -153,13 +153,15 @@ def scan_repo(client: HubClient, repo_id: str, *, revision: str | None, pool: Th
         groups = _group_by_directory([s for s in siblings if s.rfilename not in owned], inside=tuple(checkpoints))
         indexes = {s.rfilename: pool.submit(_fetch_json, client, repo_id, result.sha, s.rfilename, _size(s))
                    for s in siblings if posixpath.basename(s.rfilename) == PIPELINE_INDEX}
-        orbax = [(root, pool.submit(_scan_orbax, client, repo_id, result.sha, root, files))
-                 for root, files in checkpoints.items()]
+        # each a (scan, stat) pair; a tracker's scan is None where it names its tag
+        orbax: list[tuple[str, Future[tuple[FileScan | None, RemoteFileStat]]]] = [
+            (root, pool.submit(_scan_orbax, client, repo_id, result.sha, root, files))
+            for root, files in checkpoints.items()]
         orbax += [(root, pool.submit(_scan_zero, client, repo_id, result.sha, root, files, listed))
                   for root, files in zero.items()]
         orbax += [(root, pool.submit(_scan_dcp, client, repo_id, result.sha, root, files))
                   for root, files in dcp.items()]
-        orbax += [(posixpath.dirname(name), pool.submit(_check_tracker, client, repo_id, result.sha, name, listed))  # type: ignore[arg-type]  # _check_tracker's result, a (scan, stat) pair like the others in the list
+        orbax += [(posixpath.dirname(name), pool.submit(_check_tracker, client, repo_id, result.sha, name, listed))
                   for name in tracker_files(listed) if posixpath.dirname(name) not in zero]  # CG119
         pending = [
             (directory, [pool.submit(scan_one, client, repo_id, result.sha, name, size)

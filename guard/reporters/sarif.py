@@ -103,12 +103,12 @@ def sarif_fixes(finding: Finding) -> list[dict[str, Any]]:
             return []
         old, line, column = str(edit.get("old", "")), edit.get("line"), edit.get("column")
         offset, length = edit.get("offset"), edit.get("length")
-        if not all(isinstance(n, int) and n >= low for n, low in ((line, 1), (column, 1), (offset, 0), (length, 0))) \
-                or "\n" in old:
+        if not (isinstance(line, int) and isinstance(column, int) and isinstance(offset, int)
+                and isinstance(length, int)) or min(line, column) < 1 or min(offset, length) < 0 or "\n" in old:
             return []  # a report read back from a file: only well-formed edits become fixes
         replacements.append({
             "deletedRegion": {"startLine": line, "startColumn": column, "endLine": line,
-                              "endColumn": column + len(old),  # type: ignore[operator]  # an int: checked above
+                              "endColumn": column + len(old),
                               "byteOffset": offset, "byteLength": length},
             "insertedContent": {"text": str(edit.get("new", ""))},
         })
