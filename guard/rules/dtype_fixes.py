@@ -62,7 +62,7 @@ def config_edits(inv: ModelInventory, code: str) -> list[dict[str, object]] | No
         return None
     if inv.quantization() is not None:
         return None  # a quantized model's config dtype is its compute dtype: see quantized_no_fix
-    edits: list[dict[str, object]] = []
+    edits: list[tuple[int, dict[str, object]]] = []  # (offset, edit)
     for path, value in dtype_keys(inv.config):
         held = dtypes.parse_dtype_name(value)
         if value == "auto" or held is None or held == code:
@@ -78,9 +78,9 @@ def config_edits(inv: ModelInventory, code: str) -> list[dict[str, object]] | No
             return None
         if not spans or json.loads(spans[-1].token) != value:
             return None  # the text and the parsed config disagree: never guess where to write
-        edits.extend({**span.to_json(), "new": new, "key": ".".join(path), "path": list(path), "was": held}
-                     for span in spans)
-    return sorted(edits, key=lambda edit: int(edit["offset"]))  # type: ignore[call-overload]  # each edit's offset is an int
+        edits.extend((span.offset, {**span.to_json(), "new": new, "key": ".".join(path), "path": list(path),
+                                    "was": held}) for span in spans)
+    return [edit for _, edit in sorted(edits, key=lambda pair: pair[0])]  # in text order
 
 
 def config_params(inv: ModelInventory, edits: list[dict[str, object]], code: str) -> ConfigParams:
