@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import sys
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the hook imports this module
+if TYPE_CHECKING:  # annotations only
+    from typing import Any
 
-def attribute(module: str, name: str) -> object:
+
+def attribute(module: str, name: str) -> Any:  # what a table names: a reader, a rule, a command, an action
     """``getattr(importlib.import_module(module), name)``."""
     __import__(module)
     return getattr(sys.modules[module], name)

@@ -38,7 +38,7 @@ class LazyGroup(click.Group):
         if cmd_name not in self.lazy:
             return None
         module, attribute, _ = self.lazy[cmd_name]
-        command: click.Command = lazy.attribute(module, attribute)  # type: ignore[assignment]  # the lazily imported attribute is a click command
+        command: click.Command = lazy.attribute(module, attribute)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

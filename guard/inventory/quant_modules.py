@@ -159,7 +159,7 @@ def grouped(inv: ModelInventory, ws: WeightSet) -> Grouped:
                 if collecting:
                     gc.enable()
         ws.memo["quant modules"] = cached
-    return cached  # type: ignore[return-value]  # ws.memo holds what was computed and stored under this key
+    return cached
 
 
 def _group(ws: WeightSet, quant: Quantization) -> Grouped:
@@ -374,8 +374,8 @@ def unroled_tensors(ws: WeightSet, roles: Mapping[str, str]) -> list[TensorInfo]
     """``ws.tensors`` that are no part of quantization (not in ``roles``), in the set's order: once per set (the
     shares by label, CG112 and CG113 read them), kept by the grouping where it can tell, else picked in C."""
     memo = ws.memo.get(_UNROLED)
-    if memo is not None and memo[0] is roles:  # type: ignore[index]  # the memo under _UNROLED is a (roles, tensors) pair
-        return memo[1]  # type: ignore[index]  # the memo under _UNROLED is a (roles, tensors) pair
+    if memo is not None and memo[0] is roles:
+        return memo[1]
     if ws.layout == "lightning":  # ``tensors`` leaves training state out
         left = [t for t in ws.tensors if t.name not in roles]
     else:

@@ -220,7 +220,7 @@ def set_quantization(inv: ModelInventory, ws: WeightSet | None) -> Quantization 
     if ws is None:
         return declared_quantization(inv.config, inv.quant_files)
     if "quantization" in ws.memo:
-        return ws.memo["quantization"]  # type: ignore[return-value]  # ws.memo holds what was computed and stored under this key
+        return ws.memo["quantization"]
     found = None
     if ws.primary or ws.format in ("safetensors", "torch"):
         found = declared_quantization(inv.config, inv.quant_files)

@@ -29,6 +29,10 @@ from guard.tensors import (
     select,
 )
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: a scan imports none (the hook's path)
+if TYPE_CHECKING:  # annotations only
+    from typing import Any
+
 # What a reader's file format means for the set's format family (names that say nothing).
 _READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "torchscript": "torch", "torch-export": "torch",
                     "flax-msgpack": "flax", "tf-bundle": "tensorflow"}
@@ -47,7 +51,7 @@ class WeightSet(Record):
     indexes: tuple[ShardIndex, ...]
     claimed_dtype: str | None  # the dtype its name claims (a dtype variant, `*_fp16.onnx`, ...)
     primary: bool
-    memo: dict[object, object]  # work the rules share (policed tensors, dtype summaries): per set, not per rule
+    memo: dict[object, Any]  # work the rules share (policed tensors, dtype summaries): per set, not per rule
 
     @property
     def variant_dtype(self) -> str | None:
@@ -109,7 +113,7 @@ class WeightSet(Record):
             else:  # every tensor counts: the groups already hold the sums
                 summary = grouped_dtype_summary(groups, totals)
             self.memo["dtype_summary"] = summary
-        return summary  # type: ignore[return-value]  # self.memo holds what was computed and stored under this key
+        return summary
 
     def _tally(self) -> tuple[dict[str, Sequence[TensorInfo]], dict[str, int], bool]:
         """One walk of the set's tensors: the groups by dtype, their elements, whether any has a storage.
@@ -163,7 +167,7 @@ class WeightSet(Record):
                     if tensor.storage is not None:
                         shared = True
             tally = self.memo["tally"] = ({code: joined(parts) for code, parts in groups.items()}, totals, shared)
-        return tally  # type: ignore[return-value]  # self.memo holds what was computed and stored under this key
+        return tally
 
     @property
     def parameters(self) -> int:

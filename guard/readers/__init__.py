@@ -54,7 +54,7 @@ READERS: dict[str, str] = {
 
 def reader_for(fmt: str) -> Reader:
     module, _, function = READERS[fmt].partition(":")
-    reader: Reader = attribute(module, function)  # type: ignore[assignment]  # attribute() returns object
+    reader: Reader = attribute(module, function)
     return reader
 
 

@@ -27,7 +27,7 @@ REPORTERS: dict[str, str] = {
 
 def renderer(fmt: str) -> Renderer:
     module, _, function = REPORTERS[fmt].partition(":")
-    found: Renderer = attribute(module, function)  # type: ignore[assignment]  # attribute() returns object
+    found: Renderer = attribute(module, function)
     return found
 
 

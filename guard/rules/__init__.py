@@ -40,7 +40,7 @@ def _when(applies: Callable[[ModelInventory], bool], module: str, name: str) -> 
     def check(inventory: ModelInventory, policy: Policy) -> Iterable[Finding]:
         if not applies(inventory):
             return ()
-        found: Check = attribute(module, name)  # type: ignore[assignment]  # attribute() returns object
+        found: Check = attribute(module, name)
         return found(inventory, policy)
 
     check.__name__ = check.__qualname__ = name

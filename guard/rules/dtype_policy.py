@@ -46,7 +46,7 @@ def policed_float_tensors(inv: ModelInventory, ws: WeightSet, policy: Policy) ->
     cached = ws.memo.get(key)
     if cached is None:
         cached = ws.memo[key] = _policed(inv, ws, policy)
-    return cached  # type: ignore[return-value]  # ws.memo holds what _policed returned
+    return cached
 
 
 
@@ -98,7 +98,7 @@ def policed_parameters(inv: ModelInventory, ws: WeightSet, policy: Policy) -> di
         cached = ws.memo[key] = {
             code: totals[code] if len(group) == len(whole[code]) else sum(map(prod, column(TENSOR_SHAPE, group)))
             for code, group in policed_float_tensors(inv, ws, policy).items()}
-    return cached  # type: ignore[return-value]  # ws.memo holds what was computed and stored under this key
+    return cached
 
 
 def declared_dtype(inv: ModelInventory) -> str | None:

@@ -78,7 +78,7 @@ def _judged(inventory: ModelInventory) -> list[Finding]:
     found = ws.memo.get("loading")
     if found is None:
         found = ws.memo["loading"] = list(loading_findings(inventory, ws))
-    return found  # type: ignore[return-value]  # ws.memo holds what was computed and stored under this key
+    return found
 
 
 def loading_findings(inventory: ModelInventory, ws: WeightSet) -> Iterator[Finding]:

@@ -261,9 +261,9 @@ def _by_name(ws: WeightSet) -> dict[str, TensorInfo]:
         else:  # built in C, file by file: the same map, the later of two equal names kept
             found = {}
             for scan in ws.files:
-                found.update(zip(map(TENSOR_NAME, scan.tensors), scan.tensors))  # type: ignore[arg-type]  # found is the name -> TensorInfo map
+                found.update(zip(map(TENSOR_NAME, scan.tensors), scan.tensors))
         ws.memo["tensors by name"] = found
-    return found  # type: ignore[return-value]  # found is the name -> TensorInfo map
+    return found
 
 
 class _Files:

@@ -27,5 +27,5 @@ ACTIONS: dict[str, tuple[str, str]] = {
 
 def stage(fix: Fix, ctx: ActionContext) -> Staged:
     module, function = ACTIONS[fix.action]
-    staged: Staged = attribute(module, function)(fix, ctx)  # type: ignore[operator]  # ACTIONS names stage functions (fix, ctx) -> Staged
+    staged: Staged = attribute(module, function)(fix, ctx)
     return staged
