@@ -345,15 +345,7 @@ def scale(out: Path, rounds: int) -> None:
                                   "        [f.get_slice(k).get_dtype() for k in f.keys()]"],
             "python -c pass": [py, "-c", "pass"],
         }
-        for cmd in cmds.values():
-            timed_rss(cmd)
-        runs: dict[str, list[tuple[float, int, float]]] = {name: [] for name in cmds}
-        for i in range(rounds):
-            for name in (list(cmds) if i % 2 == 0 else list(reversed(cmds))):
-                runs[name].append(timed_rss(cmds[name]))
-        wall = {n: statistics.median(w for w, _, _ in r) for n, r in runs.items()}
-        cpu = {n: statistics.median(c for _, _, c in r) for n, r in runs.items()}
-        rss = {n: max(m for _, m, _ in r) for n, r in runs.items()}
+        wall, cpu, rss = alternated(cmds, rounds)
         tensors = shards * 50
         for name in cmds:
             print(f"  {shards} shards x 50 ({tensors:,} tensors)  {name:<20} wall {wall[name] * 1000:6.0f} ms"
@@ -437,6 +429,21 @@ def generate_moe(out: Path, *, shards: int = 100, missing: bool = False) -> Path
 LOADING_CODES = "CG123,CG124,CG125,CG126,CG127"
 
 
+def alternated(cmds: dict[str, list[str]], rounds: int) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    """Each command once to warm up, then ``rounds`` rounds in alternating order: the median wall and CPU times
+    and the largest peak RSS of each."""
+    for cmd in cmds.values():
+        timed_rss(cmd)
+    runs: dict[str, list[tuple[float, int, float]]] = {name: [] for name in cmds}
+    for i in range(rounds):
+        for name in (list(cmds) if i % 2 == 0 else list(reversed(cmds))):
+            runs[name].append(timed_rss(cmds[name]))
+    wall = {n: statistics.median(w for w, _, _ in r) for n, r in runs.items()}
+    cpu = {n: statistics.median(c for _, _, c in r) for n, r in runs.items()}
+    rss = {n: max(m for _, m, _ in r) for n, r in runs.items()}
+    return wall, cpu, rss
+
+
 def loading(out: Path, rounds: int) -> None:
     """The scan of a 197,763-tensor per-expert MoE whose config names its class, with and without the loading
     rules, whole processes alternating (CPU time the steadier figure on a shared machine)."""
@@ -447,15 +454,7 @@ def loading(out: Path, rounds: int) -> None:
         root = out.resolve() / f"moe-{kind}"
         scan = [py, "-m", "guard", "scan", "--expect", "config", "--no-summary", str(root)]
         cmds = {"scan": scan, "scan --ignore loading": [*scan, "--ignore", LOADING_CODES]}
-        for cmd in cmds.values():
-            timed_rss(cmd)
-        runs: dict[str, list[tuple[float, int, float]]] = {name: [] for name in cmds}
-        for i in range(rounds):
-            for name in (list(cmds) if i % 2 == 0 else list(reversed(cmds))):
-                runs[name].append(timed_rss(cmds[name]))
-        wall = {n: statistics.median(w for w, _, _ in r) for n, r in runs.items()}
-        cpu = {n: statistics.median(c for _, _, c in r) for n, r in runs.items()}
-        rss = {n: max(m for _, m, _ in r) for n, r in runs.items()}
+        wall, cpu, rss = alternated(cmds, rounds)
         for name in cmds:
             print(f"  {kind:<8} {name:<22} wall {wall[name] * 1000:6.0f} ms  cpu {cpu[name] * 1000:6.0f} ms"
                   f"  peak RSS {rss[name] / 1e6:6.1f} MB")
