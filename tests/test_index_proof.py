@@ -49,7 +49,7 @@ def parsed_as_before(root: Path, capsys: pytest.CaptureFixture[str], monkeypatch
     proven = [index.proven for index in inventory(root).indexes]
     with_proof = scanned(root, capsys)
     with monkeypatch.context() as patch:
-        patch.setattr(index_proof, "prove_index", lambda source, scans: False)
+        patch.setattr(index_proof, "prove_index", lambda source, scans, memo=None: False)
         without = scanned(root, capsys)
     return with_proof, without, proven
 

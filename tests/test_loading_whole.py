@@ -82,3 +82,57 @@ def test_whole_refuses_a_swapped_shape_and_a_name_with_a_line_break() -> None:
     ordered = sorted(names)
     joined = ordered[:3] + [ordered[3] + "\n" + ordered[4]] + ordered[5:]
     assert not whole(row, class_name, config, joined, [shape_of[n.split("\n")[0]] for n in joined])
+
+
+SHARDED = [("qwen3_moe", "none"), ("qwen3_moe", "expert removed"), ("qwen3_moe", "layer added"),
+           ("llama", "none"), ("llama", "head removed"), ("llama", "shape changed"), ("gemma3", "none")]
+
+
+@pytest.mark.parametrize(("model_type", "defect"), SHARDED)
+def test_a_sharded_set_is_judged_in_the_index_proofs_order(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch, model_type: str,
+                                                            defect: str) -> None:
+    """A sharded set's proven index sorted its names already: the loading check takes that order (``in_order``)
+    and says what it says of the same tensors in one file, saved whole or with each defect planted."""
+    from huggingface_hub import save_torch_state_dict
+    from scanning import codes, json_scan
+    from test_loading import MODELS
+
+    from guard.inventory import architectures
+
+    one = save(tmp_path / "one", model_type, tie=False if defect == "head removed" else None)
+    if defect != "none":
+        plant(one, model_type, defect)
+    sharded = tmp_path / "sharded"
+    if defect == "none":  # as transformers shards it
+        import transformers
+
+        model = getattr(transformers, MODELS[model_type][0]).from_pretrained(one)
+        model.save_pretrained(sharded, max_shard_size="20KB")
+    else:  # the planted tensors, sharded as huggingface_hub writes them
+        sharded.mkdir()
+        (sharded / "config.json").write_bytes((one / "config.json").read_bytes())
+        save_torch_state_dict(tensors(one), sharded, max_shard_size="20KB")
+    assert len(list(sharded.glob("model-*.safetensors"))) > 2
+    asked: list[tuple[bool, bool]] = []
+    real = architectures.whole
+
+    def spy(*args: object, in_order: bool = False) -> bool:
+        answer = real(*args, in_order=in_order)  # type: ignore[arg-type]  # the arguments as given
+        asked.append((in_order, answer))
+        return answer
+
+    monkeypatch.setattr(architectures, "whole", spy)
+    verdicts, orders = [], []
+    for root in (one, sharded):
+        asked.clear()
+        _, report = json_scan(capsys, str(root))
+        verdicts.append(codes(report) & {"CG123", "CG124", "CG125", "CG127"})
+        orders.append(asked[0])  # the scan's own question (CG124's fix asks again of the config it proposes)
+    # the one file sorted its own names; the shards were sorted by the index proof
+    assert [in_order for in_order, _ in orders] == [False, True]
+    # the shortcut's answer is the one file's, in either order: true exactly for the model as saved (Gemma 3's
+    # names are renamed at load: the judgement says it)
+    assert orders[0][1] == orders[1][1] == (defect == "none" and model_type != "gemma3")
+    assert verdicts[0] == verdicts[1]
+    assert bool(verdicts[1]) == (defect != "none"), verdicts

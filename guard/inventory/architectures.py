@@ -230,22 +230,29 @@ def _omittable(row: object, config: Mapping[str, object]) -> set[str]:
 
 
 def whole(row: object, class_name: str, config: Mapping[str, object], names: Sequence[str],
-          shapes: Sequence[tuple[int, ...]]) -> bool:
+          shapes: Sequence[tuple[int, ...]], *, in_order: bool = False) -> bool:
     """Whether the file's tensors (``names`` and ``shapes``, in step) are exactly the weights the class builds,
-    in one expert layout, each of its shape: then judging finds nothing (the usual answer).
+    in one expert layout, each of its shape: then judging finds nothing (the usual answer).  ``in_order``: the
+    names are sorted already (the index proof's order, ``guard.inventory.index_proof``), the shapes in step.
 
-    Said in passes that run in C, without the judgement's work per name: the file's names sorted and joined
-    as one text; the class's names written out in the same order a layer at a time (a layer's names share
-    its prefix, so each layer is one run of the order, its names sorted once per kind of layer, an expert's
-    tensors spelled as the per-expert layout names them where the file has that layout); the two texts
-    compared, then the shapes as one list.  False where it cannot say (a base class, an expert count the
-    config lacks, a name of the file's with a line break): the judgement then runs, and says the same."""
+    Said in passes that run in C, without the judgement's work per name: the class's names written out in the
+    file's sorted order a layer at a time (a layer's names share its prefix, so each layer is one run of the
+    order, its names sorted once per kind of layer, an expert's tensors spelled as the per-expert layout names
+    them where the file has that layout) and compared with the file's run as text, a layer's text at a time
+    (no text of the whole file: 10 MB for 200,000 names, fresh pages for each scan); then each run's shapes as
+    one list, the file's own shape objects of a layer kind's first run standing for the next runs' (a reader
+    gives equal shapes one object: each comparison is then of identity).  False where it cannot say (a base
+    class, an expert count the config lacks, a name of the file's with a line break): the judgement then runs,
+    and says the same."""
     if class_name == row.base or row.ignore_missing:  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
         return False
     plan = _plan(row)
     if plan is None or not names or len(names) != len(shapes):
         return False
-    ordered = sorted(names)
+    if in_order:
+        ordered, shapes = names, shapes
+    else:  # the shapes sorted by their names: each shape's key is the next name (a call in C, no index per tensor)
+        ordered, shapes = sorted(names), sorted(shapes, key=partial(next, iter(names)))
     values: dict[object, int | None] = {}
 
     def shape_of(expressions: tuple[object, ...]) -> object:
@@ -288,22 +295,22 @@ def whole(row: object, class_name: str, config: Mapping[str, object], names: Seq
     for (key, _, _), (after, _, _) in zip(groups, groups[1:]):
         if key == after or (key.endswith(".") and after.startswith(key)):
             return False  # a name twice, or a name within a layer's run: the order cannot be written out
-    joined = "\n".join(ordered) + "\n"
     at = 0
-    expected: list[object] = []
     for key, rests, group_shapes in groups:
-        if rests:  # each group's text (a layer's written out now) where the file's sorted names have it
-            text = key + f"\n{key}".join(rests)
-            end = at + len(text)
-            if not joined.startswith(text, at) or joined[end:end + 1] != "\n":
+        end = at + len(rests)
+        if rests == [""]:  # a name outside the layers
+            if end > len(ordered) or ordered[at] != key:
                 return False
-            at += len(text) + 1
-            expected += group_shapes
-    # as many names as the class builds: no name of the file's holds a line break of its own
-    if at != len(joined) or len(expected) != len(ordered):
-        return False
-    # the shapes sorted by their names: each shape's key is the next name (a call in C, no index per tensor)
-    return sorted(shapes, key=partial(next, iter(names))) == expected
+        # a layer's run as text: equal only if none of the file's names in it holds a line break (the texts'
+        # breaks are the same in number), so name for name
+        elif "\n".join(ordered[at:end]) != key + f"\n{key}".join(rests):
+            return False
+        run = shapes[at:end]
+        if run != group_shapes:
+            return False
+        group_shapes[:] = run  # the file's own shape objects, for the kind's next run (the same list per kind)
+        at = end
+    return at == len(ordered)  # as many names as the class builds
 
 
 class _Accepts:

@@ -34,6 +34,7 @@ from operator import itemgetter, lt
 
 from guard import jsonload
 from guard.errors import MalformedCheckpoint
+from guard.inventory.sets import BY_NAME
 from guard.sources import ByteSource
 from guard.tensors import TENSOR_FILE, TENSOR_NAME, FileScan, column
 
@@ -43,17 +44,19 @@ _CHUNK = 8192  # entries written and compared at a time: ~0.7 MB of text
 _HEAD = 1 << 16  # the document before the map (its metadata), and after it: a few lines each
 
 
-def prove_index(source: ByteSource, scans: Sequence[FileScan]) -> bool:
+def prove_index(source: ByteSource, scans: Sequence[FileScan], memo: dict[object, object] | None = None) -> bool:
     """Whether ``source`` is a valid JSON index whose ``weight_map`` is exactly the tensors of ``scans``.
 
-    Read a chunk at a time: a local index is compared from the file, never held whole."""
+    Read a chunk at a time: a local index is compared from the file, never held whole.  ``memo``: the set's
+    (``WeightSet.memo``), where the names' order worked out on the way is kept as ``BY_NAME`` for the
+    loading check, which needs the same order (``guard.rules.loading``)."""
     try:
-        return _proven(source, scans)
+        return _proven(source, scans, memo)
     except (OSError, MalformedCheckpoint):  # unreadable, or changed while read: the parse says what it says
         return False
 
 
-def _proven(source: ByteSource, scans: Sequence[FileScan]) -> bool:
+def _proven(source: ByteSource, scans: Sequence[FileScan], memo: dict[object, object] | None) -> bool:
     head = source.read_at(0, min(source.size, _HEAD)) if scans else b""
     opener = _OPENER.search(head)
     if opener is None:
@@ -73,6 +76,8 @@ def _proven(source: ByteSource, scans: Sequence[FileScan]) -> bool:
     links = list(map(link.__getitem__, chain.from_iterable(column(TENSOR_FILE, scan.tensors) for scan in scans)))
     order = sorted(range(len(names)), key=names.__getitem__)
     names = list(map(names.__getitem__, order))
+    if memo is not None:
+        memo[BY_NAME] = (names, order)
     if not all(map(lt, names, names[1:])):
         return False  # a name twice (in two shards): the index could hold it only once
     start = at = opener.start(2)

@@ -166,7 +166,10 @@ def build_inventory(
             indexes.append(_parsed_index(name, parsed, text, findings))
     sets = group_sets(files, indexes)
     if deferred:  # each index against its own set's shards: proven equal, or parsed as any other
-        sets, indexes, found = _settle_indexes(files, sets, indexes, deferred)
+        # the proof's name order is kept for the loading check only where it can run: config.json names the
+        # model's class (guard.rules.loading.applies), else 200,000 names' order would outlive the proof for nothing
+        named = isinstance(config, dict) and isinstance(config.get("architectures"), list)
+        sets, indexes, found = _settle_indexes(files, sets, indexes, deferred, keep_order=named)
         for at, name in reversed(marks):
             findings[at:at] = found.get(name, ())
     marked = mark_primary(sets, diffusers=_is_diffusers(config))
@@ -187,13 +190,14 @@ def _parsed_index(name: str, parsed: object, text: str, findings: list[Finding])
 
 
 def _settle_indexes(files: tuple[FileScan, ...], sets: list[WeightSet], indexes: list[ShardIndex],
-                    deferred: dict[str, bytes | ByteSource]
+                    deferred: dict[str, bytes | ByteSource], *, keep_order: bool = False
                     ) -> tuple[list[WeightSet], list[ShardIndex], dict[str, list[Finding]]]:
     """Each deferred index proven against its set's shards (``guard.inventory.index_proof``), else parsed.
 
     A proven index is valid JSON and agrees with its shards: it needs no parse, and CG004 has
     nothing to say of it.  Any other is parsed and judged exactly as before; if one is, the sets
     are grouped again (an index with no shards of its own may join the single file it names).
+    ``keep_order``: each set keeps the names' order the proof worked out (``BY_NAME`` in its memo).
     """
     from guard.inventory.index_proof import HeaderMap, prove_index
 
@@ -202,7 +206,7 @@ def _settle_indexes(files: tuple[FileScan, ...], sets: list[WeightSet], indexes:
         for index in ws.indexes:
             data = deferred.get(index.path)
             source = BytesSource(data, name=index.path) if isinstance(data, bytes) else data
-            if source is not None and prove_index(source, ws.files):
+            if source is not None and prove_index(source, ws.files, ws.memo if keep_order else None):
                 proven[index.path] = ShardIndex(index.path, HeaderMap(ws.files), "", True)
     settled = []
     found: dict[str, list[Finding]] = {}

@@ -39,6 +39,11 @@ _READER_FAMILIES = {"torch-zip": "torch", "torch-legacy": "torch", "torchscript"
 _DIFFUSERS_STEMS = ("diffusion_pytorch_model", "diffusion_flax_model")
 
 
+# memo key: the set's names sorted and each one's position in its files' columns taken in turn, kept by the
+# index proof (guard.inventory.index_proof), which sorts them, for the loading check (guard.rules.loading)
+BY_NAME = "by_name"
+
+
 class WeightSet(Record):
     name: str  # unique within the model: a file name, an index name, or a shard pattern
     role: str  # "weights" | "adapter" | "training-state"

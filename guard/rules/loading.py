@@ -24,6 +24,7 @@ from guard.dtypes import display_name as dn
 from guard.findings import Finding, shown
 from guard.fixes import Fix, make_fix
 from guard.inventory import ModelInventory, WeightSet
+from guard.inventory.sets import BY_NAME
 from guard.tensors import TENSOR_FILE, TENSOR_NAME, TENSOR_SHAPE, column
 
 _FORMATS = ("safetensors", "torch")
@@ -87,11 +88,18 @@ def loading_findings(inventory: ModelInventory, ws: WeightSet) -> Iterator[Findi
     if not isinstance(config, dict):
         return
     # names and shapes in step, read from the columns in C (the shapes are the readers' tuples); which file
-    # holds a name is worked out only where a finding names it
-    names = list(chain.from_iterable(column(TENSOR_NAME, scan.tensors) for scan in ws.files))
+    # holds a name is worked out only where a finding names it.  A sharded set's proven index sorted the
+    # names already (guard.inventory.index_proof): its order is taken, not worked out again.
     shapes = list(chain.from_iterable(column(TENSOR_SHAPE, scan.tensors) for scan in ws.files))
-    for finding in judged_tensors(config, (names, shapes), path=ws.files[0].path, file_of=_file_of(ws),
-                                  config_path=inventory.config_path, inventory=inventory):
+    by_name = ws.memo.pop(BY_NAME, None)
+    if by_name is not None:
+        names, order = by_name
+        tensors = (names, list(map(shapes.__getitem__, order)))
+    else:
+        tensors = (list(chain.from_iterable(column(TENSOR_NAME, scan.tensors) for scan in ws.files)), shapes)
+    for finding in judged_tensors(config, tensors, path=ws.files[0].path, file_of=_file_of(ws),
+                                  config_path=inventory.config_path, inventory=inventory,
+                                  in_order=by_name is not None):
         yield finding._replace(set=ws.name)
 
 
@@ -110,11 +118,11 @@ def _file_of(ws: WeightSet) -> Callable[[str], str | None]:
 def judged_tensors(config: dict[str, object],
                    tensors: tuple[list[str], list[tuple[int, ...]]] | list[tuple[str, tuple[int, ...]]], *, path: str,
                    file_of: Callable[[str], str | None] | None = None, config_path: str | None = None,
-                   inventory: ModelInventory | None = None) -> Iterator[Finding]:
+                   inventory: ModelInventory | None = None, in_order: bool = False) -> Iterator[Finding]:
     """The loading findings for names and shapes the config's class would load (a list of names and one of
     shapes in step, or (name, shape) pairs): a scanned set's, or what a consolidation is about to publish
     (``guard.convert.run``).  ``inventory``: the scanned model, whose config.json text CG124's fix rewrites
-    (none without it)."""
+    (none without it).  ``in_order``: the names are sorted already, the shapes in step."""
     from guard.inventory.architectures import judge, table_row, whole
 
     found = table_row(config)
@@ -123,7 +131,7 @@ def judged_tensors(config: dict[str, object],
         return
     class_name, row = found
     names, shapes = tensors if isinstance(tensors, tuple) else ([n for n, _ in tensors], [s for _, s in tensors])
-    if whole(row, class_name, config, names, shapes):
+    if whole(row, class_name, config, names, shapes, in_order=in_order):
         return  # the weights the class builds, each of its shape: nothing to judge
     mapped = dict(zip(names, shapes))
     loading = judge(row, class_name, config, mapped, tried_whole=True)
