@@ -150,6 +150,7 @@ def main() -> int:
                         default=["loaders", "layout", "scale", "discovery"])
     parser.add_argument("--generate-sharded", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--generate-moe", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--time-loading", help=argparse.SUPPRESS)
     args = parser.parse_args()
     # An installed package runs from compiled bytecode; with PYTHONDONTWRITEBYTECODE set, every child
     # would compile each guard module from source again (a third of a tiny scan's start-up here).
@@ -157,6 +158,9 @@ def main() -> int:
     if args.generate_sharded:
         generate_sharded(Path(args.generate_sharded[0]), int(args.generate_sharded[1]), 50,
                          form=(args.generate_sharded[2:] or ["library"])[0])
+        return 0
+    if args.time_loading:
+        time_loading(args.time_loading)
         return 0
     if args.generate_moe:
         generate_moe(Path(args.generate_moe[0]), missing=args.generate_moe[1] == "missing")
@@ -432,12 +436,23 @@ LOADING_CODES = "CG123,CG124,CG125,CG126,CG127"
 def alternated(cmds: dict[str, list[str]], rounds: int) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
     """Each command once to warm up, then ``rounds`` rounds in alternating order: the median wall and CPU times
     and the largest peak RSS of each."""
+    return medians(alternated_runs(cmds, rounds))
+
+
+def alternated_runs(cmds: dict[str, list[str]], rounds: int) -> dict[str, list[tuple[float, int, float]]]:
+    """Each command once to warm up, then ``rounds`` rounds in alternating order: each run's (wall, peak RSS,
+    CPU), round by round."""
     for cmd in cmds.values():
         timed_rss(cmd)
     runs: dict[str, list[tuple[float, int, float]]] = {name: [] for name in cmds}
     for i in range(rounds):
         for name in (list(cmds) if i % 2 == 0 else list(reversed(cmds))):
             runs[name].append(timed_rss(cmds[name]))
+    return runs
+
+
+def medians(runs: dict[str, list[tuple[float, int, float]]]
+            ) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
     wall = {n: statistics.median(w for w, _, _ in r) for n, r in runs.items()}
     cpu = {n: statistics.median(c for _, _, c in r) for n, r in runs.items()}
     rss = {n: max(m for _, m, _ in r) for n, r in runs.items()}
@@ -446,21 +461,68 @@ def alternated(cmds: dict[str, list[str]], rounds: int) -> tuple[dict[str, float
 
 def loading(out: Path, rounds: int) -> None:
     """The scan of a 197,763-tensor per-expert MoE whose config names its class, with and without the loading
-    rules, whole processes alternating (CPU time the steadier figure on a shared machine)."""
+    rules, whole processes alternating (CPU time the steadier figure on a shared machine); the ratio also as
+    the median of each round's pair (a round's two runs share the machine's state of the moment), and the
+    rules' own time inside the scan (``--time-loading``: their modules' import and each check, timed in the
+    scan's process)."""
     py = sys.executable
     print("loading: per-expert Qwen3-MoE, 128 layers x 512 experts, 100 shards; whole processes, alternating")
     for kind in ("whole", "missing"):
         subprocess.run([py, __file__, "--generate-moe", str(out), kind], check=True)
         root = out.resolve() / f"moe-{kind}"
         scan = [py, "-m", "guard", "scan", "--expect", "config", "--no-summary", str(root)]
-        cmds = {"scan": scan, "scan --ignore loading": [*scan, "--ignore", LOADING_CODES]}
-        wall, cpu, rss = alternated(cmds, rounds)
+        base = "scan --ignore loading"
+        cmds = {"scan": scan, base: [*scan, "--ignore", LOADING_CODES]}
+        runs = alternated_runs(cmds, rounds)
+        wall, cpu, rss = medians(runs)
         for name in cmds:
             print(f"  {kind:<8} {name:<22} wall {wall[name] * 1000:6.0f} ms  cpu {cpu[name] * 1000:6.0f} ms"
                   f"  peak RSS {rss[name] / 1e6:6.1f} MB")
-        base = "scan --ignore loading"
+        paired = statistics.median(a[2] / b[2] for a, b in zip(runs["scan"], runs[base]))
         print(f"  {kind:<8} with the rules / without: wall {wall['scan'] / wall[base]:.3f}x, "
-              f"cpu {cpu['scan'] / cpu[base]:.3f}x (target <= 1.05x)")
+              f"cpu {cpu['scan'] / cpu[base]:.3f}x, cpu paired by round {paired:.3f}x (target <= 1.05x)")
+        shares = []
+        for _ in range(rounds):
+            proc = subprocess.run([py, __file__, "--time-loading", str(root)], capture_output=True, text=True, cwd=OUT)
+            if proc.returncode not in (0, 1):  # 1: the scan's findings (the missing experts)
+                raise SystemExit(f"--time-loading {root} exited {proc.returncode}: {proc.stderr[-500:]}")
+            line = proc.stdout.splitlines()[-1].split()  # printed after the report
+            shares.append((float(line[0]), float(line[1])))
+        rules, total = (statistics.median(x) for x in zip(*shares))
+        print(f"  {kind:<8} the rules inside the scan (imports and checks, median of {rounds}): {rules * 1000:.1f} ms "
+              f"of {total * 1000:.0f} ms, {100 * statistics.median(r / t for r, t in shares):.1f} %")
+
+
+def time_loading(root: str) -> None:
+    """One scan of ``root`` as the command line runs it, printing the loading rules' own seconds (the import of
+    their modules, and every check of CG123-CG127) and the whole run's, from the start of this process."""
+    start = time.perf_counter()
+    spent = [0.0]
+    from guard import rules
+
+    def timed(check: object) -> object:
+        def run(*args: object) -> object:
+            t = time.perf_counter()
+            found = check(*args)  # type: ignore[operator]  # a rule's check
+            found = list(found) if found is not None else found
+            spent[0] += time.perf_counter() - t
+            return found
+        return run
+
+    loading_codes = set(LOADING_CODES.split(","))
+    rules.CHECKS = tuple((code, timed(check) if code in loading_codes else check) for code, check in rules.CHECKS)
+    import guard.cli
+
+    end = os._exit
+
+    def report(code: int) -> None:
+        print(f"{spent[0]:.6f} {time.perf_counter() - start:.6f}")
+        sys.stdout.flush()
+        end(code)
+
+    os._exit = report  # type: ignore[assignment]  # the command line leaves through os._exit
+    sys.argv = ["ckpt-guard", "scan", "--expect", "config", "--no-summary", root]
+    guard.cli.main()
 
 
 def generate_tree(out: Path, files: int = 50_000) -> Path:
