@@ -30,7 +30,8 @@ def versions(python: str = sys.executable) -> dict[str, str]:
               "    except m.PackageNotFoundError: out[name] = '-'\n"
               "print(json.dumps(out))")
     done = subprocess.run([python, "-c", script, *PACKAGES], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
+    versions: dict[str, str] = json.loads(done.stdout)
+    return versions
 
 
 def is_latest(python: str = sys.executable) -> bool:
@@ -90,8 +91,8 @@ def keras_hub_wheel_vs_checkout(rounds: int = 3) -> dict[str, object]:
     import time
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_as_installed import _link_closure, _venv, _wheel  # the same fresh venv the tests use
-    from test_parity_against import save_tiny
+    from test_as_installed import _link_closure, _venv, _wheel  # type: ignore[import-not-found]  # tests/, put on the path above: the same fresh venv the tests use
+    from test_parity_against import save_tiny  # type: ignore[import-not-found]  # as above
 
     with tempfile.TemporaryDirectory(prefix="bench-envs-") as scratch:
         tmp = Path(scratch)
@@ -106,7 +107,8 @@ def keras_hub_wheel_vs_checkout(rounds: int = 3) -> dict[str, object]:
                 subprocess.run([cg, "parity", str(src), "--against", "keras-hub", "-f", "json", "-o",
                                 str(tmp / f"{label_}.json")], check=True, capture_output=True)
                 times[label_].append(time.perf_counter() - started)
-    return {k: round(statistics.median(v), 2) for k, v in times.items()} | {"rounds": rounds}
+    figures: dict[str, object] = {k: round(statistics.median(v), 2) for k, v in times.items()}
+    return figures | {"rounds": rounds}
 
 
 def main(argv: list[str] | None = None) -> int:
