@@ -249,9 +249,8 @@ def whole(row: object, class_name: str, config: Mapping[str, object], names: Seq
     plan = _plan(row)
     if plan is None or not names or len(names) != len(shapes):
         return False
-    if in_order:
-        ordered, shapes = names, shapes
-    else:  # the shapes sorted by their names: each shape's key is the next name (a call in C, no index per tensor)
+    ordered = names
+    if not in_order:  # the shapes sorted by their names: each one's key is the next name (in C, no index per tensor)
         ordered, shapes = sorted(names), sorted(shapes, key=partial(next, iter(names)))
     values: dict[object, int | None] = {}
 
