@@ -2,6 +2,9 @@
 
 A target that exists and is not a regular file (``-o /dev/null``, a FIFO, ``/dev/stdout``) is written
 in place: renaming over it would replace the device with a file.
+
+The file gets the mode a plain ``open(path, "w")`` would give it (0666 less the umask), or the mode of
+the file it replaces: the temporary name's 0600 is for the moment it is being written, not for the user.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, _final_mode(target))
         os.replace(tmp, target)
     except OSError as exc:
         _unlink_quietly(tmp)
@@ -42,6 +46,27 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     except BaseException:
         _unlink_quietly(tmp)
         raise
+
+
+def _final_mode(target: Path) -> int:
+    try:
+        return os.stat(target).st_mode & 0o7777  # a report written again keeps the mode its owner gave it
+    except OSError:
+        return 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    """The process's umask: Linux shows it in /proc; elsewhere it is set and set back (the only way to read it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _is_special(target: Path) -> bool:

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from guard import dtypes
+from guard import dtypes, jsonload
 from guard.catalogue import make_finding
 from guard.findings import Finding
 from guard.inventory import is_index_file, is_weight_file
@@ -30,7 +30,7 @@ def read_config(src: Path) -> tuple[dict[str, Any] | None, list[Finding]]:
     if not path.is_file():
         return None, []
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = jsonload.loads(path.read_text(encoding="utf-8"))
         if not isinstance(config, dict):
             raise ValueError("not a JSON object")
         return config, []
@@ -78,13 +78,13 @@ def carry_files(src: Path, dest: Path, *, config: dict[str, Any] | None, dtype_n
             continue
         if name == "generation_config.json" and dtype_name:
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = jsonload.loads(path.read_text(encoding="utf-8"))
                 (dest / name).write_text(json.dumps(with_dtype(data, dtype_name), indent=2, sort_keys=True) + "\n",
                                          encoding="utf-8")
                 carried.append(name)
                 continue
             except (ValueError, UnicodeDecodeError):
                 pass  # copied as it is, like any other file
-        shutil.copy2(path, dest / name)
+        shutil.copyfile(path, dest / name)  # a new file of the user's: the umask's mode, not the source's
         carried.append(name)
     return carried

@@ -177,7 +177,7 @@ class _WriterState:
         kind = job[0]
         if kind == "open":
             self.path = job[1]
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask, as open() gives
             self.offset = self.flushed = 0
         elif kind == "write":
             view, release = job[1], job[2]
