@@ -63,6 +63,14 @@ RULES: tuple[Rule, ...] = (
          "A model folder with pytorch_model.bin and config.json, and no model.safetensors.",
          "`ckpt-guard fix --write` writes model.safetensors (or shards and their index) beside it, "
          "bit-exactly and without running the pickle; tied names are kept once, as save_pretrained does."),
+    Rule("CG009", "gguf-type-unreadable", E, "headers",
+         "A GGUF tensor whose ggml type id is outside ggml's registry, or one ggml keeps with no block size "
+         "(4-5, 31-33, 36-38: removed): llama.cpp refuses the whole file. The message names the tensor and "
+         "the id.",
+         "An ollama gpt-oss blob whose MXFP4 experts are stored as ggml type 4, where ggml's MXFP4 is 39 "
+         "(ollama#11796, llama.cpp#15597).",
+         "Convert the weights again with llama.cpp's convert_hf_to_gguf.py (MXFP4 as type 39), or use the "
+         "runtime whose own fork wrote the type; do not publish the file as a GGUF for llama.cpp."),
     Rule("CG101", "unexpected-dtype", E, "headers",
          "Floating tensors are not in the expected dtype (default fp32; see --expect).",
          "--expect fp32 and a model whose decoder weights are F16.",
@@ -181,7 +189,8 @@ RULES: tuple[Rule, ...] = (
          "Publish the masters: `ckpt-guard convert CKPT --to torch --out OUT` writes them as safetensors."),
     Rule("CG123", "weights-filled-at-random", E, "headers",
          "The class config.json names builds parameters no tensor in the file holds: transformers fills them at "
-         "random and only logs it, or (experts missing from a per-expert file) says nothing at all. Judged against "
+         "random and only logs it (an untied head, a vision tower a conversion stripped), or (experts missing from "
+         "a per-expert file) merges the experts it finds into a tensor too short and refuses it. Judged against "
          "the table of what transformers 5's classes build (guard/inventory/architectures_table.py).",
          "A Qwen3-MoE with 4 experts whose file holds experts 0-1 of every layer (an expert-parallel save that "
          "never gathered them); an untied Llama without lm_head.weight.",
@@ -210,6 +219,14 @@ RULES: tuple[Rule, ...] = (
          "lacks a field the table needs: CG123-CG125 did not run on this model.",
          "config.json with model_type 'mamba', which the table does not cover.",
          "Informational: check the model loads with from_pretrained(output_loading_info=True)."),
+    Rule("CG129", "quantization-runtime-caveat", N, "headers",
+         "A legitimate quantized layout that named runtime versions are known to mishandle: a ModelOpt "
+         "quant_algo NVFP4 set with input_activations null in every config group (weight-only, no input_scale "
+         "tensors), which vLLM's NVFP4 MoE path before #54427 runs with its input scale read as 0 (vllm#54189).",
+         "hf_quant_config.json / quantization_config: quant_algo NVFP4, config_groups.group_0.input_activations "
+         "null, and no *.input_scale in the shards.",
+         "Informational: serve with a runtime that has the fix (vLLM with #54427), or declare the set as what it "
+         "is (quant_algo W4A16_NVFP4)."),
     Rule("CG201", "fp16-overflow", E, "values",
          "Values beyond ±65504 become inf when cast to fp16.",
          "An fp32 embedding with max |x| = 1.2e5 and --target torch:fp16.",
@@ -236,6 +253,19 @@ RULES: tuple[Rule, ...] = (
          "with no scaling, which clips every larger weight.",
          "model.layers.0.mlp.up_proj.weight F8_E4M3 with 3% of its values at ±448 and weight_scale 1.0.",
          "Quantize with per-tensor or per-block scales (the quantizer's calibration), not a bare cast."),
+    Rule("CG207", "dead-weights", W, "values",
+         "Weight matrices whose every value is zero, or one constant, reported by group (the MLP weights of "
+         "layers 0-29). Biases, vectors and the pieces model classes zero-initialise (LoRA's lora_B, vision "
+         "tokens) are not reported.",
+         "bitnet-b1.58-2B-4T (microsoft/BitNet#608): every model.layers.N.mlp.*_proj.weight is all zero.",
+         "Re-export from the training run's weights; check the conversion or upload that produced the file."),
+    Rule("CG208", "gptq-zero-point-format", E, "values",
+         "A symmetric GPTQ set whose stored zero points are in the other checkpoint_format's convention: "
+         "gptq (v1) stores zero - 1 (7 for 4 bits), gptq_v2 stores the zero itself (8). Loaders follow "
+         "checkpoint_format, so every weight is dequantized one quantization step off.",
+         "Qwen3.5-27B-GPTQ-Int4 (vllm#38966): qzeros nibbles all 8 under checkpoint_format \"gptq\".",
+         "Set quantization_config.checkpoint_format to what the zero points are (gptq_v2 for 8), or re-save "
+         "with the quantizer in the declared format."),
     Rule("CG301", "roundtrip-not-exact", E, "conversion",
          "A same-dtype conversion changed tensor bytes; or (a warning) a target's own convention rounds a tensor, "
          "declared with the count of elements that will not convert back bit-exactly.",

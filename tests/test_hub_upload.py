@@ -84,6 +84,22 @@ def test_create_pr_for_a_clean_model_exits_0(standin: StandinHub, tmp_path: Path
     assert "passed" in pr.description
 
 
+def test_values_gate_dead_weights(standin: StandinHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--values reads the tensors: a zeroed matrix (CG207, a warning) stops the upload under --fail-on warning;
+    without --values the headers alone pass it."""
+    model = make_model(tmp_path / "dead", mixed=False)
+    rng = np.random.default_rng(0)
+    safetensors_numpy.save_file({"model.layers.0.mlp.up_proj.weight": np.zeros((8, 4), np.float32),
+                                 "model.layers.0.mlp.down_proj.weight": rng.standard_normal((4, 8), np.float32)},
+                                model / "model.safetensors")
+    rc = main(["hub", "upload", str(model), "org/new", "--token", "hf_bot", "--values", "--fail-on", "warning"])
+    captured = capsys.readouterr()
+    assert rc == 1 and "CG207" in captured.out and "nothing uploaded" in captured.err
+    assert "org/new" not in standin.repos
+    assert main(["hub", "upload", str(model), "org/new", "--token", "hf_bot", "--fail-on", "warning"]) == 0
+    assert "model.safetensors" in standin.files_at("org/new")
+
+
 def test_upload_without_a_token_is_exit_2(standin: StandinHub, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     model = make_model(tmp_path / "good", mixed=False)

@@ -96,14 +96,15 @@ def scan_cmd(repo_ids: tuple[str, ...], revision: str | None, author: str | None
 @click.option("--create-pr", is_flag=True, help="Open a pull request carrying the report instead of pushing.")
 @click.option("--private", is_flag=True, help="Create the repository as private (if it does not exist).")
 @click.option("--commit-message", metavar="TEXT", help="Commit title (default: 'Upload with ckpt-guard').")
+@click.option("--values", is_flag=True, help="Also read tensor data (CG201-CG207: NaN, overflow, dead weights).")
 @token_option
 @timeout_option
 @deadline_option
 @policy_options
 @output_options
 def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: bool, private: bool,
-               commit_message: str | None, token: str | None, timeout: float, retry_deadline: float, fmt: str,
-               output: Path | None, **policy_flags: Unpack[PolicyFlags]) -> int:
+               commit_message: str | None, values: bool, token: str | None, timeout: float, retry_deadline: float,
+               fmt: str, output: Path | None, **policy_flags: Unpack[PolicyFlags]) -> int:
     """Scan LOCAL_DIR, then upload it to REPO_ID only if the policy passes (or as a PR with the report)."""
     from guard.hub.upload import gated_upload
 
@@ -112,7 +113,7 @@ def upload_cmd(local_dir: Path, repo_id: str, revision: str | None, create_pr: b
     policy = resolve_policy(**policy_flags)
     outcome = gated_upload(local_dir, repo_id, policy, token=token, timeout=timeout, revision=revision,
                            create_pr=create_pr, private=private, commit_message=commit_message,
-                           retry_deadline=retry_deadline)
+                           retry_deadline=retry_deadline, values=values)
     emit(outcome.report, fmt, output, summary=False)
     click.echo(outcome.message, err=True)
     return outcome.report.exit_code

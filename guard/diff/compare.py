@@ -32,6 +32,9 @@ def compare_sides(old: Side, new: Side, policy: Policy, *, values: bool = False,
         require_values_extra()  # before any work: a missing extra is one line, exit 2
     old_report = scan_inventories(old.inventories, policy, pipelines=old.pipelines, publishing=publishing)
     new_report = scan_inventories(new.inventories, policy, pipelines=new.pipelines, publishing=publishing)
+    if values:  # the one value rule a change is judged by: dead weights (cheap: a healthy matrix costs 4 KiB)
+        for side, report in ((old, old_report), (new, new_report)):
+            _add_dead_weights(side, report, policy)
     builder = _Builder(values)
     models = [builder.model(key, o, n) for key, o, n in pair_models(old, new, old_report, new_report)]
     if values:
@@ -40,6 +43,16 @@ def compare_sides(old: Side, new: Side, policy: Policy, *, values: bool = False,
     introduced, resolved = match_findings(old, new, old_report, new_report, builder.set_keys)
     return ChangeReport(old.label, new.label, policy.to_json(), changes, tuple(introduced), tuple(resolved),
                         old_report, new_report, values)
+
+
+def _add_dead_weights(side: Side, report: Report, policy: Policy) -> None:
+    from guard.scan import with_fix_field
+    from guard.values.dead import dead_weight_findings
+
+    found = [f for inv in side.inventories for f in dead_weight_findings(inv) if policy.is_enabled(f.code, f.path)]
+    if found:
+        report.findings = [with_fix_field(f) for f in report.findings + found]
+        report.findings = report.sorted_findings()
 
 
 Pairing = tuple[ModelInventory, ModelSummary]

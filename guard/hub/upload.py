@@ -55,8 +55,9 @@ def local_files(directory: Path) -> list[tuple[str, Path]]:
 def gated_upload(directory: Path, repo_id: str, policy: Policy, *, token: str | None = None,
                  timeout: float = 30.0, revision: str | None = None, create_pr: bool = False,
                  private: bool = False, commit_message: str | None = None,
-                 retry_deadline: float | None = None) -> UploadOutcome:
-    report = scan_paths([directory], policy, publishing=True)  # CG120/CG121: the folder is a repository
+                 retry_deadline: float | None = None, values: bool = False) -> UploadOutcome:
+    # CG120/CG121: the folder is a repository; with values, CG201-CG207 from its tensor data
+    report = scan_paths([directory], policy, publishing=True, values=values)
     if report.failed and not create_pr:
         return UploadOutcome(report, False, (
             f"ckpt-guard: nothing uploaded to {repo_id}: the scan has findings at or above "

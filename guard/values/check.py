@@ -7,6 +7,7 @@ Which checks fire:
   when ``--expect fp16``.  Without one, nothing is being cast, so nothing can
   overflow; the fp16 range figures are still computed and land in the report's
   ``extra["values"]`` (they cost nothing unless values sit near the limits).
+- CG207 (dead weights): matrices that are all zero or one constant (``guard.values.dead``).
 - CG107 (copies disagree) for copies whose headers agree but whose values do not
   (``guard.values.copies``: a checksum per tensor, names paired by convert's mapping).
 - CG204 is one note per file and target (the worst tensor named): every tensor
@@ -27,7 +28,7 @@ import mmap
 import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,6 +41,7 @@ from guard.inventory import ModelInventory
 from guard.progress import ByteProgress
 from guard.records import Record
 from guard.tensors import TensorInfo
+from guard.values.located import located_tensors
 
 # small enough that a chunk, its magnitudes and its flags (2.5x the chunk) stay in a core's L2 cache
 # across the passes over them: 256 KiB scanned bf16 15 % faster than 1 MiB, 64 KiB paid the calls
@@ -64,7 +66,7 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
     from guard.values.quantized import packed_under_float  # bnb 4-bit bytes stored as bf16/f32: not values
 
     packed = packed_under_float(inv)
-    checked = [t for t in _located_tensors(inv) if (dtypes.is_float(t.dtype) or t.dtype == "C64")
+    checked = [t for t in located_tensors(inv) if (dtypes.is_float(t.dtype) or t.dtype == "C64")
                and (t.file, t.name) not in packed]
     findings: list[Finding] = []
     stats: list[dict[str, Any]] = []
@@ -107,6 +109,9 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
             f"casting to {dtypes.display_name(code)} ({labels[code]}) rounds {sum(r[3] for r in rows):,} values "
             f"in {len(rows)} tensor(s); max relative error {err:.3g} in {name!r} (value {value:.9g})",
             tensor=name))
+    from guard.values.dead import dead_weight_findings  # CG207: matrices of one value, grouped
+
+    findings.extend(dead_weight_findings(inv))
     from guard.values.copies import copy_value_findings  # CG107: copies that agree on headers, by value
 
     findings.extend(copy_value_findings(inv, policy))
@@ -114,27 +119,6 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
 
     findings.extend(quantized_value_findings(inv))
     return ValueResults(findings, stats)
-
-
-def _located_tensors(inv: ModelInventory) -> Iterator[TensorInfo]:
-    """The inventory's tensors; a torch zip scanned headers-only is re-read to place its storages."""
-    for scan in inv.files:
-        tensors = scan.tensors
-        if scan.format in ("torch-zip", "torchscript") and any(t.data_start is None for t in tensors):
-            tensors = _relocate_torch_zip(scan.path) or tensors
-        yield from tensors
-
-
-def _relocate_torch_zip(path: str) -> Sequence[TensorInfo] | None:
-    from guard.readers import READ_FAILURES
-    from guard.readers.torch.zip import read_torch_zip
-    from guard.sources import LocalFile
-
-    try:
-        with LocalFile(path, name=path) as source:
-            return read_torch_zip(source, locate_data=True).tensors
-    except (OSError,) + READ_FAILURES:
-        return None  # the tensors are then reported as not located
 
 
 def require_extras() -> None:
