@@ -1,9 +1,11 @@
 """CG123-CG127: what loading will do, judged against the weights the config's class builds.
 
-transformers fills a parameter no tensor names at random and only logs it (silent for experts it
-merges from a per-expert file), drops a tensor with no place and only logs it, and refuses a shape
-the config contradicts.  The table (``guard.inventory.architectures_table``) says what the class
-builds; ``guard.inventory.architectures`` judges the file's names and shapes against it.
+transformers fills a parameter no tensor names at random and only logs it, drops a tensor with no
+place and only logs it, and refuses a shape the config contradicts (experts missing from a per-expert
+file among them: it merges the experts it finds into a fused parameter too short).  Each message says
+what transformers 5.25 does, as measured (tests/test_loading_rules.py runs it on the planted files).
+The table (``guard.inventory.architectures_table``) says what the class builds;
+``guard.inventory.architectures`` judges the file's names and shapes against it.
 
 Judged: the primary weight set of a transformers model (config.json with a ``model_type``, the hf
 layout, safetensors or a torch pickle, not quantized: packed shapes are not the logical ones).  A
@@ -123,7 +125,7 @@ def judged_tensors(config: dict[str, object],
     shapes in step, or (name, shape) pairs): a scanned set's, or what a consolidation is about to publish
     (``guard.convert.run``).  ``inventory``: the scanned model, whose config.json text CG124's fix rewrites
     (none without it).  ``in_order``: the names are sorted already, the shapes in step."""
-    from guard.inventory.architectures import judge, table_row, whole
+    from guard.inventory.architectures import judge, layer_template, table_row, whole
 
     found = table_row(config)
     if isinstance(found, str):
@@ -145,15 +147,26 @@ def judged_tensors(config: dict[str, object],
             f"{'it' if not layers or len(layers) == 1 else 'them'}",
             tensor=template.replace("{L}", str(layers[0]) if layers else "0"),
         )._replace(fix=_no_fix(class_name))
-    for (template, experts, of), layers in _expert_groups(loading.missing_experts):
+    strays = _stray_experts(loading)
+    reslotted: set[str] = set()  # experts past the count that transformers loads into absent ones' slots
+    groups: dict[tuple[str, tuple[int, ...], int, tuple[int, ...]], list[int]] = {}
+    for name, experts, of in loading.missing_experts:
+        past = strays.get(name, ())
+        if of - len(experts) + len(past) == of:
+            reslotted.update(f"{name}[{e}]" for e in past)
+        template, layer = layer_template(name)
+        groups.setdefault((template, experts, of, past), []).extend(() if layer is None else (layer,))
+    for (template, experts, of, beyond), layers in groups.items():
         plural = "s" if len(set(layers)) > 1 else ""
         yield make_finding(
             "CG123", path,
-            f"{class_name} would fill experts {_ranges(experts)} of {of}"
-            f"{f' in layer{plural} ' + _ranges(layers) if layers else ''} ({template}) at random: the file holds "
-            f"no tensor for them (transformers merges the experts it finds and reports nothing)",
+            f"the file holds no tensor for experts {_ranges(experts)} of {of}"
+            f"{f' in layer{plural} ' + _ranges(layers) if layers else ''} ({template}): "
+            + _merged(class_name, of, len(experts), beyond),
             tensor=template.replace("{L}", str(layers[0]) if layers else "0"),
         )._replace(fix=_no_fix(class_name))
+    if reslotted:
+        loading = loading._replace(unexpected=tuple(n for n in loading.unexpected if n not in reslotted))
     if loading.unexpected:
         shown_names = [(t, ls) for t, ls in _grouped(loading.unexpected)]
         first = loading.unexpected[0]
@@ -181,6 +194,33 @@ def judged_tensors(config: dict[str, object],
             f"({class_name} refuses to load it)",
             tensor=name,
         )
+
+
+def _merged(class_name: str, of: int, absent: int, extra: tuple[int, ...]) -> str:
+    """What transformers 5.25 does with a per-expert file lacking experts, as measured (tests/test_loading_rules.py):
+    it merges the experts it finds, in index order, into the fused parameter; fewer than the config's count give a
+    tensor too short, which it refuses; as many (experts numbered past the count standing in for the absent ones)
+    load silently, each in the next slot."""
+    found = of - absent + len(extra)
+    if found == of:
+        return (f"transformers merges the {of} experts it finds in index order and reports nothing: expert"
+                f"{'s' if len(extra) > 1 else ''} {_ranges(extra)} (beyond config.json's {of}) load into the absent "
+                f"expert{'s' if absent > 1 else ''}' slot{'s' if absent > 1 else ''}")
+    if found < of:
+        return (f"transformers merges the {found} experts it finds into a tensor for {found} where {class_name} "
+                f"builds {of}, and refuses it (RuntimeError, size mismatch; with ignore_mismatched_sizes=True every "
+                f"expert of the parameter starts random)")
+    return f"transformers merges the {found} experts it finds where {class_name} builds {of}, and refuses the size"
+
+
+def _stray_experts(loading: object) -> dict[str, tuple[int, ...]]:
+    """Experts the file numbers past the config's count, by the fused parameter they merge into (``name[e]``)."""
+    out: dict[str, list[int]] = {}
+    for name in loading.unexpected:  # type: ignore[attr-defined]  # a Loading record, typed object here
+        fused, bracket, index = name[:-1].rpartition("[") if name.endswith("]") else ("", "", "")
+        if bracket and index.isdigit():
+            out.setdefault(fused, []).append(int(index))
+    return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
 def consolidation_findings(config: dict[str, object], tensors: list[tuple[str, tuple[int, ...]]], *,
@@ -358,19 +398,6 @@ def _grouped(names: tuple[str, ...]) -> list[tuple[str, list[int]]]:
         groups.setdefault(template, [])
         if layer is not None:
             groups[template].append(layer)
-    return list(groups.items())
-
-
-def _expert_groups(missing: tuple[tuple[str, tuple[int, ...], int], ...]
-                   ) -> list[tuple[tuple[str, tuple[int, ...], int], list[int]]]:
-    from guard.inventory.architectures import layer_template
-
-    groups: dict[tuple[str, tuple[int, ...], int], list[int]] = {}
-    for name, experts, of in missing:
-        template, layer = layer_template(name)
-        groups.setdefault((template, experts, of), [])
-        if layer is not None:
-            groups[(template, experts, of)].append(layer)
     return list(groups.items())
 
 
