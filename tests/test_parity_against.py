@@ -76,6 +76,55 @@ def test_mapping_places_every_tensor_and_flags_the_rest() -> None:
     assert "'final_norm.w' widened" not in norm.message and 'mode="original" avoids it' in norm.message
 
 
+def _failing_fp32(scale: float) -> dict[str, Any]:
+    """An fp32 comparison as parity's verdict makes it, of logits that differ by ``scale`` of their size."""
+    from guard.parity import metrics as pm
+    from guard.parity.verdict import fixed_comparison
+
+    ref = np.random.default_rng(0).standard_normal((2, 16, 32)).astype(np.float32)
+    other = ref + scale * np.abs(ref).max() * np.random.default_rng(1).standard_normal(ref.shape).astype(np.float32)
+    tol = pm.tolerance_for(layers=2)
+    return fixed_comparison("fp32", "torch:fp32", "flax:fp32",
+                            {"logits": pm.compare_output("logits", ref, other, tie=tol.max_rel)}, tol)
+
+
+def test_a_forward_miss_over_an_exact_tree_names_the_rows_cause() -> None:
+    """tunix's forward always uses rope_theta 1e6: at the file's 1e4 its logits miss by 0.171 with every parameter
+    bit-exact.  The finding says so, naming tunix's configuration from its row; where the row knows no cause it
+    still says the weights are exact; where a parameter differs it claims nothing of the kind."""
+    from guard.against.run import forward_findings
+
+    target, load = TARGETS["tunix"], TARGETS["tunix"].loads[1]
+    config = {**_tiny_config("qwen3"), "rope_theta": 1e4}
+    comp = _failing_fp32(0.1)
+    (finding,) = forward_findings(target, load, comp, config, who="tunix 0.1.7 (exact)", where="m", exact_tree=True)
+    assert finding.code == "CG302" and finding.message.startswith("tunix 0.1.7 (exact) forward: fp32 ")
+    said = finding.message.split("; every parameter bit-exact, the forward differs: ")[1]
+    assert said.startswith("tunix's Qwen3 and Llama 3 call RoPE without ModelConfig's rope_theta, so it runs at "
+                           "base 1e6 whatever the model's (this one's: 10000)") and "tunix.txt" not in said
+    nested = {**_tiny_config("qwen3"), "rope_parameters": {"rope_theta": 1e4, "rope_type": "default"}}
+    assert forward_findings(target, load, comp, nested, who="t", where="m", exact_tree=True)[0].message.endswith(
+        said)  # transformers 5's layout: the same value read
+    (plain,) = forward_findings(target, load, comp, {**config, "rope_theta": 1e6}, who="t", where="m",
+                                exact_tree=True)
+    assert plain.message.endswith("the forward differs: tunix's forward or its configuration, for a cause not "
+                                  "known here (the file's weights are as stored)")
+    (changed,) = forward_findings(target, load, comp, config, who="t", where="m", exact_tree=False)
+    assert "bit-exact" not in changed.message and changed.message.endswith(said)
+    assert forward_findings(target, load, _failing_fp32(0.0), config, who="t", where="m", exact_tree=True) == []
+
+
+def test_keras_hub_rms_norm_eps_named_where_it_applies() -> None:
+    from guard.against.causes import known_causes
+
+    keras = TARGETS["keras-hub"]
+    (qwen,) = known_causes(keras, {"model_type": "qwen3", "rms_norm_eps": 1e-6}, {}, "F32")
+    assert "q/k norms run at epsilon 1e-5" in qwen and "(this model's: 1e-06)" in qwen
+    assert known_causes(keras, {"model_type": "qwen3", "rms_norm_eps": 1e-5}, {}, "BF16") == ()
+    (llama,) = known_causes(keras, {"model_type": "llama", "rms_norm_eps": 1e-5}, {"dtype": "float32"}, "F32")
+    assert "epsilon 1e-6" in llama and known_causes(keras, {"model_type": "llama"}, {}, "F32") == ()
+
+
 def test_easydel_rope_theta_and_table_named_where_they_apply() -> None:
     """EasyDeL 0.3 reads rope_theta at config.json's top level only; transformers 5 writes it in rope_parameters.
     Its bf16 RoPE table is a difference in fp32 (and fp16) passes, not in bf16 ones (transformers rounds alike)."""
@@ -240,6 +289,9 @@ def test_tunix_qwen3_ignores_rope_theta(tmp_path: Path) -> None:
     messages = [f["message"] for f in report["findings"] if f["code"] == "CG302"]
     assert messages and all(m.startswith("tunix 0.1.7") and "forward: fp32" in m for m in messages)
     assert not any(f.get("tensor") for f in report["findings"])  # the weights are right: the forward is not
+    cause = ("every parameter bit-exact, the forward differs: tunix's Qwen3 and Llama 3 call RoPE without "
+             "ModelConfig's rope_theta, so it runs at base 1e6 whatever the model's (this one's: 10000)")
+    assert all(cause in m for m in messages), messages
 
 
 @pytest.mark.slow

@@ -66,9 +66,13 @@ def test_every_row_names_what_exists(name: str) -> None:
     if row.environment:
         assert row.environment in ENVIRONMENTS and row.library and row.version
         assert row.version in ENVIRONMENTS[row.environment].checked
-    for dotted in (row.writer, row.forward_causes, row.conventional_reference):
+    for dotted in (row.writer, row.conventional_reference):
         if dotted:
             assert callable(resolve(dotted)), dotted
+    for cause in row.causes:  # its words formatted with the values it is conditioned on, its dtypes parity's
+        said = cause.says.format(**{key: value * 10 for key, value in cause.config_not.items()})
+        assert said and not re.search(r"\{\w+[:!}]", said) and set(cause.dtypes) <= {"F32", "BF16", "F16"}, cause
+        assert not cause.avoided_by or any(cause.avoided_by in load.options for load in row.loads), cause
     if row.loads:  # a stack --against checks: a side, an environment, loads labelled once, something mapped
         assert row.side and row.environment and row.model_types
         labels = [load.label for load in row.loads]

@@ -7,6 +7,6 @@ file, bit for bit after the mapping's steps (``guard.convert.steps``); ``run`` d
 the worker protocol (``guard.worker``) and judges its forward against PyTorch's as ``parity`` judges
 (``guard.parity.verdict``).  MaxText reads no HF file: ``maxtext_tree`` converts first and takes its
 mapping from the converter's table.  ``easydel_causes`` and ``maxtext_causes`` name what a stack's forward
-is known to do differently (a row's ``forward_causes``).  May import guard.parity, guard.worker,
+is known to do differently (the causes on a row, matched by ``causes``).  May import guard.parity, guard.worker,
 guard.convert, guard.targets, the inventory and catalogue; never the CLI.
 """

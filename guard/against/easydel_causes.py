@@ -1,4 +1,5 @@
-"""What EasyDeL 0.3's forward is known to do differently from transformers', named on its forward findings.
+"""What EasyDeL 0.3's forward is known to do differently from transformers', named on its forward findings (the
+causes are data on its row, ``guard.targets.table``).
 
 Both were measured on the tiny fp32 Qwen3 of tests/test_parity_against.py (every parameter bit-exact):
 - its ``Qwen3Config`` / ``LlamaConfig`` take ``rope_theta`` as a top-level key only (default 10000.0);
@@ -26,15 +27,9 @@ DEFAULT_ROPE_THETA = 10000.0  # EasyDeL 0.3's Qwen3Config and LlamaConfig defaul
 
 
 def forward_causes(config: dict[str, Any], options: dict[str, Any], dtype: str) -> tuple[str, ...]:
-    """The known differences behind a load's failing forward comparison computed in ``dtype`` (F32, BF16, F16)."""
-    causes = []
-    theta = nested_rope_theta(config)
-    if theta is not None and theta != DEFAULT_ROPE_THETA and not options.get(ROPE_THETA_FROM_FILE):
-        causes.append(f"EasyDeL reads rope_theta only at config.json's top level (default {DEFAULT_ROPE_THETA:g}); "
-                      f"this file keeps rope_theta {theta:g} in rope_parameters (transformers 5), so its RoPE runs "
-                      f'at base {DEFAULT_ROPE_THETA:g}: config_kwargs={{"rope_theta": {theta!r}}} avoids it')
-    if dtype != "BF16":  # transformers rounds its table to the activations' dtype: in bf16 both round alike
-        causes.append("EasyDeL casts its RoPE cos/sin table to bfloat16 whatever the dtype "
-                      "(easydel/infra/base_config.py: get_basic_frequencies), so every position past 0 rotates "
-                      "with entries up to 4e-3 off: no option avoids it")
-    return tuple(causes)
+    """The known differences behind a load's failing forward comparison computed in ``dtype`` (F32, BF16, F16):
+    the causes on EasyDeL's row (``guard.targets.table``) that apply."""
+    from guard.against.causes import known_causes
+    from guard.targets.table import TARGETS
+
+    return known_causes(TARGETS["easydel"], config, options, dtype)

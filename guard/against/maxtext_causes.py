@@ -20,18 +20,12 @@ CONVENTIONS = "transformers' fp32 forward with MaxText's tied-logit conventions"
 
 
 def forward_causes(config: dict[str, Any], options: dict[str, Any], dtype: str) -> tuple[str, ...]:
-    """The conventions behind a failing comparison computed in ``dtype`` (F32, BF16, F16)."""
-    from guard.convert.maxtext.source_config import tied
+    """The conventions behind a failing comparison computed in ``dtype`` (F32, BF16, F16): the causes on
+    MaxText's row (``guard.targets.table``) that apply."""
+    from guard.against.causes import known_causes
+    from guard.targets.table import TARGETS
 
-    if dtype != "F32" or not tied(config):  # in bf16 transformers' logits carry the same rounding
-        return ()
-    causes = ["MaxText computes tied logits from the embedding table rounded to bfloat16 in every dtype "
-              "(layers/embeddings.py attend_on_embedding): no flag avoids it"]
-    if str(config.get("model_type", "")).startswith("gemma3"):
-        causes.append("its gemma3 conversion stores the embedding times sqrt(hidden_size) rounded to bfloat16 "
-                      "(param_mapping.py's embedding hook; the conversion's CG301), so its inputs and logits "
-                      "scale by bf16(sqrt(hidden_size)) / sqrt(hidden_size)")
-    return tuple(causes)
+    return known_causes(TARGETS["maxtext"], config, options, dtype)
 
 
 def embed_step(config: dict[str, Any]) -> str | None:

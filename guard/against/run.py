@@ -123,7 +123,7 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
     from guard.against.tree import compare_tree
     from guard.envs.protocol import DRIFT_PASS, read_array
     from guard.parity.accelerator import drift_figures
-    from guard.parity.verdict import compare_runs, comparison_findings
+    from guard.parity.verdict import compare_runs
 
     file_tensors = _file_tensors(src)
     torch_runs = _torch_runs(src, config, input_ids, passes)
@@ -160,12 +160,9 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
         comparisons = compare_runs(runs, {"torch": stored, "flax": stored}, layers=layers)
         conventions = _conventions_comparison(target, comparisons[0], runs, layers,
                                               lambda: _conventional(conventional, target, src, config, input_ids))
-        forward_causes = resolve(target.forward_causes) if target.forward_causes else None
+        exact_tree = not tree_findings  # every parameter bit-exact after the mapping: the file is not the cause
         for comp in comparisons:  # a failing one names what the library is known to do differently there
-            causes = (forward_causes(config, load.options, (comp["tolerance"] or {}).get("dtype", ""))
-                      if forward_causes else ())
-            for f in comparison_findings([comp], where=where):
-                finding = make_finding(f.code, where, "; ".join((f"{who} forward: {f.message}", *causes)))
+            for finding in forward_findings(target, load, comp, config, who=who, where=where, exact_tree=exact_tree):
                 findings.append(_judged_by_conventions(finding, conventions, target)
                                 if comp is comparisons[0] and conventions is not None else finding)
         if conventions is not None:
@@ -174,6 +171,30 @@ def _judge(target: Target, loads: list[Load], answer: dict[str, Any], config: di
             comp["name"] = f"{load.label}: {comp['name']}"
         figures["comparisons"] += comparisons
     return findings
+
+
+def forward_findings(target: Target, load: Load, comp: dict[str, Any], config: dict[str, Any], *, who: str,
+                     where: str, exact_tree: bool) -> list[Finding]:
+    """A forward comparison's findings (none where it passed), each naming the causes the target's row knows
+    for it (``guard.against.causes``)."""
+    from guard.against.causes import known_causes
+    from guard.parity.verdict import comparison_findings
+
+    causes = known_causes(target, config, dict(load.options), (comp["tolerance"] or {}).get("dtype", ""))
+    return [make_finding(f.code, where, forward_message(f"{who} forward: {f.message}", causes,
+                                                        exact_tree=exact_tree, target=target))
+            for f in comparison_findings([comp], where=where)]
+
+
+def forward_message(failure: str, causes: tuple[str, ...], *, exact_tree: bool, target: Target) -> str:
+    """A failing forward comparison's message: where every parameter is bit-exact it says so, and points at the
+    stack's configuration (the causes its row knows, else that none is known), not at the file."""
+    if not exact_tree:
+        return "; ".join((failure, *causes))
+    if causes:
+        return f"{failure}; every parameter bit-exact, the forward differs: {'; '.join(causes)}"
+    return (f"{failure}; every parameter bit-exact, the forward differs: {target.name}'s forward or its "
+            "configuration, for a cause not known here (the file's weights are as stored)")
 
 
 def _conventional(cache: dict[str, Any], target: Target, src: Path, config: dict[str, Any],

@@ -45,6 +45,21 @@ class Load(Record):
     when_stored: tuple[str, ...] = ()  # run only for a file stored in one of these dtypes (empty: always)
 
 
+class Cause(Record):
+    """What a stack's forward is known to do differently from transformers': its own setting, not the file's.
+    A failing forward comparison it applies to names it ("every parameter bit-exact, the forward differs: ...").
+    Every condition given must hold; ``says`` is formatted with the file's values of ``config_not``'s keys."""
+    says: str  # the stack's setting, where it lives, and the option that avoids it (or that none does)
+    # config.json's value of each key is known and another than this one (rope_theta: at the top level, else in
+    # rope_parameters, where transformers 5 writes it)
+    config_not: Mapping[str, float] = MappingProxyType({})
+    rope_theta_nested: bool = False  # rope_theta only in rope_parameters (transformers 5's layout), not at the top
+    dtypes: tuple[str, ...] = ()  # the comparisons computed in these dtypes (F32, BF16, F16); empty: every one
+    tied: bool = False  # only where the input embedding is the output projection too
+    model_types: tuple[str, ...] = ()  # only for these model_types (a prefix each); empty: every one
+    avoided_by: str = ""  # a worker option: a load that sets it is not given this cause
+
+
 class Target(Record):
     name: str
     help: str  # one line: what the target is, in the CLI's help and docs/jax.md
@@ -72,9 +87,9 @@ class Target(Record):
     # temporary directory) and the mapping is that converter's ``architectures``
     converts_to: str = ""
     exact_load: str = "exact"  # the load whose options a finding under another load names
-    # "module:function": (config.json, a load's options, a failing comparison's dtype) -> what the library's
-    # forward is known to do differently there, one clause each, added to that forward finding
-    forward_causes: str = ""
+    # what the library's forward is known to do differently, as data: each one that applies (guard.against.causes)
+    # is named on a failing forward finding
+    causes: tuple[Cause, ...] = ()
     # "module:function": (file, config.json, input ids) -> transformers' fp32 outputs with the library's declared
     # forward conventions in them, or None where none apply: an fp32 miss this reference does not see is the
     # conventions only (a warning); one it sees too is something else (CG302)
@@ -123,7 +138,12 @@ TARGETS: dict[str, Target] = {
         mapping={"llama": TUNIX_DECODER, "qwen3": TUNIX_DECODER + TUNIX_QK_NORM},
         side="guard.worker.tunix_side",
         loads=(Load("defaults", {"mode": "auto"}, 'mode="auto" (the optimized loader on Linux)'),
-               Load("exact", {"mode": "original"}, 'mode="original"'))),
+               Load("exact", {"mode": "original"}, 'mode="original"')),
+        # measured on the tiny fp32 Qwen3 of tests/test_parity_against.py at rope_theta 1e4: max_rel 0.171 on the
+        # logits, every parameter bit-exact
+        causes=(Cause("tunix's Qwen3 and Llama 3 call RoPE without ModelConfig's rope_theta, so it runs at base 1e6 "
+                      "whatever the model's (this one's: {rope_theta:g}): no option avoids it",
+                      config_not={"rope_theta": 1e6}),)),
     "keras-hub": Target(
         name="keras-hub", help="keras-hub's backbones on the JAX backend",
         cites=("keras_hub/src/utils/transformers/convert_{llama3,qwen3}.py: convert_weights; "
@@ -135,7 +155,14 @@ TARGETS: dict[str, Target] = {
         loads=(Load("defaults", {}, "no dtype (Keras' global policy)"),
                Load("exact", {"dtype": "float32"}, 'dtype="float32"'),
                # what keras-hub users run for a bf16 checkpoint: variables and compute in bf16
-               Load("bfloat16 policy", {"dtype": "bfloat16"}, 'dtype="bfloat16"', when_stored=("BF16",)))),
+               Load("bfloat16 policy", {"dtype": "bfloat16"}, 'dtype="bfloat16"', when_stored=("BF16",))),
+        # measured on the tiny fp32 models of tests/test_parity_against.py (every parameter bit-exact)
+        causes=(Cause("keras-hub's Qwen3Decoder builds Qwen3Attention without layer_norm_epsilon, so its q/k norms "
+                      "run at epsilon 1e-5 whatever rms_norm_eps (this model's: {rms_norm_eps:g}): no option avoids "
+                      "it", config_not={"rms_norm_eps": 1e-5}, model_types=("qwen3",)),
+                Cause("keras-hub's convert_llama3 (convert_backbone_config) leaves rms_norm_eps out, so its norms "
+                      "run at epsilon 1e-6 whatever the model's (this one's: {rms_norm_eps:g}): no option avoids it",
+                      config_not={"rms_norm_eps": 1e-6}, model_types=("llama",)))),
     "easydel": Target(
         name="easydel", help="EasyDeL's causal LMs",
         cites=("easydel/utils/parameters_transformation.py: StateDictConverter.process_tensor; "
@@ -148,7 +175,16 @@ TARGETS: dict[str, Target] = {
                # and rope_theta from rope_parameters, where transformers 5 writes it and EasyDeL does not look
                Load("exact", {"torch_load_mode": "streaming", ROPE_THETA_FROM_FILE: True},
                     'torch_load_mode="streaming", config_kwargs={"rope_theta": <rope_parameters\' value>}')),
-        forward_causes="guard.against.easydel_causes:forward_causes"),
+        # measured on the tiny fp32 Qwen3 of tests/test_parity_against.py, every parameter bit-exact
+        # (guard/against/easydel_causes.py)
+        causes=(Cause("EasyDeL reads rope_theta only at config.json's top level (default 10000); this file keeps "
+                      "rope_theta {rope_theta:g} in rope_parameters (transformers 5), so its RoPE runs at base "
+                      '10000: config_kwargs={{"rope_theta": {rope_theta!r}}} avoids it',
+                      config_not={"rope_theta": 10000.0}, rope_theta_nested=True, avoided_by=ROPE_THETA_FROM_FILE),
+                # transformers rounds its table to the activations' dtype: in bf16 both round alike
+                Cause("EasyDeL casts its RoPE cos/sin table to bfloat16 whatever the dtype "
+                      "(easydel/infra/base_config.py: get_basic_frequencies), so every position past 0 rotates "
+                      "with entries up to 4e-3 off: no option avoids it", dtypes=("F32", "F16")))),
     "maxtext": Target(
         name="maxtext", help="a MaxText Orbax checkpoint (its way back is --to torch)",
         cites=("guard/targets/maxtext.py, written from maxtext/checkpoint_conversion/utils/param_mapping.py "
@@ -167,6 +203,12 @@ TARGETS: dict[str, Target] = {
                     when_stored=("BF16",))),
         # the checkpoint is converted first, here, into Orbax's OCDBT (tensorstore writes it)
         extras=("orbax",), converts_to="maxtext", exact_load="defaults",
-        forward_causes="guard.against.maxtext_causes:forward_causes",
+        # in bf16 transformers' logits carry the same rounding (guard/against/maxtext_causes.py)
+        causes=(Cause("MaxText computes tied logits from the embedding table rounded to bfloat16 in every dtype "
+                      "(layers/embeddings.py attend_on_embedding): no flag avoids it", dtypes=("F32",), tied=True),
+                Cause("its gemma3 conversion stores the embedding times sqrt(hidden_size) rounded to bfloat16 "
+                      "(param_mapping.py's embedding hook; the conversion's CG301), so its inputs and logits "
+                      "scale by bf16(sqrt(hidden_size)) / sqrt(hidden_size)", dtypes=("F32",), tied=True,
+                      model_types=("gemma3",))),
         conventional_reference="guard.against.maxtext_causes:conventional_reference"),
 }
