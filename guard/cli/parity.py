@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from guard import DOCS_URL
 from guard.atomic import write_text_atomic
 from guard.cli.convert import TableChoice
 from guard.errors import UsageError
@@ -14,7 +15,9 @@ from guard.reporters import REPORTERS
 from guard.targets import against_choices, against_help
 
 
-@click.command(short_help="Compare PyTorch and Flax outputs of one model.")
+# \b: the epilog unwrapped, as click would break the URL at its hyphens
+@click.command(short_help="Compare PyTorch and Flax outputs of one model.",
+               epilog=f"\b\nThe --against stacks, what each reads and where it deviates: {DOCS_URL}jax.md")
 @click.argument("torch_dir", type=click.Path(path_type=Path))
 @click.argument("flax_dir", type=click.Path(path_type=Path), required=False)
 @click.option("--against", "against", type=TableChoice(against_choices), default=None, help=against_help())

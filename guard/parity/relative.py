@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from guard import DOCS_URL
 from guard.parity.metrics import compare_output, is_logits
 from guard.records import Record
 
@@ -34,7 +35,7 @@ class RelativeRule(Record):
     source: str
 
 
-SOURCE = "bench/parity.py over the architecture sweep (docs/parity.md)"
+SOURCE = f"{DOCS_URL}parity.md (the architecture sweep)"
 # factor: the next power of two above the largest ratio a correct conversion showed in the sweep
 # (5.2, RegNet's bf16 avg_pool); floor: one unit roundoff of the dtype (bf16 2^-8, fp16 2^-11) at the
 # output's scale, for outputs PyTorch reproduces exactly and Flax rounds once more

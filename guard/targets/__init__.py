@@ -38,7 +38,7 @@ def against_help() -> str:
     stacks = "; ".join(f"{name}: {TARGETS[name].library} {TARGETS[name].version}" for name in against_choices())
     return (f"Instead of FLAX_DIR: load TORCH_DIR (an HF checkpoint; a stack with a layout of its own reads it "
             f"converted first, in a temporary directory) with that JAX stack's own loader, compare every parameter "
-            f"it holds with the file and its forward with PyTorch's ({stacks}; docs/jax.md).")
+            f"it holds with the file and its forward with PyTorch's ({stacks}; their page: at the end of this help).")
 
 
 def resolve(dotted: str) -> Any:
