@@ -71,6 +71,13 @@ RULES: tuple[Rule, ...] = (
          "(ollama#11796, llama.cpp#15597).",
          "Convert the weights again with llama.cpp's convert_hf_to_gguf.py (MXFP4 as type 39), or use the "
          "runtime whose own fork wrote the type; do not publish the file as a GGUF for llama.cpp."),
+    Rule("CG010", "no-checkpoint-found", W, "headers",
+         "A directory named on the command line holds no checkpoint: no weights, shard index or training "
+         "checkpoint in it or below it. A scan of it checks nothing, so a gate pointed at the wrong folder "
+         "would pass; files named one by one (the pre-commit hook's) never get it.",
+         "`ckpt-guard scan --fail-on warning models/` in CI where the weights were written to `outputs/`.",
+         "Point the scan at the folder that holds the weights (or fetch them first: `git lfs pull`, a "
+         "download step); ignore CG010 where an empty folder is expected."),
     Rule("CG101", "unexpected-dtype", E, "headers",
          "Floating tensors are not in the expected dtype (default fp32; see --expect).",
          "--expect fp32 and a model whose decoder weights are F16.",

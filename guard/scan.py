@@ -88,8 +88,38 @@ def with_fix_field(finding: Finding) -> Finding:
 
 
 def scan_paths(paths: Iterable[str | os.PathLike[str]], policy: Policy, *, values: bool = False,
-               add: Sequence[str] = (), publishing: bool = False) -> Report:
+               add: Sequence[str] = (), publishing: bool = False, named: bool = True) -> Report:
+    """``named``: the user named these paths (not the default "."): a directory that holds no checkpoint is
+    CG010, so a gate pointed at the wrong folder fails under ``--fail-on warning`` instead of passing."""
+    paths = list(paths)
     models = discover_models(paths)
     pipelines = local_pipelines((m.directory for m in models), display=display_path)
-    return scan_inventories((load_local_model(m) for m in models), policy, values=values, pipelines=pipelines,
-                            add=add, publishing=publishing)
+    report = scan_inventories((load_local_model(m) for m in models), policy, values=values, pipelines=pipelines,
+                              add=add, publishing=publishing)
+    if named and policy.is_enabled("CG010"):
+        empty = [f for f in _nothing_found(paths, [m.directory for m in models]) if policy.is_enabled(f.code, f.path)]
+        if empty:
+            report.findings.extend(with_fix_field(f) for f in empty)
+            report.findings = report.sorted_findings()
+    return report
+
+
+def _nothing_found(paths: list[str | os.PathLike[str]], directories: list[str]) -> list[Finding]:
+    """CG010 for each named directory no model was found in (a file named is the hook's: never one)."""
+    from guard.catalogue import make_finding
+    from guard.paths import clean_path
+
+    findings = []
+    for raw in paths:
+        path = clean_path(raw)
+        if not os.path.isdir(path) or any(d == path or _inside(d, path) or _inside(path, d) for d in directories):
+            continue
+        shown = display_path(path)
+        findings.append(make_finding("CG010", shown, "no checkpoint files found in this directory or below it"))
+    return findings
+
+
+def _inside(path: str, root: str) -> bool:
+    if root == ".":
+        return not path.startswith("/") and path != "."
+    return path != root and path.startswith(root.rstrip("/") + "/")

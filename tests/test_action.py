@@ -526,6 +526,17 @@ def test_deleted_branch_scans_nothing_and_passes(tmp_path, history):
     result, outputs = runner.scan()
     assert result.returncode == 0, result.stderr
     assert outputs["exit-code"] == "0" and outputs["findings"] == "0"
+    result, outputs = runner.scan(CG_FAIL_ON="warning")  # the empty folder scanned is no CG010
+    assert outputs["exit-code"] == "0" and outputs["findings"] == "0", result.stdout
+
+
+def test_paths_naming_a_folder_without_checkpoints_warn(tmp_path, history):
+    repo, _, _ = history
+    (repo / "outputs").mkdir()
+    runner = Runner(tmp_path, repo)
+    result, outputs = runner.scan(CG_PATHS="outputs", CG_CHANGED_ONLY="false", CG_FAIL_ON="warning")
+    assert outputs["exit-code"] == "1" and outputs["warnings"] == "1", result.stdout
+    assert "::warning file=outputs,title=CG010 no-checkpoint-found::" in result.stdout
 
 
 def test_scan_sets_outputs_annotations_summary_and_sarif(tmp_path, history):

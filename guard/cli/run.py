@@ -52,7 +52,7 @@ def run_scan(paths: tuple[str | Path, ...], fmt: str, output: Path | None, value
     from guard.scan import scan_paths
 
     policy = resolve_policy(**policy_flags)
-    report = scan_paths(paths or (".",), policy, values=values)
+    report = scan_paths(paths or (".",), policy, values=values, named=bool(paths))  # "." unnamed: no CG010
     emit(report, fmt, output, summary=not no_summary)
     return report.exit_code
 

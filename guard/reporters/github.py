@@ -73,6 +73,8 @@ def render_github(report: Report) -> str:
         lines.append(overflow_notice(report, shown=len(lines)))
     counts = report.counts()
     verdict = "FAILED" if report.failed else "passed"
+    if not report.models:  # nothing was checked: never "passed"
+        verdict = "FAILED: no checkpoint files found" if report.failed else "no checkpoint files found"
     # a plain log line: it starts with our own text, never with an untrusted string
     lines.append(
         f"ckpt-guard: {verdict}: {counts['error']} error(s), {counts['warning']} warning(s), "

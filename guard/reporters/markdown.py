@@ -57,6 +57,9 @@ def render_markdown(report: Report) -> str:
     counts = report.counts()
     files = sum(len(m.files) for m in report.models)
     icon, verdict = (":x:", "failed") if report.failed else (":white_check_mark:", "passed")
+    if not report.models:  # nothing was checked: never "passed"
+        icon, verdict = ((":x:", "failed: no checkpoint files found") if report.failed
+                         else (":warning:", "found no checkpoint files"))
     out = [
         f"## {icon} ckpt-guard {verdict}",
         "",

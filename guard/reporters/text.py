@@ -65,13 +65,16 @@ def render_text(report: Report, *, color: bool = False) -> str:
     hint = fix_hint(report)
     if hint:
         lines.append(f"ckpt-guard: {hint}")
+    tally = (f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['note']} note(s) "
+             f"(fail-on: {report.fail_on})")
+    if not report.models:  # nothing was checked: that, first, and no "passed"
+        failed = f"{verdict}: " if report.failed else ""
+        lines.append(f"ckpt-guard: {failed}no checkpoint files found; {tally}")
+        return "\n".join(lines) + "\n"
     lines.append(
         f"ckpt-guard: {verdict}: {len(report.models)} model(s), {files} file(s) scanned"
-        f" ({unreadable} unreadable{not_scanned}); {counts['error']} error(s), {counts['warning']} warning(s), "
-        f"{counts['note']} note(s) (fail-on: {report.fail_on})"
+        f" ({unreadable} unreadable{not_scanned}); {tally}"
     )
-    if not report.models:
-        lines.append("ckpt-guard: no checkpoint files found")
     return "\n".join(lines) + "\n"
 
 
