@@ -122,12 +122,30 @@ def test_write_rewrites_only_the_value_and_transformers_loads_the_weights_dtype(
     assert set(after) == set(before)  # no staging directory, no backup of config.json
     assert {k for k in after if after[k] != before[k]} == {"m/config.json"}
     assert after["m/config.json"][1] == before["m/config.json"][1]  # its mode kept
-    assert "before: passed (0 error(s), 1 warning(s)" in out and "after: passed (0 error(s), 0 warning(s)" in out
+    assert "\nbefore: 0 error(s), 1 warning(s), " in out and "; after: 0 error(s), 0 warning(s), " in out
+    assert out.endswith("\nckpt-guard fix: passed: 1 of 1 fix(es) applied\n")
     assert (tmp_path.parent / "changed.txt").read_text() == "m/config.json\n"
     code, report = scan_json(capsys, "m", "--expect", "bf16")
     assert code == 0 and "CG103" not in {f["code"] for f in report["findings"]}
     assert AutoConfig.from_pretrained(model).dtype == torch.bfloat16
     assert AutoModelForCausalLM.from_pretrained(model, dtype="auto").dtype == torch.bfloat16
+
+
+def test_the_fixer_hooks_last_line_agrees_with_what_it_did(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ckpt-guard-fix hook's entry: CG103 fixed, the bf16 weights' CG101 left to the scan hook, exit 1 because
+    a file was written. Its last line said "passed ... 1 error(s)"."""
+    entry = ["fix", "--write", "--select", "CG103,CG008", "--fail-on", "never", "--exit-non-zero-on-fix", "m"]
+    assert main(entry) == 1
+    *_, counts, last = capsys.readouterr().out.splitlines()
+    assert counts.startswith("before: 1 error(s), 1 warning(s), ") and "; after: 1 error(s), 0 warning(s), " in counts
+    assert counts.endswith(" (fail-on: never)")
+    assert last == "ckpt-guard fix: FAILED: 1 of 1 fix(es) applied; wrote 1 file(s): review and stage them " \
+                   "(--exit-non-zero-on-fix)"
+    assert main(entry) == 0  # staged, the next run: nothing written
+    assert capsys.readouterr().out.splitlines()[-1] == "ckpt-guard fix: passed: nothing to fix"
+    assert main(["fix", "--write", "m"]) == 1  # the CG101 left fails at fail-on error
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "ckpt-guard fix: FAILED: nothing to fix; findings at or above fail-on (error) remain")
 
 
 def test_json_after_write_is_the_rescan_with_outcomes(model: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -296,6 +296,7 @@ def test_fixer_hook_rewrites_config_dtype_fails_then_passes_once_staged(tmp_path
     out = first.stdout + first.stderr
     assert first.returncode == 1 and "Failed" in out, out
     assert "files were modified by this hook" in out, out
+    assert "ckpt-guard fix: FAILED: 1 of 1 fix(es) applied; wrote 1 file(s): review and stage them" in out, out
     # byte for byte, only the value changed; the weights were not touched
     assert config.read_bytes() == declared_fp32.replace(f'"{key}": "float32"'.encode(), f'"{key}": "bfloat16"'.encode())
     assert (target / "llama" / "model.safetensors").read_bytes() == weights

@@ -66,20 +66,20 @@ def run_fix(paths: tuple[Path, ...], *, write: bool, select: tuple[str, ...], ig
     report.extra["fix"] = {**plan.to_json(), "outcomes": [o.to_json() for o in outcomes],
                            "before": verdict(before), "after": verdict(after) if after else None,
                            "written": write}
+    failed = any(not o.ok for o in outcomes if o.planned.enabled)
+    # a fixer hook fails when it wrote anything, so the user reviews and stages it (ruff's flag of this name);
+    # pre-commit notices a rewritten tracked file by itself, but never a new one such as a safetensors copy
+    wrote = exit_non_zero_on_fix and any(o.ok and o.written for o in outcomes)
+    code = max(report.exit_code, 1 if failed or wrote else 0) if write else 1 if plan.fixes else before.exit_code
     if fmt == "json":
         from guard.reporters import render
 
         sys.stdout.write(render(report, "json"))
     else:
-        sys.stdout.write(text_output(plan, outcomes, before, after, write=write, planned_text=planned_text))
+        sys.stdout.write(text_output(plan, outcomes, before, after, write=write, planned_text=planned_text,
+                                     code=code, stage=wrote))
     sys.stdout.flush()
-    if not write:
-        return 1 if plan.fixes else before.exit_code
-    failed = any(not o.ok for o in outcomes if o.planned.enabled)
-    # a fixer hook fails when it wrote anything, so the user reviews and stages it (ruff's flag of this name);
-    # pre-commit notices a rewritten tracked file by itself, but never a new one such as a safetensors copy
-    wrote = exit_non_zero_on_fix and any(o.ok and o.written for o in outcomes)
-    return max(report.exit_code, 1 if failed or wrote else 0)
+    return code
 
 
 def verdict(report: Report) -> dict[str, object]:
@@ -88,7 +88,7 @@ def verdict(report: Report) -> dict[str, object]:
 
 
 def text_output(plan: Any, outcomes: list[Any], before: Report, after: Report | None, *, write: bool,
-                planned_text: str) -> str:
+                planned_text: str, code: int = 0, stage: bool = False) -> str:
     from guard.reporters.inert import inert_text
     from guard.reporters.text import render_text
 
@@ -110,14 +110,31 @@ def text_output(plan: Any, outcomes: list[Any], before: Report, after: Report | 
         out.append(line + "\n")
     if after is not None:
         out.append("\n" + render_text(after))
-    out.append(f"before: {_verdict_line(before)}; after: {_verdict_line(after or before)}\n")
+    report = after or before
+    out.append(f"before: {_counts(before)}; after: {_counts(report)} (fail-on: {report.fail_on})\n")
+    out.append(_last_line(outcomes, report, code=code, stage=stage))
     return "".join(out)
 
 
-def _verdict_line(report: Report) -> str:
+def _counts(report: Report) -> str:
     counts = report.counts()
-    return (f"{'FAILED' if report.failed else 'passed'} ({counts['error']} error(s), {counts['warning']} warning(s), "
-            f"{counts['note']} note(s))")
+    return f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['note']} note(s)"
+
+
+def _last_line(outcomes: list[Any], report: Report, *, code: int, stage: bool) -> str:
+    """What the fix did and why it exits as it does: the words agree with the exit code (a fixer hook's last line
+    said "passed" with an error left and the hook failing because it wrote a file)."""
+    done = [o for o in outcomes if o.planned.enabled]
+    fixed = sum(1 for o in done if o.ok)
+    written = sum(len(o.written) for o in done if o.ok)
+    said = [f"{fixed} of {len(done)} fix(es) applied"] if done else ["nothing to fix"]
+    if fixed < len(done):
+        said.append(f"{len(done) - fixed} not applied (above)")
+    if report.failed:
+        said.append(f"findings at or above fail-on ({report.fail_on}) remain")
+    if stage and written:
+        said.append(f"wrote {written} file(s): review and stage them (--exit-non-zero-on-fix)")
+    return f"ckpt-guard fix: {'FAILED' if code else 'passed'}: {'; '.join(said)}\n"
 
 
 def _fix(paths: tuple[Path, ...], **flags: Any) -> int:
