@@ -64,8 +64,8 @@ tunix-venv: $(STAMP)
 easydel-venv: $(STAMP)
 	$(CG) env install easydel
 
-# `parity --against keras-hub`: keras-hub itself only, beside the main venv's keras/jax (its tensorflow-text
-# dependency would install a second TensorFlow over tensorflow-cpu); ~6 s, 18 MB.
+# `parity --against keras-hub`: an overlay on the main venv, keras-hub without its dependencies (its tensorflow-text
+# would install a second TensorFlow over tensorflow-cpu), the rest the main venv's; ~100 s with its check, 29 MB.
 keras-hub-lib: $(STAMP)
 	$(CG) env install keras-hub
 

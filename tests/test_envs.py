@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def test_env_list_says_where_each_would_run(empty_home: Path, capsys: pytest.Cap
 
 def test_env_list_shows_a_ready_one_with_its_version_and_size(empty_home: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """A managed environment whose stamp is written (a "lib" folder: it runs with this Python) is listed as
+    """A managed environment whose stamp is written (an overlay: its Python, here a link to this one) is listed as
     ready, with the version its stamp records and its size on disk; `env remove` deletes it."""
     import importlib.util
 
@@ -143,17 +144,23 @@ def test_env_list_shows_a_ready_one_with_its_version_and_size(empty_home: Path,
         pytest.skip("keras-hub is importable here: this process would be where it runs")
     env = ENVIRONMENTS["keras-hub"]
     folder = home.managed_dir(env)
-    folder.mkdir(parents=True)
+    python = home.venv_python(folder)
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
     (folder / "weights.bin").write_bytes(b"\0" * 3_000_000)
-    (folder / home.STAMP).write_text(json.dumps({"name": env.name, "versions": {env.distribution: "0.32.0"}}))
+    installed = {"keras-hub": "0.32.0", "sentencepiece": "0.2.3"}
+    (folder / home.STAMP).write_text(json.dumps({"name": env.name, "versions": {env.distribution: "0.32.0"},
+                                                 "installed": installed}))
     assert main(["env", "list", "-f", "json"]) == 0
     row = {r["name"]: r for r in json.loads(capsys.readouterr().out)}["keras-hub"]
     assert row["ready"] is True and row["version"] == "0.32.0" and row["where"] == f"managed: {folder}"
-    assert row["size"] >= 3_000_000 and "note" not in row
+    assert row["size"] >= 3_000_000 and row["installed"] == installed and "note" not in row
     assert main(["env", "list"]) == 0
-    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("keras-hub"))
-    assert line.split()[:4] == ["keras-hub", "ready", "0.32.0", "3"] and f"managed: {folder}" in line
-    assert main(["env", "python", "keras-hub"]) == 0 and capsys.readouterr().out.strip() == str(folder)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["NAME", "STATE", "VERSION", "SIZE", "INSTALLED", "WHERE"]
+    line = next(ln for ln in lines if ln.startswith("keras-hub"))
+    assert line.split()[:6] == ["keras-hub", "ready", "0.32.0", "3", "MB", "2"] and f"managed: {folder}" in line
+    assert main(["env", "python", "keras-hub"]) == 0 and capsys.readouterr().out.strip() == str(python)
     assert main(["env", "remove", "keras-hub"]) == 0 and not folder.exists()
 
 
@@ -219,9 +226,11 @@ def test_an_install_without_the_registry_names_its_error(empty_home: Path, monke
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     offline(monkeypatch)
     assert main(["env", "install", "tunix"]) == 2
-    line = error_line(capsys.readouterr().err)
+    err = capsys.readouterr().err
+    line = error_line(err)
     assert line.startswith("ckpt-guard: error: env install tunix: installing failed: ")
     assert "Looking in indexes: http://127.0.0.1:9/simple" in line and "google-tunix" in line, line
+    assert ".txt" not in err, err  # no message names a file inside the package
     assert not home.envs_home().exists() or not list(home.envs_home().iterdir())  # nothing left behind
 
 
@@ -233,12 +242,12 @@ def test_the_workers_path_holds_no_other_distribution(tmp_path: Path) -> None:
     from against_envs import ensure
     from test_parity_against import save_tiny
 
-    lib = ensure("keras-hub").path[0]
+    python = ensure("keras-hub").python  # an overlay's Python: the worker's path is all PYTHONPATH holds
     record = tmp_path / "pythonpath.txt"
     # each entry of the path it was given, and what that folder holds, while it exists
     wrapper = script(tmp_path / "python", f'IFS=:; for d in $PYTHONPATH; do printf "%s=" "$d" >> "{record}"; '
                                           f'ls -A "$d" | tr "\\n" " " >> "{record}"; echo >> "{record}"; done; '
-                                          f'unset IFS\nPYTHONPATH="$PYTHONPATH:{lib}" exec "{sys.executable}" "$@"\n')
+                                          f'unset IFS\nexec "{python}" "$@"\n')
     src = save_tiny(tmp_path / "m", "qwen3", "float32")
     out = tmp_path / "r.json"
     assert main(["parity", str(src), "--against", "keras-hub", "--against-python", str(wrapper), "-f", "json",
@@ -253,18 +262,17 @@ def test_the_workers_path_holds_no_other_distribution(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_version_outside_the_checked_set_is_recorded_in_the_json_report(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """keras-hub's real folder, with a keras_hub 0.31.0 distribution's metadata ahead of it on the path (what
+    """keras-hub's real environment, with a keras_hub 0.31.0 distribution's metadata ahead of it on the path (what
     importlib.metadata reads first): the check runs, warns on stderr naming both versions, and the report's
     environment figures hold the same warning."""
     from against_envs import ensure
     from test_parity_against import save_tiny
 
-    lib = ensure("keras-hub").path[0]
+    managed = ensure("keras-hub").python
     shadow = tmp_path / "shadow" / "keras_hub-0.31.0.dist-info"
     shadow.mkdir(parents=True)
     (shadow / "METADATA").write_text("Metadata-Version: 2.1\nName: keras-hub\nVersion: 0.31.0\n")
-    python = script(tmp_path / "python",
-                    f'PYTHONPATH="$PYTHONPATH:{shadow.parent}:{lib}" exec "{sys.executable}" "$@"\n')
+    python = script(tmp_path / "python", f'PYTHONPATH="$PYTHONPATH:{shadow.parent}" exec "{managed}" "$@"\n')
     src = save_tiny(tmp_path / "m", "qwen3", "float32")
     out = tmp_path / "r.json"
     assert main(["parity", str(src), "--against", "keras-hub", "--against-python", str(python), "-f", "json",
@@ -346,7 +354,8 @@ def test_a_named_environment_with_transformers_5_first_is_exit_2_and_no_output(
 
 
 def test_a_failed_install_quotes_pips_error_without_a_path_inside_the_package() -> None:
-    """pip names a constraint's source ("from -c FILE"): the one line names the file, never the package's folder."""
+    """pip names a constraint's source ("from -c FILE"): the one line names ckpt-guard's pins, never a file inside
+    the package."""
     from guard.envs.build import _run
     from guard.envs.home import constraints_file
 
@@ -355,5 +364,119 @@ def test_a_failed_install_quotes_pips_error_without_a_path_inside_the_package() 
     with pytest.raises(UsageError) as raised:
         _run([sys.executable, "-c", f"import sys; print({said!r}, file=sys.stderr); sys.exit(1)"], "tunix")
     line = str(raised.value)
-    assert "\n" not in line and "from -c tunix.txt (line 39)" in line, line
-    assert str(path.parent) not in line
+    assert "\n" not in line and "(from ckpt-guard's tunix pins (line 39))" in line, line
+    assert str(path.parent) not in line and "tunix.txt" not in line
+
+
+# ---- ready means it runs: the worker's imports and a tiny forward, before the stamp
+
+
+def test_an_environment_that_does_not_import_names_the_module_and_the_command(tmp_path: Path) -> None:
+    """The smoke check runs the environment's Python with the worker's path: a module the worker imports and the
+    environment lacks is one line naming it and the pip command that installs it (torch: its CPU build)."""
+    from guard.envs.build import CPU_TORCH, smoke
+
+    env = ENVIRONMENTS["keras-hub"]._replace(imports=("json", "no_such_module_cg"), smoke="")
+    with pytest.raises(UsageError) as raised:
+        smoke(env, Path(sys.executable))
+    line = str(raised.value)
+    assert line == (f"env install keras-hub: the environment built does not run: no module named 'no_such_module_cg' "
+                    f"(imported by the worker there): `{sys.executable} -m pip install no_such_module_cg`")
+    with pytest.raises(UsageError, match=rf"no module named 'torch\.no_such_cg'.*pip install torch {CPU_TORCH}"):
+        smoke(env._replace(imports=("torch.no_such_cg",)), Path(sys.executable))
+    with pytest.raises(UsageError, match=r"'PIL_cg'.*pip install PIL_cg`$"):
+        smoke(env._replace(imports=("PIL_cg",)), Path(sys.executable))
+    broken = env._replace(imports=("json",), smoke="json:no_such_function")
+    with pytest.raises(UsageError, match=r"does not run its check \(json:no_such_function\): .*AttributeError"):
+        smoke(broken, Path(sys.executable))
+    assert smoke(env._replace(imports=("json",)), Path(sys.executable)) == "imports"
+
+
+def test_a_row_that_borrows_torch_is_refused_where_this_python_has_none(empty_home: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An overlay takes this Python's torch (whichever build the user chose); without one, the install says how to
+    get the CPU build, before anything is built."""
+    from guard.envs import build
+
+    monkeypatch.setattr(build, "_here", lambda name: name != "torch")
+    with pytest.raises(UsageError) as raised:
+        build.install(ENVIRONMENTS["tunix"], say=lambda line: None)
+    assert str(raised.value) == (
+        f"env install tunix: uses this Python's torch (whichever build you chose: a CPU check needs no CUDA wheels), "
+        f"and {sys.executable} has none: install the CPU build first: `{sys.executable} -m pip install torch "
+        "--index-url https://download.pytorch.org/whl/cpu`")
+    assert not home.envs_home().exists() or not list(home.envs_home().iterdir())
+
+
+def test_what_a_row_borrows_is_neither_required_nor_pinned(tmp_path: Path) -> None:
+    from guard.envs.build import install_steps
+
+    for name, env in ENVIRONMENTS.items():
+        steps = install_steps(env, tmp_path / name)
+        assert steps and all("torch" not in args for args in steps), name
+        if env.borrows:
+            assert env.kind == "overlay" and "torch" in env.imports, name
+            pins = (tmp_path / name / env.constraints).read_text()
+            assert not any(line.startswith("torch==") for line in pins.splitlines()), name
+        assert any(m == env.module or m.startswith(env.module + ".") for m in env.imports), name
+
+
+@pytest.mark.slow
+def test_keras_hub_is_ready_when_it_says_so_and_names_what_it_lacks(tmp_path: Path) -> None:
+    """keras-hub's environment runs its check (keras on JAX, keras_hub, sentencepiece, a tiny Qwen3 backbone's
+    logits); the same check where sentencepiece cannot be imported names it and the command that installs it
+    (what `env install keras-hub` said "ready" over before: keras-hub without keras or sentencepiece)."""
+    from against_envs import ensure
+
+    from guard.envs.build import smoke
+
+    env = ENVIRONMENTS["keras-hub"]
+    found = ensure("keras-hub")
+    assert home.read_stamp(home.managed_dir(env))["checked"].startswith("keras 3.")
+    said = smoke(env, found.python, found.path)
+    assert said.startswith("keras 3.") and "(jax)" in said and "keras-hub 0.32.0" in said
+    blocked = tmp_path / "blocked" / "sentencepiece"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'sentencepiece'\", "
+                                         "name='sentencepiece')\n")
+    with pytest.raises(UsageError) as raised:
+        smoke(env, found.python, (blocked.parent, *found.path))
+    assert str(raised.value).endswith(f"no module named 'sentencepiece' (imported by the worker there): "
+                                      f"`{sys.executable} -m pip install sentencepiece`")
+
+
+# ---- no GPU wheels for a CPU check: what `env install` would download, from the public index alone
+
+# maxtext[tpu] 0.2.5 itself requires these two: CUDA's C++ headers (4.1 MB) and NVML's Python bindings (58 KB),
+# neither a GPU runtime
+MAXTEXT_OWN_NVIDIA = {"nvidia-cuda-cccl", "nvidia-ml-py"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ENVIRONMENTS))
+def test_an_install_downloads_no_gpu_wheels(name: str, tmp_path: Path) -> None:
+    """`pip install --dry-run --report` of exactly the steps `env install NAME` runs, with a pip configuration that
+    has only the public index (no local wheel folder, no machine-wide constraints): no nvidia-* wheel, and no torch
+    or triton where the row borrows this Python's torch.  An overlay's pip sees this Python's packages, as the
+    dry run of this Python's pip does; a venv of its own (MaxText's Python 3.12) is resolved from nothing."""
+    from guard.envs.build import install_steps
+
+    env = ENVIRONMENTS[name]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    environment.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL="https://pypi.org/simple", HOME=str(tmp_path))
+    fresh = (["--ignore-installed", "--python-version", env.python, "--only-binary", ":all:"]
+             if env.kind == "venv" else [])
+    names: dict[str, str] = {}
+    for i, args in enumerate(install_steps(env, tmp_path / "pins")):
+        report = tmp_path / f"report-{i}.json"
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--disable-pip-version-check",
+                               "--report", str(report), *fresh, *args], capture_output=True, text=True, timeout=1200,
+                              env=environment)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        names.update({item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+                      for item in json.loads(report.read_text())["install"]})
+    assert env.distribution in names or any(r.split("[")[0] in names for r in env.requirements), names
+    gpu = {n for n in names if n.startswith("nvidia-")} - (MAXTEXT_OWN_NVIDIA if name == "maxtext" else set())
+    assert not gpu, gpu
+    if env.borrows or env.kind == "overlay":
+        assert not {"torch", "triton"} & set(names), names

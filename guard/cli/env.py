@@ -36,7 +36,8 @@ def install(names: tuple[str, ...]) -> int:
 @click.option("--format", "-f", "fmt", type=click.Choice(("text", "json")), default="text", show_default=True)
 def list_(fmt: str) -> int:
     """Each environment: where a target would run (this process, a named Python, the managed folder, or
-    missing), whether it is ready, its library's version and its size on disk."""
+    missing), whether it is ready, its library's version, its size on disk and how many distributions its
+    install added (the rest are this Python's, for an overlay)."""
     rows = [_where(name) for name in ENVIRONMENTS]
     if fmt == "json":
         click.echo(json.dumps(rows, indent=1))
@@ -44,12 +45,15 @@ def list_(fmt: str) -> int:
     from guard.envs.home import envs_home
 
     click.echo(f"managed environments: {envs_home()}")
-    width = max(len(n) for n in ENVIRONMENTS)
+    width = max(len(n) for n in ("NAME", *ENVIRONMENTS))
+    click.echo(f"{'NAME':<{width}}  {'STATE':<7}  {'VERSION':<10}  {'SIZE':>9}  {'INSTALLED':>9}  WHERE")
     for row in rows:
         size = f"{int(str(row['size'])) / 1e6:,.0f} MB" if row.get("size") else "-"
+        added = row.get("installed")
+        installed = str(len(added)) if isinstance(added, dict) else "-"
         state = "ready" if row["ready"] else "missing"
-        click.echo(f"{row['name']:<{width}}  {state:<7}  {row['version'] or '-':<10}  {size:>9}  {row['where']}"
-                   + (f"  ({row['note']})" if row.get("note") else ""))
+        click.echo(f"{row['name']:<{width}}  {state:<7}  {row['version'] or '-':<10}  {size:>9}  {installed:>9}  "
+                   f"{row['where']}" + (f"  ({row['note']})" if row.get("note") else ""))
     return 0
 
 
@@ -80,10 +84,11 @@ def python(name: str) -> int:
 
 def _where(name: str) -> dict[str, object]:
     from guard.envs.find import find, find_managed, variable_of
-    from guard.envs.home import managed_dir, size_on_disk
+    from guard.envs.home import managed_dir, read_stamp, size_on_disk
 
     env = ENVIRONMENTS[name]
-    row: dict[str, object] = {"name": name, "ready": False, "version": None, "where": "missing", "size": None}
+    row: dict[str, object] = {"name": name, "ready": False, "version": None, "where": "missing", "size": None,
+                              "installed": None}
     try:
         found = find(name)
     except UsageError as exc:
@@ -98,6 +103,8 @@ def _where(name: str) -> dict[str, object]:
     elif found.where == "managed":
         row["where"] = f"managed: {found.label}"
         row["size"] = size_on_disk(Path(found.label))
+        installed = (read_stamp(Path(found.label)) or {}).get("installed")
+        row["installed"] = installed if isinstance(installed, dict) else None
     else:
         row["where"] = f"this process ({found.python})"
     if found.warning:

@@ -9,6 +9,10 @@ Kinds (``guard.envs.registry``):
 - "overlay": a venv whose .pth file adds this Python's site-packages *after* its own, holding only the pins
   that differ from what this Python has (transformers 4.57 and what moves with it: ~60 MB, not a second
   torch, jax and TensorFlow).  pip sees this Python's packages while it installs, so it adds only those.
+  What a row borrows (torch) is this Python's, whichever build the user chose: never installed, its pin
+  left out of the constraints pip reads, so a CPU check never downloads PyPI's CUDA torch and its nvidia-*.
+Before the stamp, the environment is run: the imports the worker makes there and the row's tiny forward
+(``smoke``); a failure is one line naming what is missing and the command that installs it.
 pip runs with ``--no-compile``, as uv does by default: a module is compiled when first imported, and an install
 spends no time on the ~20,000 modules of a stack it never imports (~4 ms each here: ~80 s of an environment's
 build on a 2-core machine).
@@ -19,6 +23,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +31,7 @@ import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from guard.envs.home import (
     STAMP,
@@ -47,12 +53,33 @@ _VERSIONS = ("import importlib.metadata as m, json, re\n"
              "                  for d in reversed(list(m.distributions()))}))\n")  # the first on the path wins
 
 
+CPU_TORCH = "--index-url https://download.pytorch.org/whl/cpu"
+SMOKE_TIMEOUT_S = 900
+# run by the built environment with the worker's path: the row's imports, then its smoke function; a missing
+# module is a line of its own ("missing: NAME") for the parent to name
+_SMOKE = ("import importlib, json, sys\n"
+          "args = json.loads(sys.argv[1])\n"
+          "for name in args['imports']:\n"
+          "    try: importlib.import_module(name)\n"
+          "    except ModuleNotFoundError as exc:\n"
+          "        print('missing:', exc.name or name, 'importing', name, file=sys.stderr); sys.exit(3)\n"
+          "if args['smoke']:\n"
+          "    module, _, function = args['smoke'].partition(':')\n"
+          "    print(getattr(importlib.import_module(module), function)())\n")
+
+
 def install(env: Environment, *, say: Callable[[str], None] = print) -> Path:
     """The managed environment's folder, built unless complete already (then nothing is done)."""
     final = managed_dir(env)
-    if read_stamp(final) is not None:
-        say(f"{env.name}: ready in {final}")
+    stamp = read_stamp(final)
+    if stamp is not None:
+        say(f"{env.name}: ready in {final} ({describe(stamp, final)})")
         return final
+    missing = [name for name in env.borrows if not _here(name)]
+    if missing:
+        raise UsageError(f"env install {env.name}: uses this Python's {', '.join(missing)} (whichever build you "
+                         f"chose: a CPU check needs no CUDA wheels), and {sys.executable} has none: install the "
+                         f"CPU build first: `{sys.executable} -m pip install {' '.join(missing)} {CPU_TORCH}`")
     running = [p for p in others(env) if _building_pid(p)]
     if running:
         raise UsageError(f"env install {env.name}: another install is under way (pid {_building_pid(running[0])}, "
@@ -74,8 +101,11 @@ def install(env: Environment, *, say: Callable[[str], None] = print) -> Path:
         library = versions.get(_normal(env.distribution))
         if not library:
             raise UsageError(f"env install {env.name}: {env.distribution} is not in the environment built")
+        installed = _own_distributions(work, python, env)
+        said = smoke(env, python, (work,) if env.kind == "lib" else ())
         stamp = {"name": env.name, "key": final.name.rsplit("-", 1)[1], "kind": env.kind, "python": str(python),
-                 "versions": {env.distribution: library, **versions},
+                 "versions": {env.distribution: library, **versions}, "installed": installed,
+                 "borrowed": {name: versions.get(_normal(name)) for name in env.borrows}, "checked": said,
                  "seconds": round(time.perf_counter() - started, 1), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                            time.gmtime())}
         (work / STAMP).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
@@ -88,9 +118,78 @@ def install(env: Environment, *, say: Callable[[str], None] = print) -> Path:
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    say(f"{env.name}: built in {final} ({time.perf_counter() - started:.0f} s, "
-        f"{size_on_disk(final) / 1e6:.0f} MB)")
+    say(f"{env.name}: ready in {final}, built in {time.perf_counter() - started:.0f} s "
+        f"({describe(stamp, final)})")
     return final
+
+
+def describe(stamp: dict[str, Any], folder: Path) -> str:
+    """What an environment holds, in a few words: its size on disk, what it installed, what it borrows."""
+    installed = stamp.get("installed")
+    parts = [f"{size_on_disk(folder) / 1e6:,.0f} MB on disk"]
+    if isinstance(installed, dict):  # what its install downloaded: the rest is the Python's it sits on
+        named = ", ".join(f"{k} {v}" for k, v in list(installed.items())[:4])
+        more = f" and {len(installed) - 4} more" if len(installed) > 4 else ""
+        parts.append(f"installed {len(installed)}: {named}{more}" if installed else "installed nothing")
+    borrowed = stamp.get("borrowed")
+    if isinstance(borrowed, dict) and borrowed:
+        parts.append("this Python's " + ", ".join(f"{k} {v}" for k, v in borrowed.items()))
+    return ", ".join(parts)
+
+
+def _here(distribution: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _own_distributions(work: Path, python: Path, env: Environment) -> dict[str, str]:
+    """The distributions the build put in its own folder (an overlay's, not the Python's it sits on)."""
+    if env.kind == "lib":
+        return _folder_versions(work)
+    site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], env.name,
+                "reading its folder").strip().splitlines()[-1]
+    return {name: version for name, version in sorted(_folder_versions(Path(site)).items())
+            if name not in ("pip", "setuptools")}
+
+
+def smoke(env: Environment, python: Path, extra_path: tuple[Path, ...] = ()) -> str:
+    """Runs the environment as the worker will (its Python, the worker's path and variables): the row's imports,
+    then its tiny forward.  A failure is one line naming what is missing and the command that installs it."""
+    import tempfile
+
+    from guard.envs.worker import worker_path
+
+    with tempfile.TemporaryDirectory(prefix="ckpt-guard-smoke-") as folder:
+        environment = {**os.environ, **env.env, "PYTHONPATH": worker_path(Path(folder), extra_path)}
+        try:
+            proc = subprocess.run([str(python), "-c", _SMOKE, json.dumps({"imports": env.imports,
+                                                                            "smoke": env.smoke})],
+                                  capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, env=environment, cwd=folder)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UsageError(f"env install {env.name}: the environment built does not run: {exc}") from None
+    if proc.returncode == 0:
+        return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "imports"
+    lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    missing = next((ln.split()[1] for ln in lines if ln.startswith("missing: ")), None)
+    if missing is not None:
+        top = missing.split(".")[0]
+        fix = (f"`{sys.executable} -m pip install torch {CPU_TORCH}` (the CPU build)" if top == "torch" else
+               f"`{sys.executable} -m pip install {_DISTRIBUTION.get(top, top)}`" if env.kind in ("overlay", "lib")
+               else f"`ckpt-guard env remove {env.name}` and install it again")
+        raise UsageError(f"env install {env.name}: the environment built does not run: no module named {missing!r} "
+                         f"(imported by the worker there): {fix}")
+    tail = " ".join(" ".join(lines[-3:]).split())[:400] or f"exit {proc.returncode}"
+    check = env.smoke or "the imports"
+    raise UsageError(f"env install {env.name}: the environment built does not run its check ({check}): {tail}")
+
+
+# a module the worker imports -> the distribution that installs it, where the names differ
+_DISTRIBUTION = {"PIL": "Pillow", "keras_hub": "keras-hub", "tunix": "google-tunix", "sklearn": "scikit-learn"}
 
 
 def _building_pid(folder: Path) -> int | None:
@@ -116,38 +215,69 @@ def remove(env: Environment) -> list[Path]:
 
 def _build(env: Environment, work: Path, say: Callable[[str], None]) -> Path:
     """Builds into ``work``; returns the Python that runs it."""
-    constraints = str(constraints_file(env.constraints))
     uv = shutil.which("uv")
+    what = ", ".join(env.requirements)
     if env.kind == "lib":
-        say(f"{env.name}: {' '.join(env.requirements)} alone into {work.name}, beside {sys.executable}")
-        args = ["--no-deps", "--target", str(work), "-c", constraints, *env.requirements]
+        say(f"{env.name}: {what} alone into {work.name}, beside {sys.executable}")
+        steps = install_steps(env, work)
         if _has_pip(Path(sys.executable)):
-            _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *args], env.name)
+            for args in steps:
+                _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *args], env.name)
         elif uv:
-            _run([uv, "pip", "install", "--python", sys.executable, *args], env.name)
+            for args in steps:
+                _run([uv, "pip", "install", "--python", sys.executable, *args], env.name)
         else:
             raise UsageError(f"env install {env.name}: {sys.executable} has no pip, and uv is not on PATH")
         return Path(sys.executable)
     base = python_for(env)
     if env.kind == "overlay":
-        return _overlay(env, work, base, constraints, say)
-    say(f"{env.name}: a venv with {base} ({'uv' if uv else 'venv + pip'}), {' '.join(env.requirements)} "
-        f"under {env.constraints}")
+        return _overlay(env, work, base, say)
+    say(f"{env.name}: a venv with {base} ({'uv' if uv else 'venv + pip'}): {what} at the versions ckpt-guard was "
+        "tested with")
     if uv:
         _run([uv, "venv", "-q", "--python", str(base), str(work)], env.name, "creating the venv")
         python = venv_python(work)
-        _run([uv, "pip", "install", "-q", "--python", str(python), "-c", constraints, *env.requirements], env.name)
+        for args in install_steps(env, work):
+            _run([uv, "pip", "install", "-q", "--python", str(python), *args], env.name)
     else:
         _run([str(base), "-m", "venv", str(work)], env.name, "creating the venv")
         python = venv_python(work)
-        _run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile", "-c", constraints,
-              *env.requirements], env.name)
+        for args in install_steps(env, work):
+            _run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile", *args],
+                 env.name)
     return python
 
 
-def _overlay(env: Environment, work: Path, base: Path, constraints: str, say: Callable[[str], None]) -> Path:
-    say(f"{env.name}: an overlay on {sys.prefix}: {' '.join(env.requirements)} under {env.constraints}, and "
-        "only what differs")
+def install_steps(env: Environment, work: Path) -> list[list[str]]:
+    """The arguments of each ``pip install`` the build runs, in order (``install`` runs them; a test gives them
+    to ``pip install --dry-run --report`` to see what they download).  The constraints pip reads are the row's
+    pins without those of what it borrows, written into ``work`` (created if need be)."""
+    constraints = pins_file(env, work)
+    rest = [r for r in env.requirements if r not in env.no_deps]
+    steps = [["--no-deps", "-c", str(constraints), *env.no_deps]] if env.no_deps else []
+    if env.kind == "lib":
+        return [["--no-deps", "--target", str(work), "-c", str(constraints), *env.requirements]]
+    if rest:
+        steps.append(["-c", str(constraints), *rest])
+    return steps
+
+
+def pins_file(env: Environment, work: Path) -> Path:
+    """The row's constraints without the pins of what it borrows (this Python's own, whichever build), in
+    ``work``, named as the row's file (pip's messages quote it)."""
+    borrowed = {_normal(name) for name in env.borrows}
+    lines = [line for line in constraints_file(env.constraints).read_text(encoding="utf-8").splitlines()
+             if _normal(line.split("#")[0].split("==")[0].strip()) not in borrowed]
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / env.constraints
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _overlay(env: Environment, work: Path, base: Path, say: Callable[[str], None]) -> Path:
+    borrowed = f"; this Python's {', '.join(env.borrows)}" if env.borrows else ""
+    say(f"{env.name}: an overlay on {sys.prefix}: {', '.join(env.requirements)} at the versions ckpt-guard was tested "
+        f"with, only what differs{borrowed}")
     _run([str(base), "-m", "venv", str(work)], env.name, "creating the venv")
     python = venv_python(work)
     site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], env.name).strip()
@@ -156,14 +286,16 @@ def _overlay(env: Environment, work: Path, base: Path, constraints: str, say: Ca
     below = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
     lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in dict.fromkeys(below))
     Path(site, "zz-ckpt-guard-base.pth").write_text(lines, encoding="utf-8")
-    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile", "-c", constraints]
-    _run([*pip, *env.requirements], env.name)
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile"]
+    for args in install_steps(env, work):
+        _run([*pip, *args], env.name)
     # what moves with it: a package of this environment that the overlay's versions now break (diffusers 0.42
     # needs huggingface_hub 1, transformers 4.57 caps it below 1) at the version the constraints pin
-    moved = _broken_pins(python, Path(constraints))
+    constraints = pins_file(env, work)
+    moved = _broken_pins(python, constraints)
     if moved:
         say(f"{env.name}: and what moves with it: {' '.join(moved)}")
-        _run([*pip, *moved], env.name)
+        _run([*pip, "-c", str(constraints), *moved], env.name)
     return python
 
 
@@ -237,7 +369,7 @@ def _run(command: list[str], name: str, doing: str = "installing") -> str:
         said = [ln for ln in lines if ln.startswith(("Looking in indexes", "ERROR", "error"))
                 or any(k in ln.lower() for k in ("no matching distribution", "connection", "could not fetch url"))]
         text = " ".join(dict.fromkeys(said or lines[-3:] or [f"exit {proc.returncode}"]))
-        # pip quotes a constraint's source ("from -c <file>"): the file's name, never a path inside the package
-        text = text.replace(str(constraints_file("constraints.txt").parent) + os.sep, "")
+        # pip quotes a constraint's source ("from -c <file>"): ckpt-guard's pins, never a file inside the package
+        text = re.sub(r"-c \S*?([\w.-]+)\.txt\b", r"ckpt-guard's \1 pins", text)
         raise UsageError(f"env install {name}: {doing} failed: {' '.join(text.split())[:700]}")
     return proc.stdout

@@ -58,3 +58,22 @@ def forward(handle: Loaded, dtype: str, input_ids: list[list[int]]) -> Any:
 
 def answer(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     return {"loads": run_loads(request, out_dir, load=load, parameters=parameters, forward=forward)}
+
+
+def smoke() -> str:
+    """What ``ckpt-guard env install keras-hub`` runs before it says ready: the imports this side makes (keras on
+    the JAX backend, keras_hub, and sentencepiece, which keras_hub's tokenizers import) and a tiny Qwen3
+    backbone's forward through its reversed embedding, as ``forward`` computes logits."""
+    import keras
+    import keras_hub
+    import numpy as np
+    import sentencepiece  # noqa: F401
+
+    backbone = keras_hub.models.Qwen3Backbone(vocabulary_size=8, num_layers=1, num_query_heads=2,
+                                              num_key_value_heads=1, head_dim=4, hidden_dim=8, intermediate_dim=16)
+    ids = np.array([[1, 2, 3]], dtype="int32")
+    logits = np.asarray(backbone.token_embedding(backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)}),
+                                                 reverse=True))
+    if logits.shape != (1, 3, 8) or not np.isfinite(logits).all():
+        raise RuntimeError(f"a tiny Qwen3 backbone's logits came back {logits.shape}, not (1, 3, 8) and finite")
+    return f"keras {keras.__version__} ({keras.backend.backend()}), keras-hub {keras_hub.__version__}"

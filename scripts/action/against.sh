@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `parity-against:` does each scanned model load right in that JAX stack? (`ckpt-guard parity --against`)
-# The stack runs in the environment `ckpt-guard env install` builds (keras-hub beside ckpt-guard, tunix and easydel
-# in venvs of their own, MaxText in a Python 3.12 venv; docs/jax.md), under CKPT_GUARD_HOME, which the action keeps
+# The stack runs in the environment `ckpt-guard env install` builds (tunix, keras-hub and easydel as overlays on
+# ckpt-guard's Python, its torch theirs; MaxText in a Python 3.12 venv; docs/jax.md), under CKPT_GUARD_HOME, which the action keeps
 # across runs with actions/cache: a kept one is a no-op.  A check that cannot run for want of its environment is
 # exit 2 with its one line, never a pass.
 set -euo pipefail
