@@ -140,11 +140,36 @@ def judged_tensors(config: dict[str, object],
     if isinstance(loading, str):
         yield _not_checked(config_path or path, loading)
         return
-    for template, layers in _grouped(loading.missing):
+    missing = loading.missing
+    if missing:
+        towers, missing = _towers(row, config, missing)
+        for prefix, key, count in towers:
+            yield make_finding(
+                "CG123", path,
+                f"the {_tower(key)} would be random: config.json declares {key}, and the file holds no tensor for "
+                f"{class_name}'s {count} parameter(s) under {shown(prefix + '.')} (transformers fills each at random "
+                "and only logs it)",
+                tensor=prefix,
+            )._replace(fix=_no_fix(class_name))
+    drifted: list[tuple[str, str, str]] = []  # (the name the class fills, the file's name it drops, as renamed)
+    if missing and loading.unexpected:
+        drifted = _drifted(row, config, missing, loading.unexpected, mapped)
+        if drifted:
+            paired = {fill for fill, _, _ in drifted}
+            missing = tuple(n for n in missing if n not in paired)
+    for fills, drops in _pair_groups(drifted):
+        yield make_finding(
+            "CG123", path,
+            f"{class_name} would fill {fills} at random and drop {drops}, of the same shape: the name drifted "
+            "(transformers maps no rename between them, and reports the one missing and the other unexpected)",
+            tensor=drifted[0][0],
+        )._replace(fix=_no_fix(class_name))
+    for template, layers in _grouped(missing):
+        head = _head(row, config, template) if not layers else None
         yield make_finding(
             "CG123", path,
             f"{class_name} would fill {_spelled(template, layers)} at random: no tensor in the file holds "
-            f"{'it' if not layers or len(layers) == 1 else 'them'}",
+            f"{'it' if not layers or len(layers) == 1 else 'them'}" + (f" ({head})" if head else ""),
             tensor=template.replace("{L}", str(layers[0]) if layers else "0"),
         )._replace(fix=_no_fix(class_name))
     strays = _stray_experts(loading)
@@ -167,6 +192,16 @@ def judged_tensors(config: dict[str, object],
         )._replace(fix=_no_fix(class_name))
     if reslotted:
         loading = loading._replace(unexpected=tuple(n for n in loading.unexpected if n not in reslotted))
+    if drifted:
+        renamed = {as_renamed for _, _, as_renamed in drifted}
+        loading = loading._replace(unexpected=tuple(n for n in loading.unexpected if n not in renamed))
+        for fills, drops in _pair_groups(drifted):
+            yield make_finding(
+                "CG124", (file_of and file_of(drifted[0][1])) or path,
+                f"{class_name} would drop {drops}: its name drifted from {fills}, which it would fill at random "
+                "instead (CG123)",
+                tensor=drifted[0][1],
+            )._replace(fix=_DROPPED_NO_FIX)
     if loading.unexpected:
         shown_names = [(t, ls) for t, ls in _grouped(loading.unexpected)]
         first = loading.unexpected[0]
@@ -194,6 +229,124 @@ def judged_tensors(config: dict[str, object],
             f"({class_name} refuses to load it)",
             tensor=name,
         )
+
+
+_TOWERS = {"vision_config": "vision tower", "audio_config": "audio tower", "speech_config": "speech encoder",
+           "visual_config": "vision tower", "image_config": "image encoder", "video_config": "video encoder"}
+
+
+def _tower(key: str) -> str:
+    return _TOWERS.get(key) or f"{key.removesuffix('_config')} sub-model"
+
+
+def _towers(row: object, config: dict[str, object], missing: tuple[str, ...]
+            ) -> tuple[list[tuple[str, str, int]], tuple[str, ...]]:
+    """The row's sub-models (``Row.sub_models``: prefix, config key) that config.json declares and of which the
+    file holds nothing: every parameter under the prefix missing (a text-only conversion that stripped the vision
+    tower and kept vision_config); and the missing names left once theirs are taken out.  The text model is not
+    one: its absence is every layer's finding, said as such."""
+    from guard.inventory.architectures import expected_weights
+
+    subs = [(p, k) for p, k in getattr(row, "sub_models", ()) if k != "text_config" and isinstance(config.get(k), dict)]
+    if not subs:
+        return [], missing
+    expected = expected_weights(row, config)
+    if isinstance(expected, str):
+        return [], missing
+    absent = set(missing)
+    found = []
+    for prefix, key in subs:
+        under = [n for n in expected if n.startswith(prefix + ".")]
+        if under and all(n in absent for n in under):
+            found.append((prefix, key, len(under)))
+            absent.difference_update(under)
+    return found, tuple(n for n in missing if n in absent)
+
+
+def _head(row: object, config: dict[str, object], name: str) -> str | None:
+    """Why a missing output head is not tied to the input embeddings, as transformers 5.25 resolves the tie
+    (config.json's top-level ``tie_word_embeddings``, else the text config's, else the class's default): said
+    where the missing name is the row's tied head and the tie resolves false."""
+    tied = set(getattr(row, "tied", ())) | set(getattr(row, "aliases", ()))
+    if name not in tied and not name.endswith(("lm_head.weight", "embed_out.weight", "output.weight")):
+        return None
+    where, value = _tie(row, config)
+    if value:
+        return None
+    return (f"the output head: {where} is false, so transformers does not tie it to the input embeddings and "
+            "the model generates from a random head")
+
+
+def _tie(row: object, config: dict[str, object]) -> tuple[str, object]:
+    key = getattr(row, "tie_key", "tie_word_embeddings") or "tie_word_embeddings"
+    for path in (key, "tie_word_embeddings", "text_config.tie_word_embeddings", "decoder.tie_word_embeddings"):
+        value = _at(config, tuple(path.split(".")))
+        if isinstance(value, bool):
+            return f"config.json's {path}", value
+    return f"{type(row).__name__}'s default tie_word_embeddings", getattr(row, "tie_default", False)
+
+
+def _drifted(row: object, config: dict[str, object], missing: tuple[str, ...], unexpected: tuple[str, ...],
+             tensors: dict[str, tuple[int, ...]]) -> list[tuple[str, str, str]]:
+    """Pairs of a parameter no tensor fills and a tensor with no place, one name of the other drifted: the same
+    components but one, that one a spelling of the other (``embedding``/``embeddings``), the same layer, the
+    same shape.  (the class's name, the file's name, the file's name as transformers renamed it)."""
+    import difflib
+
+    from guard.inventory.architectures import evaluate, expected_weights
+
+    expected = expected_weights(row, config)
+    if isinstance(expected, str) or len(missing) * len(unexpected) > 250_000:
+        return []
+    files = _as_renamed(row, [n for n in tensors if n not in expected])
+    pairs = []
+    taken: set[str] = set()
+    for fill in missing:
+        want = tuple(evaluate(e, config) for e in expected.get(fill, ()))
+        parts = fill.split(".")
+        for drop in unexpected:
+            original = files.get(drop, drop)
+            if drop in taken or original not in tensors:
+                continue
+            other = drop.split(".")
+            if len(other) != len(parts) or tensors[original] != want:
+                continue
+            differ = [(a, b) for a, b in zip(parts, other) if a != b]
+            if len(differ) != 1:
+                continue
+            a, b = differ[0]
+            if a.isdigit() or b.isdigit() or difflib.SequenceMatcher(None, a, b).ratio() < 0.75:
+                continue
+            pairs.append((fill, original, drop))
+            taken.add(drop)
+            break
+    return pairs
+
+
+def _as_renamed(row: object, names: list[str]) -> dict[str, str]:
+    """The file's names as transformers renames them at load (``Row.renames``), back to the file's own."""
+    import re
+
+    renames = [(re.compile(a), b) for a, b in getattr(row, "renames", ())]
+    out = {}
+    for name in names:
+        renamed = name
+        for pattern, target in renames:
+            if pattern.search(renamed):
+                renamed = pattern.sub(target, renamed)
+        out[renamed] = name
+    return out
+
+
+def _pair_groups(pairs: list[tuple[str, str, str]]) -> list[tuple[str, str]]:
+    """The drifted pairs, spelled a layer-less template at a time: (what is filled, what is dropped)."""
+    from guard.inventory.architectures import layer_template
+
+    groups: dict[tuple[str, str], list[int]] = {}
+    for fill, drop, _ in pairs:
+        (t_fill, layer), (t_drop, _) = layer_template(fill), layer_template(drop)
+        groups.setdefault((t_fill, t_drop), []).extend(() if layer is None else (layer,))
+    return [(_spelled(a, layers), _spelled(b, layers)) for (a, b), layers in groups.items()]
 
 
 def _merged(class_name: str, of: int, absent: int, extra: tuple[int, ...]) -> str:
