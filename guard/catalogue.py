@@ -226,6 +226,15 @@ RULES: tuple[Rule, ...] = (
          "lacks a field the table needs: CG123-CG125 did not run on this model.",
          "config.json with model_type 'mamba', which the table does not cover.",
          "Informational: check the model loads with from_pretrained(output_loading_info=True)."),
+    Rule("CG128", "eos-token-mismatch", W, "headers",
+         "generation_config.json's eos_token_id, beside a tokenizer (tokenizer_config.json, tokenizer.json), "
+         "includes neither the tokenizer's eos_token nor config.json's EOS, is the pad token alone, or (with a "
+         "chat template) lacks the template's end-of-turn token: generation runs to the token limit. An id "
+         "outside the vocabulary is an error.",
+         "generation_config.json with eos_token_id 151643 (<|endoftext|>, the pad token) beside a chat "
+         "template that ends each turn with <|im_end|> (NousResearch/Hermes-4-14B).",
+         "Set eos_token_id to the end-of-turn token's id (with the tokenizer's eos_token): "
+         "GenerationConfig.save_pretrained with eos_token_id=[...]."),
     Rule("CG129", "quantization-runtime-caveat", N, "headers",
          "A legitimate quantized layout that named runtime versions are known to mishandle: a ModelOpt "
          "quant_algo NVFP4 set with input_activations null in every config group (weight-only, no input_scale "

@@ -208,7 +208,7 @@ def test_options_module_imports_no_command() -> None:
 SCAN_MODULES = {
     "guard", "guard.catalogue", "guard.cli", "guard.cli.flags", "guard.cli.run", "guard.collector", "guard.config",
     "guard.dtypes", "guard.errors", "guard.findings", "guard.fixes", "guard.inventory", "guard.inventory.conventions",
-    "guard.jsonload",  # json's C scanner without `import json` (its regular expressions: 2-4 % of a hook's call)
+    "guard.jsonload",  # the one JSON reader (json's public API)
     "guard.inventory.discovery", "guard.inventory.model", "guard.lazy", "guard.inventory.names",
     "guard.inventory.pipelines",
     "guard.inventory.package_dirs",  # IR pairs and Core ML packages are found by name in every directory

@@ -2,7 +2,7 @@
 
 Valid files come from the real writer (F32, F16, BF16, I32, F64 and Q8_0/Q4_0/TQ2_0/MXFP4
 blocks quantized by gguf.quants; big-endian; split keys).  Malformed ones are
-hand-made bytes: each is CG001 (or CG005 for an unknown ggml type) in well under
+hand-made bytes: each is CG001 (or CG009 for a ggml type llama.cpp cannot read) in well under
 a second, within a few MB, never an exception.
 """
 
@@ -192,12 +192,77 @@ def test_hostile_headers_are_cg001_fast_and_small(case: str) -> None:
     assert_refused(build(), "model.gguf", contains)
 
 
-def test_unknown_ggml_type_is_cg005_not_a_crash() -> None:
+def test_a_type_outside_ggmls_registry_is_cg009_not_a_crash() -> None:
     data = _file([], [_tensor(b"t", (4,), ggml_type=99), _tensor(b"u", (4,), offset=32)], b"\0" * 64)
     result = bounded_scan(data, "model.gguf")
     assert_well_behaved(result, data)
-    assert [f.code for f in result.scan.findings] == ["CG005"]
+    assert [(f.code, f.severity.value) for f in result.scan.findings] == [("CG009", "error")]
+    assert "tensor 't': ggml type 99, outside ggml's registry" in result.scan.findings[0].message
     assert [(t.name, t.dtype) for t in result.scan.tensors] == [("t", "ggml:99"), ("u", "F32")]
+
+
+def test_the_readers_table_is_the_gguf_packages_registry() -> None:
+    """Every id ggml reads (gguf's GGMLQuantizationType) with its block (GGML_QUANT_SIZES: elements, bytes); the
+    ids the reader keeps beyond it are the retired ones, which CG009 reports."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    from guard import dtypes
+    from guard.readers.gguf.types import GGML_TYPES, REGISTRY, RETIRED
+
+    assert REGISTRY == {int(t.value): t.name for t in GGMLQuantizationType}
+    for t in GGMLQuantizationType:
+        elements, nbytes = GGML_QUANT_SIZES[t]
+        assert dtypes.nbytes(REGISTRY[int(t.value)], elements) == nbytes, t.name
+    assert set(GGML_TYPES) - set(REGISTRY) <= set(RETIRED)
+    assert not set(RETIRED) & {int(t.value) for t in GGMLQuantizationType}
+
+
+def _mxfp4_experts(writer: Any) -> None:
+    """gpt-oss's layout in miniature: MXFP4 experts quantized by gguf.quants, the rest F32."""
+    rng = np.random.default_rng(1)
+    add_quantized(writer, "blk.0.ffn_gate_exps.weight", rng.standard_normal((4, 64)).astype(np.float32),
+                  GGMLQuantizationType.MXFP4)
+    add_quantized(writer, "blk.0.ffn_down_exps.weight", rng.standard_normal((4, 64)).astype(np.float32),
+                  GGMLQuantizationType.MXFP4)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(64, np.float32))
+
+
+def _retype(data: bytes, name: bytes, ggml_type: int) -> bytes:
+    """The tensor's type id in its tensor info (name, n_dims u32, dims u64 each, type u32) set to ``ggml_type``,
+    as ollama's blobs carry MXFP4 experts."""
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    (n_dims,) = struct.unpack_from("<I", data, at)
+    at += 4 + 8 * n_dims
+    return data[:at] + struct.pack("<I", ggml_type) + data[at + 4:]
+
+
+def test_a_healthy_mxfp4_file_is_read_with_its_block_size(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "gpt-oss-mxfp4.gguf", _mxfp4_experts)
+    scan = ours(path)
+    assert scan.findings == ()
+    gate = next(t for t in scan.tensors if t.name == "blk.0.ffn_gate_exps.weight")
+    assert gate.dtype == "MXFP4" and gate.shape == (4, 64)  # the logical size: 256 elements
+    assert gate.nbytes == 4 * 2 * 17  # 2 blocks of 32 elements in 17 bytes per row
+    assert {t.name: t.data_start for t in scan.tensors} == {k: v[2] for k, v in reference(path).items()}
+
+
+@pytest.mark.parametrize("ggml_type, words", [(4, "ggml type 4 (Q4_2, removed from ggml: no block size); ollama's"),
+                                              (31, "ggml type 31 (Q4_0_4_4, removed"),
+                                              (42, "ggml type 42, outside ggml's registry")])
+def test_an_ollama_blobs_type_is_cg009_naming_tensor_id_and_llama_cpp(tmp_path: Path, ggml_type: int,
+                                                                      words: str) -> None:
+    data = write_gguf(tmp_path / "healthy.gguf", _mxfp4_experts).read_bytes()
+    damaged = _retype(_retype(data, b"blk.0.ffn_gate_exps.weight", ggml_type), b"blk.0.ffn_down_exps.weight",
+                      ggml_type)
+    (tmp_path / "sha256-blob.gguf").write_bytes(damaged)
+    scan = ours(tmp_path / "sha256-blob.gguf")
+    [finding] = scan.findings
+    assert (finding.code, finding.severity.value, finding.tensor) == ("CG009", "error", "blk.0.ffn_gate_exps.weight")
+    assert finding.message.startswith("tensor 'blk.0.ffn_gate_exps.weight' and 1 more: " + words), finding.message
+    assert "llama.cpp refuses the file" in finding.message
+    from guard.cli import main
+
+    assert main(["scan", "--no-summary", "--format", "text", str(tmp_path / "sha256-blob.gguf")]) == 1
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Both choices of guard._speedups give the same results: CPython's private C functions and the pure-Python
-fallbacks (``CKPT_GUARD_PURE_PYTHON=1``), for records, the JSON loader and whole scans.
+"""Both choices of guard._speedups give the same results: CPython's private C function and the pure-Python
+fallback (``CKPT_GUARD_PURE_PYTHON=1``), for records, the JSON loader and whole scans.
 
 Runs on every Python the package claims (Makefile: PYTHONS_TESTS); no torch, no network.
 """
@@ -61,7 +61,7 @@ print(json.dumps({
                repr(Finding("CG101", "error", "a", "m"))],
     "loads": [outcome(jsonload.loads, text) for text in texts],
     "quoted": [jsonload.quoted(text) for text in ("torch_dtype", "caf\u00e9", 'a"b\\c', "\x00\n", "\U0001f600")],
-    "scanner": outcome(jsonload.scanner(object_pairs_hook=lambda pairs: sorted(pairs)), 'x {"b": 1, "a": 2}', 2),
+    "decoder": outcome(jsonload.decoder(object_pairs_hook=lambda pairs: sorted(pairs)), 'x {"b": 1, "a": 2}', 2),
     "scans": scans,
 }))
 '''
@@ -86,11 +86,9 @@ def test_the_fallbacks_give_what_the_c_functions_give() -> None:
 @pytest.mark.skipif(sys.implementation.name != "cpython", reason="CPython's private modules")
 def test_cpython_takes_its_c_functions() -> None:
     import _collections
-    import _json
 
     assert not _speedups.PURE_PYTHON
     assert _speedups.tuple_field is _collections._tuplegetter  # type: ignore[attr-defined]  # private, no stub
-    assert _speedups.make_scanner is _json.make_scanner and _speedups.quote_ascii is _json.encode_basestring_ascii
 
 
 def test_a_scan_reports_the_same_bytes_either_way(tmp_path: Path) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
+from guard import jsonload
 from guard.cli.options import emit, output_options
 from guard.errors import UsageError
 from guard.findings import FAIL_ON_CHOICES
@@ -20,7 +20,7 @@ from guard.report import Report, ReportFormatError
 def report_cmd(result: Path, fmt: str, output: Path | None, fail_on: str | None) -> int:
     """Render a saved JSON result (`scan --format json -o r.json`) in another format."""
     try:
-        data = json.loads(result.read_text(encoding="utf-8"))
+        data = jsonload.loads(result.read_text(encoding="utf-8"))
         report = Report.from_json(data)
     except OSError as exc:
         raise UsageError(f"{result}: cannot read ({exc.strerror})") from None

@@ -11,9 +11,9 @@ request is a plain GET through ``HubClient`` (not ``HfApi.whoami``, whose 401 is
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from guard import jsonload
 from guard.hub.client import HubClient, hub_errors
 from guard.hub.errors import HubError, status_of
 from guard.records import Record
@@ -44,7 +44,7 @@ def whoami(client: HubClient) -> tuple[Identity, dict[str, Any]]:
             raise HubError(f"the Hub at {client.endpoint} refused the token (invalid or expired); "
                            f"{ASK_FOR_A_TOKEN}", retryable=False) from None
     try:
-        answer = json.loads(data)
+        answer = jsonload.loads(data)
     except ValueError:
         raise HubError(f"{client.endpoint}/api/whoami-v2 did not answer JSON") from None
     if not isinstance(answer, dict):

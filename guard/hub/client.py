@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from guard import jsonload
 from guard.errors import MissingExtraError
 from guard.hub.errors import HubError, hub_errors, status_of, transport_errors
 from guard.hub.retry import Attempts, Backoff, RateLimiter, retry_after_seconds
@@ -151,7 +152,7 @@ class HubClient:
         def post() -> Any:
             response = get_session().post(url, json=payload, headers=headers, timeout=self.timeout)
             hf_raise_for_status(response)
-            return response.json()
+            return jsonload.loads(response.content)  # the one reader: an answer that is not JSON, one line
 
         return self.call(post, retry=retry_refused)
 

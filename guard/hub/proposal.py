@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import quote
 
+from guard import jsonload
 from guard.hub.client import BACKOFF_CAP, HubClient, hub_errors, request_url_of, retry_after_of
 from guard.hub.errors import HubError, status_of, transport_errors
 from guard.hub.retry import Attempts, Backoff
@@ -79,11 +80,9 @@ def find_proposals(client: HubClient, repo_id: str, author: str, *, plan: str | 
 
 def head_commit(client: HubClient, repo_id: str, revision: str) -> tuple[str, str]:
     """(title, message) of ``revision``'s commit: one request, the first page of its history."""
-    import json
-
     url = f"{client.endpoint}/api/models/{quote(repo_id, safe='/')}/commits/{quote(revision, safe='')}"
     with hub_errors(repo_id, revision=revision, endpoint=client.endpoint):
-        history = json.loads(client.get_whole(url))
+        history = jsonload.loads(client.get_whole(url))
     if not isinstance(history, list) or not history or not isinstance(history[0], dict):
         raise HubError(f"{repo_id}@{revision}: the Hub listed no commit")
     return str(history[0].get("title") or ""), str(history[0].get("message") or "")

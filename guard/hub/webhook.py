@@ -16,13 +16,13 @@ are for the platform.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from guard import jsonload
 from guard.errors import MissingExtraError
 from guard.hub import faults
 from guard.hub.metrics import CONTENT_TYPE
@@ -107,7 +107,7 @@ def create_app(*, secret: str, reviewer: Reviewer) -> Any:
         if body is None:  # close: the rest of the body is never read
             return refuse("too_large", 413, f"payload over {MAX_BODY} bytes", connection="close")
         try:
-            jobs, reason = parse_payload(json.loads(body))
+            jobs, reason = parse_payload(jsonload.loads(body))
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError included
             return refuse("bad_payload", 400, f"bad payload: {str(exc)[:200]}")
         if jobs is None:

@@ -15,6 +15,8 @@ from guard.inventory.model import (
     CONFIG_NAME,
     MAX_JSON_BYTES,
     PIPELINE_INDEX,
+    TOKEN_FILES,
+    TOKENIZER,
     ModelInventory,
     build_inventory,
     is_index_file,
@@ -177,8 +179,10 @@ def _may_hold_a_model(entries: list[os.DirEntry[str]]) -> bool:
 
 
 def _is_model_json(name: str) -> bool:
-    """config.json or a shard index (every index convention's name holds ``.index.``)."""
-    return name == CONFIG_NAME or name in QUANT_CONFIG_FILES or (".index." in name and is_index_file(name))
+    """config.json or a shard index (every index convention's name holds ``.index.``); the quantization configs;
+    the generation config and the tokenizer's files CG128 compares (chat_template.jinja among them)."""
+    return (name == CONFIG_NAME or name in QUANT_CONFIG_FILES or name in TOKEN_FILES
+            or (".index." in name and is_index_file(name)))
 
 
 def _local_model(directory: str, named: set[str], entries: list[os.DirEntry[str]] | None = None) -> LocalModel:
@@ -199,7 +203,7 @@ def _local_model(directory: str, named: set[str], entries: list[os.DirEntry[str]
             special = True
         if ext in _NOT_WEIGHTS and name not in named:
             # known by its suffix not to be weights: no stat, no open (config.json and indexes aside)
-            if ext == "json" and _is_model_json(name) and entry.is_file():
+            if _is_model_json(name) and entry.is_file():
                 jsons.append(entry.path)
             continue
         if not entry.is_file():
@@ -303,6 +307,12 @@ STREAMED_INDEX_BYTES = 1 << 20  # a larger index (~13,000 tensors and up) is com
 def _json_data(path: str, opened: list[LocalFile]) -> bytes | ByteSource | None:
     """A JSON file's bytes; a large shard index's open file instead (closed by the caller), which the index
     proof reads a chunk at a time (a 200,000-tensor index is 16 MB: held whole, a sixth of the scan's peak)."""
+    if path_name(path) == TOKENIZER:  # tens of MB: only the head, where its added tokens are, is read
+        try:
+            opened.append(LocalFile(path, name=display_path(path)))
+            return opened[-1]
+        except OSError:
+            return None
     if is_index_file(path_name(path)):
         try:
             if os.stat(path).st_size > STREAMED_INDEX_BYTES:

@@ -108,8 +108,8 @@ def _proven(source: ByteSource, scans: Sequence[FileScan], memo: dict[object, ob
     if rest.count(b'"weight_map"') != 1:
         return False  # the map's key again, outside it: which one a parse keeps is not this one to say
     try:  # the rest of the document, the map emptied: one top-level object holding it
-        document = jsonload.loads(rest.decode("utf-8"))  # json.loads' value or error, without importing json
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        document = jsonload.parse(rest, "index")  # json.loads' value, or a ValueError
+    except ValueError:
         return False
     return type(document) is dict and document.get("weight_map") == {}
 

@@ -26,6 +26,11 @@ CONFIG_NAME = "config.json"
 PIPELINE_INDEX = "model_index.json"  # diffusers: the pipeline root names its components
 MAX_JSON_BYTES = 64 * 1024 * 1024  # index/config files are small; refuse to slurp a huge one
 NO_QUANT_FILES: Mapping[str, object] = MappingProxyType({})
+# what CG128 compares (guard.rules.eos): the generation config, the tokenizer's special tokens, the chat template
+GENERATION_CONFIG, TOKENIZER_CONFIG, TOKENIZER, CHAT_TEMPLATE = (
+    "generation_config.json", "tokenizer_config.json", "tokenizer.json", "chat_template.jinja")
+TOKEN_FILES = frozenset({GENERATION_CONFIG, TOKENIZER_CONFIG, TOKENIZER, CHAT_TEMPLATE})
+NO_TOKEN_FILES: Mapping[str, tuple[str, object]] = MappingProxyType({})
 
 
 def is_weight_file(name: str) -> bool:
@@ -48,6 +53,9 @@ class ModelInventory(Record):
     findings: tuple[Finding, ...] = ()  # inventory-level (bad JSON, ...)
     sets: tuple[WeightSet, ...] = ()
     quant_files: Mapping[str, object] = NO_QUANT_FILES  # quanto_qmap.json, quantize_config.json: file name -> JSON
+    # TOKEN_FILES: file name -> (its path as displayed, its JSON object; tokenizer.json: its added tokens as
+    # (id, content, special) triples; chat_template.jinja: its text)
+    token_files: Mapping[str, tuple[str, object]] = NO_TOKEN_FILES
 
     @property
     def primary(self) -> WeightSet | None:
@@ -143,6 +151,7 @@ def build_inventory(
     config: dict[str, object] | None = None
     config_text = ""
     quant_files: dict[str, object] = {}
+    token_files: dict[str, tuple[str, object]] = {}
     deferred: dict[str, bytes | ByteSource] = {}  # index -> its bytes, proven against its shards once sets are known
     marks: list[tuple[int, str]] = []
     for name, data in sorted(json_files.items()):
@@ -152,8 +161,19 @@ def build_inventory(
             marks.append((len(findings), name))  # where its findings go if it is parsed: file order, as before
             indexes.append(ShardIndex(name, NO_MAP))
             continue
+        if base in (TOKENIZER, CHAT_TEMPLATE):  # read in part, or not JSON: their own reader, never a finding
+            if data is not None:
+                from guard.inventory.tokens import read_token_file
+
+                value = read_token_file(base, data)
+                if value is not None:
+                    token_files[base] = (name, value)
+            continue
         parsed, text = _parse_json(name, _whole(data) if data is not None else None, findings)
-        if base == CONFIG_NAME:
+        if base in TOKEN_FILES:
+            if isinstance(parsed, dict):
+                token_files[base] = (name, parsed)
+        elif base == CONFIG_NAME:
             config_path, config_text = name, text
             if parsed is not None and not isinstance(parsed, dict):
                 findings.append(make_finding("CG001", name, "config.json is not a JSON object"))
@@ -174,7 +194,8 @@ def build_inventory(
             findings[at:at] = found.get(name, ())
     marked = mark_primary(sets, diffusers=_is_diffusers(config))
     return ModelInventory(path, files, tuple(indexes), config_path, config, config_text, tuple(findings), marked,
-                          MappingProxyType(quant_files) if quant_files else NO_QUANT_FILES)
+                          MappingProxyType(quant_files) if quant_files else NO_QUANT_FILES,
+                          MappingProxyType(token_files) if token_files else NO_TOKEN_FILES)
 
 
 NO_MAP: Mapping[str, str] = MappingProxyType({})  # an index not yet proven or parsed (empty: joins no file)
@@ -277,8 +298,10 @@ def _parse_json(name: str, data: bytes | None, findings: list[Finding]) -> tuple
         return None, ""
     try:
         text = data.decode("utf-8")
-        return jsonload.loads(text), text  # json.loads' value or its error
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        findings.append(make_finding("CG001", name, f"not valid JSON: {reason}"))
+    except UnicodeDecodeError:
+        text = ""  # the reader words it
+    try:
+        return jsonload.parse(text or data, name), text  # the one reader: a value, or its one-line error
+    except ValueError as exc:
+        findings.append(make_finding("CG001", name, f"not valid JSON: {jsonload.describe(exc)}"))
         return None, ""

@@ -29,8 +29,8 @@ def component_names(data: bytes | None) -> list[str]:
     if data is None or len(data) > MAX_JSON_BYTES:
         return []
     try:
-        parsed = jsonload.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        parsed = jsonload.parse(data, "model_index.json")
+    except ValueError:
         return []  # a broken model_index.json is diffusers' to report; the components still scan
     if not isinstance(parsed, dict):
         return []

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from guard import jsonload
 from guard.catalogue import make_finding
 from guard.inventory import discover_models, display_path, load_local_model
 from guard.parity.runs import Failed, Unavailable
@@ -25,7 +25,7 @@ def stored_dtype(directory: Path) -> str:
 def read_config(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = jsonload.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise Unavailable(f"{display_path(directory)} has no config.json") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:

@@ -28,7 +28,7 @@ import json
 import re
 from collections.abc import Callable, Collection, Mapping
 
-from guard import dtypes
+from guard import dtypes, jsonload
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import shown
@@ -188,7 +188,7 @@ def parse_zarr_metadata(blob: bytes, *, zarr3: bool, param: str) -> tuple[str, t
 def zarr_json(blob: bytes, *, param: str) -> dict[str, object]:
     """A ``.zarray`` / ``zarr.json`` parsed: an object, or MalformedCheckpoint."""
     try:
-        meta = json.loads(blob.decode("utf-8"))
+        meta = jsonload.loads(blob.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise MalformedCheckpoint(f"zarr metadata of {shown(param)} is not JSON") from None
     if not isinstance(meta, dict):
@@ -297,7 +297,7 @@ def read_metadata_json(source: ByteSource, name: str, *, size: int | None = None
     before anything is read.  Conversion reads a checkpoint's metadata through this too.
     """
     try:
-        return json.loads(read_metadata_bytes(source, name, size=size).decode("utf-8"))
+        return jsonload.loads(read_metadata_bytes(source, name, size=size).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedCheckpoint(f"{name} is not valid JSON ({str(exc)[:100]})") from None
 

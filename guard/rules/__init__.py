@@ -61,6 +61,10 @@ def _names_model_type(inventory: ModelInventory) -> bool:
             and isinstance(config.get("architectures"), list))
 
 
+def _has_token_files(inventory: ModelInventory) -> bool:
+    return bool(inventory.token_files)  # guard.rules.eos.applies: a generation config or a tokenizer's files
+
+
 _PICKLE_ONLY, _QUANTIZED, _LOADING = "guard.rules.pickle_only", "guard.rules.quantized", "guard.rules.loading"
 
 # Reader-level codes (CG001-CG003, CG005, CG006) come from the readers and the inventory;
@@ -87,6 +91,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG125", _when(_names_model_type, _LOADING, "check_shapes")),
     ("CG126", _when(_names_model_type, _LOADING, "check_narrowed_keeps")),
     ("CG127", _when(_names_model_type, _LOADING, "check_not_checked")),
+    ("CG128", _when(_has_token_files, "guard.rules.eos", "check_eos_tokens")),  # generation config vs tokenizer
 )
 
 

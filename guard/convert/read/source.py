@@ -6,10 +6,10 @@ later, one tensor at a time, by the loader attached to each tensor.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from guard import jsonload
 from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.convert.read.io_flax import FlaxChunkedLoader
@@ -85,7 +85,7 @@ def _indexes_only(index: Path, single: Path) -> bool:
     try:
         with index.open("rb") as fh:
             data = fh.read(64 * 2**20 + 1)  # an index is small; a huge one is not this case
-        weight_map = json.loads(data).get("weight_map") if len(data) <= 64 * 2**20 else None
+        weight_map = jsonload.loads(data).get("weight_map") if len(data) <= 64 * 2**20 else None
     except (OSError, ValueError, AttributeError):
         return False
     return isinstance(weight_map, dict) and bool(weight_map) and set(weight_map.values()) == {single.name}

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from guard import dtypes
+from guard import dtypes, jsonload
 from guard.config import fp32_keeper
 from guard.errors import GuardError
 from guard.findings import Finding, Severity, shown
@@ -184,7 +184,7 @@ def _cast_and_write(ctx: ActionContext, units: list[tuple[Naming, list[list[Outp
 
 def _rewrite_index(ctx: ActionContext, name: str, outputs: list[OutputTensor]) -> tuple[Path, Path]:
     """The set's own index under its own name: the same weight map, the new total size."""
-    original = json.loads(ctx.final(name).read_bytes())
+    original = jsonload.loads(ctx.final(name).read_bytes())
     extra = dict(original.get("metadata") or {})
     extra.pop("total_size", None)
     staged = ctx.staging / name
@@ -282,6 +282,6 @@ def _torch_tensors(ctx: ActionContext, path: Path, scan: FileScan, source: Sourc
 def _config(model_dir: Path) -> object:
     try:
         with open(model_dir / "config.json", "rb") as fh:
-            return json.loads(fh.read(MAX_JSON_BYTES + 1))
+            return jsonload.loads(fh.read(MAX_JSON_BYTES + 1))
     except (OSError, ValueError, RecursionError):
         return None

@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from guard import jsonload
 from guard.catalogue import make_finding
 from guard.config import Policy
 from guard.errors import GuardError
@@ -49,7 +50,7 @@ def verify_index(index: Path, shards: list[Path], *, total_size: int) -> list[Fi
     problems = [f.message for f in inventory.findings]
     problems += [f.message for f in check_shard_index(inventory, Policy())]
     try:
-        written_total = json.loads(data)["metadata"]["total_size"]
+        written_total = jsonload.loads(data)["metadata"]["total_size"]
     except (ValueError, KeyError, TypeError):
         written_total = None
     if written_total != total_size:

@@ -19,7 +19,7 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from guard import dtypes
+from guard import dtypes, jsonload
 from guard.errors import GuardError
 from guard.findings import shown
 from guard.fix.context import ActionContext, Staged
@@ -195,7 +195,7 @@ def _read_config(model_dir: Path) -> object:
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             return None
-        return json.loads(path.read_bytes())
+        return jsonload.loads(path.read_bytes())
     except (OSError, ValueError, RecursionError):
         return None
 

@@ -16,12 +16,11 @@ network, or an ML program whose constants are all inline) is CG006 as a whole.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import struct
 from collections.abc import Callable, Mapping
 
-from guard import dtypes
+from guard import dtypes, jsonload
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.readers.binary.window import Window
@@ -91,7 +90,7 @@ def read_mlpackage(name: str, files: Mapping[str, int], open_file: Callable[[str
     if files[MANIFEST] > MAX_MANIFEST:
         raise MalformedCheckpoint(f"Manifest.json of {files[MANIFEST]:,} bytes (over {MAX_MANIFEST:,})")
     manifest = open_file(MANIFEST)
-    root = _root_model(json.loads(manifest.read_at(0, manifest.size).decode("utf-8")))
+    root = _root_model(jsonload.loads(manifest.read_at(0, manifest.size).decode("utf-8")))
     if root not in files:
         raise MalformedCheckpoint(f"the package's root model {root!r} is not in it")
     folder = posixpath.dirname(root)

@@ -24,7 +24,7 @@ from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
 from guard.readers.binary.window import Window
-from guard.readers.gguf.types import FILE_TYPES, GGML_TYPES
+from guard.readers.gguf.types import FILE_TYPES, GGML_TYPES, REGISTRY, RETIRED
 from guard.sources import ByteSource
 from guard.tensors import FileScan, TensorInfo
 
@@ -206,7 +206,7 @@ def _place_tensors(source: ByteSource, infos: list[tuple[str, tuple[int, ...], i
             raise MalformedCheckpoint(f"duplicate tensor name {shown(name)}")
         names.add(name)
         code = GGML_TYPES.get(ggml_type)
-        if code is None:
+        if ggml_type not in REGISTRY:  # no block size in ggml: llama.cpp refuses the file (CG009)
             unknown.setdefault(ggml_type, []).append(name)
         block = dtypes.ALL_DTYPES[code].block if code else None
         if block is not None and dims and dims[0] % block[0]:
@@ -226,12 +226,21 @@ def _place_tensors(source: ByteSource, infos: list[tuple[str, tuple[int, ...], i
         expected = offset + -(-(nbytes or 0) // alignment) * alignment
         tensors.append(TensorInfo(name, code or f"ggml:{ggml_type}", tuple(reversed(dims)), source.name,
                                   start if located and exact else None, end if located and exact else None))
-    findings = [
-        make_finding("CG005", source.name, f"unknown ggml type {ggml_type} on {len(names_):,} tensor(s), "
-                     f"e.g. {shown(names_[0])}", tensor=names_[0])
-        for ggml_type, names_ in unknown.items()
-    ]
+    findings = [_unreadable_type(source.name, ggml_type, names_) for ggml_type, names_ in unknown.items()]
     return tensors, findings
+
+
+def _unreadable_type(file: str, ggml_type: int, names: list[str]) -> Finding:
+    """CG009: tensors of a type id outside ggml's registry, or one it keeps with no block size."""
+    if ggml_type in RETIRED:
+        what = f"ggml type {ggml_type} ({RETIRED[ggml_type]}, removed from ggml: no block size)"
+        if ggml_type == 4:
+            what += "; ollama's gpt-oss blobs store MXFP4 experts under it, where ggml's MXFP4 is 39"
+    else:
+        what = f"ggml type {ggml_type}, outside ggml's registry (0-{max(REGISTRY)})"
+    more = f" and {len(names) - 1:,} more" if len(names) > 1 else ""
+    return make_finding("CG009", file, f"tensor {shown(names[0])}{more}: {what}; llama.cpp refuses the file "
+                        "(no runtime that reads ggml's registry loads it)", tensor=names[0])
 
 
 def _numel(dims: tuple[int, ...]) -> int:

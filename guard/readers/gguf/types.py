@@ -21,6 +21,20 @@ GGML_TYPES: dict[int, str] = {
     39: "MXFP4", 40: "NVFP4", 41: "Q1_0",
 }
 
+# The ids ggml keeps in its enum with no block size (ggml.h: "removed", or "removed from gguf files, use Q4_0 and
+# runtime repack"): ggml's GGUF loader refuses a tensor of any of them ("... not a multiple of block size (0)"), as it
+# refuses an id past the registry ("invalid ggml type").  Ollama's gpt-oss blobs store their MXFP4 experts as 4, its
+# own fork's id before ggml's 39 (ollama#11796, llama.cpp#15597).  The others' layouts are known (Q4_0's and
+# IQ4_NL's blocks, interleaved), so their files are still placed; none of them loads in llama.cpp.
+RETIRED: dict[int, str] = {
+    4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8", 36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8",
+    38: "IQ4_NL_8_8",
+}
+
+# ggml's registry as llama.cpp reads it: every id with a block size (the gguf package's GGMLQuantizationType and
+# GGML_QUANT_SIZES; tests/test_gguf_reader.py holds this table to them)
+REGISTRY: dict[int, str] = {type_id: code for type_id, code in GGML_TYPES.items() if type_id not in RETIRED}
+
 # general.file_type -> name (LLAMA_FTYPE_<name>); 1024 (GUESSED) may be added to any of them
 FILE_TYPES: dict[int, str] = {
     0: "ALL_F32", 1: "MOSTLY_F16", 2: "MOSTLY_Q4_0", 3: "MOSTLY_Q4_1",

@@ -24,7 +24,7 @@ import re
 import zlib
 from collections import Counter
 
-from guard import dtypes
+from guard import dtypes, jsonload
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.readers.binary.zipdir import MemberSource, ZipEntry, open_member, read_member, read_zipfile_archive
@@ -189,6 +189,6 @@ def _json_member(source: ByteSource, entry: ZipEntry) -> object:
     if zlib.crc32(raw) != entry.crc:  # small members are read whole: check them, as zipfile does
         raise MalformedCheckpoint(f"bad CRC-32 for {entry.name}")
     try:
-        return json.loads(raw.decode("utf-8"))
+        return jsonload.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedCheckpoint(f"{entry.name} is not valid JSON: {str(exc)[:100]}") from None

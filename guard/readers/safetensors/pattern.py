@@ -38,8 +38,8 @@ def needs_exact_parse(raw: bytes) -> bool:
 
 
 # the metadata object of a plain header: duplicate keys refused as the reference refuses them, by json's own
-# C scanner with these settings (guard.jsonload: a hook's commit never imports json)
-_scan_metadata = jsonload.scanner(object_pairs_hook=unique_keys, parse_constant=no_constant)
+# decoder with these settings (guard.jsonload)
+_scan_metadata = jsonload.decoder(object_pairs_hook=unique_keys, parse_constant=no_constant)
 _METADATA_OPEN = r'\{[ \t\n\r]*"__metadata__"[ \t\n\r]*:[ \t\n\r]*'
 
 
@@ -67,7 +67,7 @@ def frame(raw: bytes) -> Frame | None:
     if opened is not None:
         try:
             value, start = _scan_metadata(text, opened)
-        except (ValueError, StopIteration, RecursionError):  # StopIteration: no value there ("Expecting value")
+        except (ValueError, RecursionError):  # JSONDecodeError, or a duplicate key or constant the hooks refuse
             return None
         if type(value) is not dict or not all(type(v) is str for v in value.values()):
             return None

@@ -24,6 +24,7 @@ import json
 import posixpath
 import zlib
 
+from guard import jsonload
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding
@@ -180,7 +181,7 @@ def _config(source: ByteSource, entries: dict[str, ZipEntry], name: str) -> dict
     if zlib.crc32(raw) != entry.crc:  # read whole anyway: a flipped dtype digit is a corrupted file
         raise MalformedCheckpoint(f"{entry.name!r} does not match its CRC-32: the file is corrupted")
     try:
-        config = json.loads(raw.decode("utf-8"))  # torch decodes the record as UTF-8 text
+        config = jsonload.loads(raw.decode("utf-8"))  # torch decodes the record as UTF-8 text
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedCheckpoint(f"{entry.name!r} is not valid JSON: {str(exc)[:100]}") from None
     inner = config.get("config") if isinstance(config, dict) else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from guard import dtypes
+from guard import dtypes, jsonload
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
 from guard.findings import Finding, shown
@@ -271,16 +271,14 @@ def torchao_subclasses(metadata: Mapping[str, str]) -> dict[str, dict[str, objec
     (its shape is the qdata's, filled in by the caller from the header when it needs it).
     Malformed metadata gives an empty result, never an exception: it is attacker-controlled text.
     """
-    import json
-
     try:
         if "torchao_subclasses" in metadata:
-            found = json.loads(metadata["torchao_subclasses"])
+            found = jsonload.loads(metadata["torchao_subclasses"])
             return {k: v for k, v in found.items() if isinstance(v, dict)} if isinstance(found, dict) else {}
-        names = json.loads(metadata["tensor_names"]) if "tensor_names" in metadata else []
+        names = jsonload.loads(metadata["tensor_names"]) if "tensor_names" in metadata else []
         out: dict[str, dict[str, object]] = {}
         for name in names if isinstance(names, list) else []:
-            record = json.loads(metadata.get(name, "null")) if isinstance(name, str) else None
+            record = jsonload.loads(metadata.get(name, "null")) if isinstance(name, str) else None
             if isinstance(record, dict) and record.get("_type") not in (None, "Tensor", "torch.Tensor"):
                 data = record.get("_data")
                 if not isinstance(data, dict):

@@ -8,11 +8,11 @@ global shape is where its pieces end, and the pieces must tile it (CG116).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
 
+from guard import jsonload
 from guard.catalogue import make_finding
 from guard.findings import Finding
 from guard.readers import scan_file
@@ -112,7 +112,7 @@ def _sharding_info(text: str | None, shown: str, findings: list[Finding]) -> dic
                                      "pieces sit in the whole tensors is unknown"))
         return {}
     try:
-        info = json.loads(text)
+        info = jsonload.loads(text)
         return {str(k): tuple(int(o) for o in v["saved_offsets"]) for k, v in info.items()}
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         findings.append(make_finding("CG001", shown, f"{SHARDING_KEY} is not a map of saved_offsets: {exc}"[:300]))
