@@ -90,7 +90,23 @@ def make_fix(action: str, description: str, *, safety: str = "safe", flag: str |
     return Fix(action, description, safety, flag, writes, json.dumps(params, sort_keys=True))
 
 
-def no_fix(code: str, advice: str) -> Fix:
+def no_fix(code: str, advice: str, *, path: str = "", message: str = "") -> Fix:
     """The fix field of a finding that no mechanical change repairs: the reason, or the rule's advice."""
+    if code == "CG001" and path.endswith(".json"):
+        return _invalid_json(path, message)
     reason = NO_FIX.get(code)
     return Fix("", reason or f"no mechanical fix: {advice}", "none")
+
+
+def _invalid_json(path: str, message: str) -> Fix:
+    """A JSON file (config.json, an index, a tokenizer's config) a person can correct: where it breaks, not the
+    weights' advice (re-exporting them would not touch a trailing comma)."""
+    import re  # a broken JSON file only
+
+    name = path.rpartition("/")[2]
+    at = re.search(r"line (\d+) column (\d+)", message)
+    where = f" at line {at[1]}, column {at[2]}" if at else ""
+    reason = re.sub(r": line \d+ column \d+ \(char \d+\)", "", message.partition("not valid JSON: ")[2])
+    why = f" ({reason})" if reason else ""
+    return Fix("", f"{name} is not valid JSON{where}{why}: correct the file there by hand (`python -m json.tool "
+                   f"{name}` points at the spot); the weights need nothing", "none")

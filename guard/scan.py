@@ -84,7 +84,8 @@ def with_fix_field(finding: Finding) -> Finding:
     if finding.fix is not None:
         return finding
     rule = RULES_BY_CODE.get(finding.code)
-    return finding._replace(fix=no_fix(finding.code, rule.fix if rule else "see `ckpt-guard rules`"))
+    return finding._replace(fix=no_fix(finding.code, rule.fix if rule else "see `ckpt-guard rules`", path=finding.path,
+                                       message=finding.message))
 
 
 def scan_paths(paths: Iterable[str | os.PathLike[str]], policy: Policy, *, values: bool = False,

@@ -204,9 +204,30 @@ def test_a_config_that_is_not_json_is_never_rewritten(model: Path, capsys: pytes
     fix = report["extra"]["fix"]
     assert [p["action"] for p in fix["plan"]] == [] and fix["outcomes"] == []
     assert [(u["code"], u["path"]) for u in fix["unfixable"]][:1] == [("CG001", "m/config.json")]
-    assert "cannot be parsed" in fix["unfixable"][0]["reason"]
+    assert fix["unfixable"][0]["reason"].startswith("config.json is not valid JSON at line ")
     assert (model / "config.json").read_bytes() == broken
     assert code == 1  # CG001 still fails the re-scan
+
+
+@pytest.mark.parametrize("edit", ["trailing comma", "missing comma"])
+def test_a_hand_broken_config_gets_where_and_what_not_re_export_advice(model: Path, edit: str,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A person's edit of config.json: the advice names the line and column and says to correct the file (re-
+    exporting the weights, the advice for a broken weight file, would not touch it)."""
+    lines = (model / "config.json").read_text(encoding="utf-8").splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if '"dtype"' in line)
+    if edit == "trailing comma":
+        lines[-2] = lines[-2].rstrip("\n") + ",\n"  # the last member, before the closing brace
+        line, column = len(lines), 1
+    else:
+        lines[at] = lines[at].replace(",\n", "\n")
+        line, column = at + 2, lines[at + 1].index('"') + 1
+    (model / "config.json").write_text("".join(lines), encoding="utf-8")
+    assert main(["fix", "m"]) == 1
+    out = capsys.readouterr().out
+    assert f"m/config.json: CG001 config.json is not valid JSON at line {line}, column {column} (Expecting " in out
+    assert "correct the file there by hand" in out and "re-export" not in out
+    assert main(["scan", "m"]) == 1  # the scan's verdict is unchanged: CG001, an error
 
 
 def test_select_and_ignore_take_code_prefixes(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
