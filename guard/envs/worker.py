@@ -5,6 +5,9 @@ The worker runs with the environment's Python and a temporary folder it writes i
 where links cannot be made), then the environment's library folder where it has one: never the folder
 above the package, which in an installed ckpt-guard is this environment's whole site-packages and would
 put its jax, flax and transformers ahead of the environment's own.
+
+A parent that knows it will ask before it knows what starts the worker first (``Started`` with ``warm``): the
+side imports its libraries while the parent does its own work, then reads the request.
 """
 
 from __future__ import annotations
@@ -44,22 +47,62 @@ def worker_path(folder: Path, extra_path: tuple[Path, ...] = ()) -> str:
 
 def run_worker(python: Path, request: dict[str, Any], out_dir: Path, *, extra_path: tuple[Path, ...] = (),
                env: dict[str, str] | None = None) -> dict[str, Any]:
-    request = {**request, "protocol": PROTOCOL, "out_dir": str(out_dir)}
-    with tempfile.TemporaryDirectory(prefix="ckpt-guard-path-") as path_dir:
-        environment = {**os.environ, **(env or {}), "PYTHONPATH": worker_path(Path(path_dir), extra_path)}
+    with Started(python, out_dir, extra_path=extra_path, env=env) as worker:
+        return worker.ask(request)
+
+
+class Started:
+    """A worker started before its request is known, so its imports overlap the parent's own work: with
+    ``warm``, the side imports its libraries (its ``warm()``) before it reads stdin.  One process, one request
+    (``ask``); ``close`` (or leaving the ``with``) ends one that was never asked."""
+
+    def __init__(self, python: Path, out_dir: Path, *, extra_path: tuple[Path, ...] = (),
+                 env: dict[str, str] | None = None, warm: str | None = None) -> None:
+        self.python, self.out_dir = python, out_dir
+        self._path_dir = tempfile.TemporaryDirectory(prefix="ckpt-guard-path-")
+        environment = {**os.environ, **(env or {}),
+                       "PYTHONPATH": worker_path(Path(self._path_dir.name), extra_path)}
+        argv = [str(python), "-m", "guard.worker", *(("--warm", warm) if warm else ())]
+        self._proc: subprocess.Popen[str] | None = None
         try:
-            proc = subprocess.run([str(python), "-m", "guard.worker"], input=json.dumps(request),
-                                  capture_output=True, text=True, timeout=TIMEOUT_S, env=environment,
-                                  cwd=str(out_dir))
+            self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, env=environment, cwd=str(out_dir))
+        except OSError as exc:
+            self._error = f"{python}: {exc}"
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        python, proc = self.python, self._proc
+        if proc is None:
+            raise WorkerFailed(self._error)
+        request = {**request, "protocol": PROTOCOL, "out_dir": str(self.out_dir)}
+        try:
+            stdout, stderr = proc.communicate(json.dumps(request), timeout=TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
+            self.close()
             raise WorkerFailed(f"{python}: {exc}") from None
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = " ".join(proc.stderr.split()[-40:])
-        raise WorkerFailed(f"{python} -m guard.worker exited {proc.returncode}: {tail}")
-    try:
-        return check_answer(json.loads(lines[-1]))
-    except json.JSONDecodeError:
-        raise WorkerFailed(f"{python} -m guard.worker: its last line is not JSON") from None
-    except ProtocolError as exc:
-        raise WorkerFailed(f"{python} -m guard.worker: {exc}") from None
+        finally:
+            self._path_dir.cleanup()
+        lines = stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            tail = " ".join(stderr.split()[-40:])
+            raise WorkerFailed(f"{python} -m guard.worker exited {proc.returncode}: {tail}")
+        try:
+            return check_answer(json.loads(lines[-1]))
+        except json.JSONDecodeError:
+            raise WorkerFailed(f"{python} -m guard.worker: its last line is not JSON") from None
+        except ProtocolError as exc:
+            raise WorkerFailed(f"{python} -m guard.worker: {exc}") from None
+
+    def close(self) -> None:
+        """Ends the worker if it still runs (never asked, or timed out), and removes its path folder."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        self._path_dir.cleanup()
+
+    def __enter__(self) -> Started:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

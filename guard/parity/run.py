@@ -205,12 +205,12 @@ def _run_all(pt_cls: Any, flax_cls: Any, torch_dir: Path, flax_dir: Path, inputs
     return runs
 
 
-def find_pair(config: dict[str, Any]) -> tuple[str, str]:
+def find_pair(config: dict[str, Any], *, base_pt: str | None = None) -> tuple[str, str]:
     """(PyTorch class, Flax class) for a config: its ``architectures`` where Flax has the twin,
-    else the base models.  Raises _Unavailable when transformers pairs none."""
+    else the base models (``base_pt``: the PyTorch base class as the parent's transformers names it, so a
+    Flax side without torch needs no PyTorch auto mapping).  Raises _Unavailable when transformers pairs none."""
     from transformers.models.auto import (  # type: ignore[attr-defined]  # modeling_flax_auto: transformers 4 only
         configuration_auto,
-        modeling_auto,
         modeling_flax_auto,
     )
 
@@ -227,9 +227,10 @@ def find_pair(config: dict[str, Any]) -> tuple[str, str]:
         if twin is not None and twin in flax_names:
             return arch, twin
     base_flax = modeling_flax_auto.FLAX_MODEL_MAPPING_NAMES.get(model_type)
-    base_pt = modeling_auto.MODEL_MAPPING_NAMES.get(model_type)
-    if isinstance(base_pt, tuple | list):
-        base_pt = base_pt[0]
+    if base_pt is None:
+        from guard.parity.legacy_flax import base_torch_class
+
+        base_pt = base_torch_class(model_type)
     if base_flax is None or base_pt is None:
         raise _Unavailable(f"transformers has no paired PyTorch/Flax classes for model_type {model_type!r}")
     return str(base_pt), base_flax

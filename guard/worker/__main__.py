@@ -4,6 +4,9 @@ The request names a target; its row in the one table of targets (``guard.targets
 (a ``guard.worker.side.Side`` module) that answers it.  Every answer is the same envelope: the protocol,
 the library and its version, the JAX backend, and the side's body.  Log lines of the libraries go to
 stderr; stdout carries only the answer.
+
+``--warm TARGET``: the side's ``warm()`` (its imports) runs before stdin is read, so a parent that starts the
+worker early (``guard.envs.worker.Started``) has them done by the time it asks.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--warm"] and sys.argv[2:3] and sys.argv[2] in SIDES:
+        warm = getattr(side_of(sys.argv[2]), "warm", None)
+        if warm is not None:
+            warm()
     request = json.loads(sys.stdin.read())
     if request.get("protocol") != PROTOCOL or request.get("target") not in SIDES:
         print(json.dumps({"protocol": PROTOCOL, "error": "unknown protocol or target"}))

@@ -9,7 +9,13 @@ meaning, the seeded inputs (``guard.parity.inputs``) through the whole model
 where asked or on an accelerator, fp32 once more at JAX's default precision (a figure, never a verdict).
 
 Request: ``{"target": "flax", "flax_dir", "torch_config", "meant", "same_weights_dtype", "seed",
-"passes": [["flax:fp32", "F32"], ["flax:stored", "BF16"]], "drift": bool | null}``.  Answer: the protocol's
+"passes": [["flax:fp32", "F32"], ["flax:stored", "BF16"]], "drift": bool | null, "torch_base": NAME,
+"torch_units": {PyTorch class: {"blocks": [...], "leaves": [...]}}}``: the parent's PyTorch classes that may
+pair (the config's architectures and the base model, ``torch_base``) and the units each streams by, so this side
+needs no torch: the parent starts it with transformers' ``USE_TORCH=0`` and ``USE_TF=0`` (neither is imported,
+nor what transformers imports beside them), and ``warm`` imports jax, flax and transformers' Flax classes
+while the parent converts and imports its own side.  JAX's persistent compilation cache is on
+(``guard.parity.jax_cache``).  Answer: the protocol's
 envelope with ``"parity": {"torch_class", "flax_class", "config_read", "inputs", "runs"}`` (arrays as
 records), or ``{"unavailable": why}`` (CG303), or ``{"failed": {"code", "message"}}`` (the side's finding).
 """
@@ -31,6 +37,21 @@ def version() -> str:
     return dist_version("transformers")
 
 
+def warm() -> None:
+    """What every request needs, imported before the request comes (``python -m guard.worker --warm flax``)."""
+    import importlib
+
+    import jax  # noqa: F401
+
+    for module in ("transformers.modeling_flax_utils", "transformers.models.auto.configuration_auto",
+                   "transformers.models.auto.modeling_flax_auto"):  # transformers 4's Flax base and find_pair's maps
+        importlib.import_module(module)
+
+    from guard.parity import jax_cache
+
+    jax_cache.enable()
+
+
 def answer(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """The envelope's body (``guard.worker.__main__`` wraps it as every side's): ``"parity"`` beside no loads."""
     from guard.parity.runs import Failed, Unavailable
@@ -47,6 +68,7 @@ def answer(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
 def _run(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
+    from guard.parity import jax_cache
     from guard.parity.accelerator import wants_drift
     from guard.parity.config_check import config_disagreements, read_values
     from guard.parity.inputs import make_inputs
@@ -57,10 +79,11 @@ def _run(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     if not has_flax_models(version()):
         raise Unavailable(f"the Flax side's environment has transformers {version()}, which has no Flax models")
     hf_logging.disable_progress_bar()
+    jax_cache.enable()
     import transformers
 
     flax_dir = Path(request["flax_dir"])
-    pt_name, flax_name = find_pair(request["torch_config"])
+    pt_name, flax_name = find_pair(request["torch_config"], base_pt=request.get("torch_base"))
     flax_cls = getattr(transformers, flax_name)
     try:  # the parent read config.json already (CG001 when malformed): what is left is transformers' reading
         flax_raw = json.loads((flax_dir / "config.json").read_text(encoding="utf-8"))
@@ -79,8 +102,8 @@ def _run(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     passes = [tuple(p) for p in request["passes"]]
     if wants_drift(request.get("drift")):
         passes.append(("flax:fp32:default", "F32"))
-    runs, modules, result["streaming"] = _passes(flax_cls, getattr(transformers, pt_name, None), flax_config,
-                                                 flax_dir, passes, inputs)
+    units = (request.get("torch_units") or {}).get(pt_name)
+    runs, modules, result["streaming"] = _passes(flax_cls, units, pt_name, flax_config, flax_dir, passes, inputs)
     for number, (label, outputs) in enumerate(runs.items()):
         result["runs"][label] = {name: write_array(value, out_dir, f"run{number}-{i}") for i, (name, value) in
                                  enumerate(sorted(outputs.items()))}
@@ -92,11 +115,12 @@ def _run(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     return result
 
 
-def _passes(flax_cls: Any, pt_cls: Any, config: Any, flax_dir: Path, passes: list[tuple[str, str]],
-            inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _passes(flax_cls: Any, units: dict[str, Any] | None, pt_name: str, config: Any, flax_dir: Path,
+            passes: list[tuple[str, str]], inputs: dict[str, Any],
+            ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(outputs by pass, module outputs by pass, how it ran).  Streamed block by block as parity streams in one
-    process (``guard.parity.stream_flax``), the blocks those of the PyTorch twin of this transformers (the
-    names the parent's PyTorch side streams by), so memory stays one block deep; else the whole model."""
+    process (``guard.parity.stream_flax``), the blocks those of the parent's PyTorch twin (the names its PyTorch
+    side streams by), so memory stays one block deep; else the whole model."""
     import jax
 
     from guard.parity.runs import run_flax
@@ -105,7 +129,7 @@ def _passes(flax_cls: Any, pt_cls: Any, config: Any, flax_dir: Path, passes: lis
     runs: dict[str, Any] = {}
     modules: dict[str, Any] = {}
     try:
-        blocks, leaves = _units(pt_cls, config)
+        blocks, leaves = _units(units, pt_name, config)
         resident = None
         for label, dtype in passes:
             # fp32 as PyTorch on a CPU computes it; the drift pass at what JAX users run by default
@@ -128,22 +152,15 @@ def _passes(flax_cls: Any, pt_cls: Any, config: Any, flax_dir: Path, passes: lis
     return runs, {}, {"streamed": False, "not_streamed": reason}
 
 
-def _units(pt_cls: Any, config: Any) -> tuple[list[str], list[str]]:
-    """The blocks and large leaves (embeddings, head) of the PyTorch twin, built on the meta device (no
-    memory).  Flax's tied head reads the embedding's variables outside its own call: no leaves then."""
-    import torch
-
-    from guard.parity.stream_torch import find_blocks, leaf_units, skeleton
+def _units(units: dict[str, Any] | None, pt_name: str, config: Any) -> tuple[list[str], list[str]]:
+    """The blocks and large leaves (embeddings, head) of the PyTorch twin, as the parent built it on the meta
+    device.  Flax's tied head reads the embedding's variables outside its own call: no leaves then."""
     from guard.parity.weights import NotStreamable
 
-    if pt_cls is None:
-        raise NotStreamable("this transformers has no PyTorch twin to take the blocks from")
-    model = skeleton(pt_cls, config, torch.float32)
-    blocks = find_blocks(model)
-    if not blocks:
-        raise NotStreamable("no repeated blocks (nn.ModuleList) to stream")
+    if not units or not units.get("blocks"):
+        raise NotStreamable(f"the PyTorch side has no blocks of {pt_name} to stream by")
     tied = getattr(config, "tie_word_embeddings", False)
-    return blocks, [] if tied else leaf_units(model, blocks)
+    return [str(b) for b in units["blocks"]], [] if tied else [str(u) for u in units.get("leaves") or []]
 
 
 def _streamed(flax_cls: Any, config: Any, flax_dir: Path, dtype: str, inputs: dict[str, Any], blocks: list[str],
