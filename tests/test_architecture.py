@@ -280,8 +280,9 @@ def test_the_hooks_scan_imports_no_pathlib(tmp_path: Path) -> None:
 def test_a_group_whose_extra_is_missing_is_listed_and_fails_with_the_hint(tmp_path: Path, group: str, module: str,
                                                                           args: list[str]) -> None:
     (tmp_path / "m").mkdir()
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
+    for side in ("a", "b"):  # parity's two models, each with the config.json it is built from
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "config.json").write_text("{}")
     code = (f"import sys; sys.modules[{module!r}] = None\nfrom guard.cli import main\n"
             f"print('HELP', main(['--help']))\nraise SystemExit(main({args!r}))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)

@@ -76,6 +76,22 @@ def test_parity_command_with_transformers_5_is_one_line(tmp_path: Path, monkeypa
     assert not report.exists()
 
 
+@pytest.mark.parametrize("args", [["{src}", "{src}"], ["{src}", "--against", "tunix"], ["{ok}", "{src}"]])
+def test_parity_of_a_folder_without_config_json_is_one_line_naming_it(tmp_path: Path, args: list[str],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The weights alone (config.json not copied): said before any environment is looked for, where a bare
+    "[Errno 2] No such file or directory: 'src/config.json'" came."""
+    ok = save_tiny(tmp_path, "llama", "LlamaForCausalLM")
+    src = tmp_path / "weights-only"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes((ok / "model.safetensors").read_bytes())
+    assert main(["parity", *(a.format(src=src, ok=ok) for a in args)]) == 2
+    [line] = error_lines(capsys.readouterr().err)
+    assert line == (f"ckpt-guard: error: {src}: no config.json: parity builds the model from it, as transformers "
+                    "does; save the model with save_pretrained, or put the config.json it was trained with beside "
+                    "the weights")
+
+
 def test_same_framework_parity_is_refused_before_writing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = save_tiny(tmp_path, "llama", "LlamaForCausalLM")
     assert convert(src, "--to", "torch", "--out", tmp_path / "t", "--parity") == 2

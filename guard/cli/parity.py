@@ -45,14 +45,14 @@ def parity(torch_dir: Path, flax_dir: Path | None, against: str | None, against_
     check that a JAX stack loads an HF checkpoint right."""
     if (flax_dir is None) == (against is None):
         raise UsageError("give FLAX_DIR or --against STACK (one of them)")
+    for directory in (torch_dir, flax_dir):
+        if directory is not None:
+            _needs_config(directory)
     if against is not None:
         from guard.cli.parity_against import parity_against
 
         return parity_against(torch_dir, against, against_python, seed, fmt, output, verbose, drift)
     assert flax_dir is not None  # given when --against is not (checked above)
-    for directory in (torch_dir, flax_dir):
-        if not directory.is_dir():
-            raise UsageError(f"{directory}: not a directory")
     from guard.parity.needs import flax_side
     from guard.quiet import quiet_libraries
 
@@ -83,3 +83,14 @@ def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path |
     else:
         click.echo(text, nl=False)
     return report.exit_code
+
+
+def _needs_config(directory: Path) -> None:
+    """Each side builds the model as transformers does, from config.json beside the weights: one line, before
+    any environment is looked for, where a bare ``[Errno 2]`` used to come."""
+    if not directory.is_dir():
+        raise UsageError(f"{directory}: not a directory")
+    if not (directory / "config.json").is_file():
+        raise UsageError(f"{directory}: no config.json: parity builds the model from it, as transformers does; "
+                         "save the model with save_pretrained, or put the config.json it was trained with beside "
+                         "the weights")
