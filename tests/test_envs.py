@@ -457,8 +457,10 @@ MAXTEXT_OWN_NVIDIA = {"nvidia-cuda-cccl", "nvidia-ml-py"}
 def test_an_install_downloads_no_gpu_wheels(name: str, tmp_path: Path) -> None:
     """`pip install --dry-run --report` of exactly the steps `env install NAME` runs, with a pip configuration that
     has only the public index (no local wheel folder, no machine-wide constraints): no nvidia-* wheel, and no torch
-    or triton where the row borrows this Python's torch.  An overlay's pip sees this Python's packages, as the
-    dry run of this Python's pip does; a venv of its own (MaxText's Python 3.12) is resolved from nothing."""
+    or triton (an overlay borrows this Python's torch; MaxText's venv needs none).  An overlay's pip sees this
+    Python's packages, as the dry run of this Python's pip does; a venv of its own (MaxText's Python 3.12) is
+    resolved from nothing.  Figures (a loaded 2-core machine): keras-hub 3 s, tunix 28 s, EasyDeL 105 s, MaxText
+    173 s, most of it fetching metadata."""
     from guard.envs.build import install_steps
 
     env = ENVIRONMENTS[name]
@@ -478,5 +480,4 @@ def test_an_install_downloads_no_gpu_wheels(name: str, tmp_path: Path) -> None:
     assert env.distribution in names or any(r.split("[")[0] in names for r in env.requirements), names
     gpu = {n for n in names if n.startswith("nvidia-")} - (MAXTEXT_OWN_NVIDIA if name == "maxtext" else set())
     assert not gpu, gpu
-    if env.borrows or env.kind == "overlay":
-        assert not {"torch", "triton"} & set(names), names
+    assert not {"torch", "triton"} & set(names), names  # this Python's torch where the side needs one; else none
