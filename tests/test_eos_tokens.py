@@ -165,3 +165,20 @@ def test_the_scan_imports_no_tokenizer_library(weights: Path, tmp_path: Path) ->
     out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=True)
     assert "CG128" in out.stdout
     assert out.stdout.rstrip().endswith("MODULES 0 []"), out.stdout  # a warning: exit 0 at --fail-on error
+
+
+def test_without_a_generation_config_the_tokenizer_json_is_not_read(weights: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A model folder with a tokenizer and no generation config (an encoder's): CG128 has nothing to compare,
+    so tokenizer.json's head is not read; tokenizer_config.json is still parsed (CG001 where it is broken)."""
+    from guard.inventory.discovery import discover_models, load_local_model
+
+    folder = _model(weights, tmp_path / "m", eos_ids=ENDOFTEXT)
+    (folder / "generation_config.json").unlink()
+    [model] = discover_models([folder])
+    inventory = load_local_model(model)
+    assert set(inventory.token_files) == {"tokenizer_config.json"}
+    assert _findings(folder, capsys) == []
+    (folder / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>",}')
+    [finding] = _findings(folder, capsys)
+    assert finding["code"] == "CG001" and finding["path"].endswith("m/tokenizer_config.json")

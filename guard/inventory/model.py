@@ -152,6 +152,7 @@ def build_inventory(
     config_text = ""
     quant_files: dict[str, object] = {}
     token_files: dict[str, tuple[str, object]] = {}
+    compared = any(os.path.basename(name) == GENERATION_CONFIG for name in json_files)  # what CG128 reads them for
     deferred: dict[str, bytes | ByteSource] = {}  # index -> its bytes, proven against its shards once sets are known
     marks: list[tuple[int, str]] = []
     for name, data in sorted(json_files.items()):
@@ -162,7 +163,7 @@ def build_inventory(
             indexes.append(ShardIndex(name, NO_MAP))
             continue
         if base in (TOKENIZER, CHAT_TEMPLATE):  # read in part, or not JSON: their own reader, never a finding
-            if data is not None:
+            if data is not None and compared:
                 from guard.inventory.tokens import read_token_file
 
                 value = read_token_file(base, data)
