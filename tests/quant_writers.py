@@ -178,14 +178,16 @@ def quantization_config(folder: Path) -> dict[str, Any]:
     return dict(json.loads((folder / "config.json").read_text()).get("quantization_config") or {})
 
 
-def write_compressed_tensors(out: Path, *, scheme: str = "W4A16", format: str | None = None) -> Path:  # noqa: A002
+def write_compressed_tensors(out: Path, *, scheme: str = "W4A16", format: str | None = None,  # noqa: A002
+                             ignore: tuple[str, ...] = ("lm_head",)) -> Path:
     """compressed-tensors' own API, as llmcompressor drives it (llmcompressor needs transformers 5):
     apply_quantization_config, a min-max calibration of the weights (llmcompressor's default observer),
     ModelCompressor.compress_model, save_pretrained, update_config.
 
     ``scheme`` is a preset (W4A16 and W4A16_ASYM -> pack-quantized, FP8 and FP8_BLOCK ->
     float-quantized, W8A8 -> int-quantized, NVFP4 -> nvfp4-pack-quantized); ``format`` forces the
-    compressor (``naive-quantized`` stores W4A16's ints unpacked, one I8 per weight). compressed-tensors
+    compressor (``naive-quantized`` stores W4A16's ints unpacked, one I8 per weight); ``ignore`` is the
+    config's list of modules kept unquantized. compressed-tensors
     0.20 removed its sparsity compressors, so no sparse format is written here.
     """
     from compressed_tensors.compressors import ModelCompressor
@@ -194,7 +196,7 @@ def write_compressed_tensors(out: Path, *, scheme: str = "W4A16", format: str | 
     model = tiny_llama()
     inputs = _input_ranges(model)
     config = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme(scheme, ["Linear"])},
-                                ignore=["lm_head"])
+                                ignore=list(ignore))
     apply_quantization_config(model, config, show_progress=False)
     for name, module in model.named_modules():
         if getattr(getattr(module, "quantization_scheme", None), "weights", None) is not None:

@@ -159,7 +159,8 @@ FORMAT_LAYOUTS: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 # Where a model says it is quantized, besides config.json (read with it, beside the weights).
-QUANT_CONFIG_FILES = {"quanto_qmap.json": "quanto", "quantize_config.json": "gptq", "quant_config.json": "awq"}
+QUANT_CONFIG_FILES = {"quanto_qmap.json": "quanto", "quantize_config.json": "gptq", "quant_config.json": "awq",
+                      "hf_quant_config.json": "modelopt"}  # ModelOpt's export: {"producer", "quantization"}
 
 # Tensor-name suffixes that alone identify a method (no config at all).  The method's own distinctive names
 # only: ``.weight`` + ``.weight_scale`` could be four methods, and is named by its dtypes (see quantization.py).

@@ -115,6 +115,9 @@ def declared_quantization(config: object, quant_files: Mapping[str, object]) -> 
         if method in ("gptq", "awq") and isinstance(record_, dict):
             found = _from_quant_method({"quant_method": method, **record_})
             return found._replace(declared_by=name)
+        if method == "modelopt" and isinstance(record_, dict) and isinstance(record_.get("quantization"), dict):
+            found = _from_quant_method({"quant_method": method, **record_["quantization"]})
+            return found._replace(declared_by=name)
     return None
 
 

@@ -66,6 +66,7 @@ def _has_token_files(inventory: ModelInventory) -> bool:
 
 
 _PICKLE_ONLY, _QUANTIZED, _LOADING = "guard.rules.pickle_only", "guard.rules.quantized", "guard.rules.loading"
+_QUANT_TARGETS = "guard.rules.quantized_targets"
 
 # Reader-level codes (CG001-CG003, CG005, CG006) come from the readers and the inventory;
 # CG007 (and CG001 for a declared count none of which was read) from no_tensor_findings, per file.
@@ -86,6 +87,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG111", _when(_has_quantized_set, _QUANTIZED, "check_quantized_shapes")),
     ("CG112", _when(_has_quantized_set, _QUANTIZED, "check_quantization_method")),
     ("CG113", _when(_has_quantized_set, _QUANTIZED, "check_quantized_modules")),
+    ("CG110", _when(_has_quantized_set, _QUANT_TARGETS, "check_targeted_modules")),  # config groups vs tensors
+    ("CG129", _when(_has_quantized_set, _QUANT_TARGETS, "check_runtime_caveats")),
     ("CG123", _when(_names_model_type, _LOADING, "check_filled_at_random")),  # CG123-125, CG127: one judgement
     ("CG124", _when(_names_model_type, _LOADING, "check_dropped")),  # per set, shared through its memo
     ("CG125", _when(_names_model_type, _LOADING, "check_shapes")),

@@ -77,17 +77,27 @@ def _missing_components(inv: ModelInventory, ws: WeightSet, quant: Quantization,
                 count, seen = by_role.get(key, (0, example))
                 by_role[key] = (count + len(kind.prefixes), min(seen, example))
     files = _files(ws)
-    for (layout, role), (count, (_, payload)) in sorted(by_role.items()):
+    for (layout, role), (count, (prefix, payload)) in sorted(by_role.items()):
         yield make_finding(
             "CG110", files.get(payload, ws.name),
             f"{count} packed weight(s) ({layout}) have no {role} tensor, which {quant.method} needs to "
-            f"load them; e.g. {shown(payload)}", tensor=payload)
+            f"load them; e.g. {shown(payload)}{_read_as_zero(quant, layout, role, prefix)}", tensor=payload)
     stray = found.stray
     if stray:
         yield make_finding(
             "CG110", files.get(stray[0], ws.name),
             f"{len(stray)} {quant.method} component tensor(s) have no packed weight beside them (the payload is "
             f"missing); e.g. {shown(stray[0])}", tensor=stray[0])
+
+
+def _read_as_zero(quant: Quantization, layout: str, role: str, prefix: str) -> str:
+    """What a runtime makes of a missing ModelOpt scale: vLLM allocates it and never fills it."""
+    if quant.method != "modelopt":
+        return ""
+    from guard.inventory.quant_conventions import LAYOUTS
+
+    suffix = next((p.suffix for lay in LAYOUTS if lay.name == layout for p in lay.parts if p.role == role), "")
+    return f": vLLM reads the missing {shown(prefix + suffix)} as 0 (vllm#45212)" if suffix else ""
 
 
 def _shape_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, found: Grouped) -> Iterator[Finding]:
@@ -160,6 +170,11 @@ def _kept_findings(inv: ModelInventory, ws: WeightSet, quant: Quantization, foun
             "CG113", files.get(packed_kept[0], ws.name),
             f"{len(packed_kept)} module(s) the config keeps unquantized are packed; e.g. {shown(packed_kept[0])}",
             tensor=packed_kept[0])
+    if quant.method == "compressed-tensors":
+        from guard.rules.quantized_targets import compressed_tensors_targets
+
+        if compressed_tensors_targets(quant) is not None:
+            return  # its targets resolve from the headers: CG110 names each targeted module stored plain
     siblings: _Siblings | None = None  # both built at the first candidate: a fully packed set has none
     suffixes: set[str] | None = None
     unpacked: list[str] = []

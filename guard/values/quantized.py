@@ -1,4 +1,5 @@
-"""Value checks of quantized sets (``scan --values``): CG205 invalid scales, CG206 saturated FP8 payloads.
+"""Value checks of quantized sets (``scan --values``): CG205 invalid scales, CG206 saturated FP8 payloads
+(and CG208, GPTQ zero points against checkpoint_format, in ``guard.values.gptq_zeros``).
 
 Which scales (components with a scale role, ``guard.inventory.quant_conventions.ROLES``):
 
@@ -87,6 +88,9 @@ def quantized_value_findings(inv: ModelInventory) -> list[Finding]:
                     located_info = located.get(ws, info.name)
                     if located_info is not None:
                         findings.extend(_saturation_findings(located_info, 1))
+    from guard.values.gptq_zeros import gptq_zero_point_findings  # CG208: qzeros against checkpoint_format
+
+    findings.extend(gptq_zero_point_findings(inv, located))
     return findings
 
 
