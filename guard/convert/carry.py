@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -87,4 +88,27 @@ def carry_files(src: Path, dest: Path, *, config: dict[str, Any] | None, dtype_n
                 pass  # copied as it is, like any other file
         shutil.copyfile(path, dest / name)  # a new file of the user's: the umask's mode, not the source's
         carried.append(name)
+    return carried + carry_module_folders(src, dest)
+
+
+def carry_module_folders(src: Path, dest: Path) -> list[str]:
+    """The folders sentence-transformers' modules.json names (``1_Pooling/``, ``2_Dense/``, ``2_Normalize/``),
+    copied whole: without them the model loads as a bare transformer, its pooling and normalisation gone.
+    Only folders inside ``src``; links are not followed (a repository's link may point anywhere)."""
+    try:
+        modules = jsonload.loads((src / "modules.json").read_bytes())
+    except (OSError, ValueError):
+        return []  # none, or not JSON: then it names nothing (the file itself was copied as it is)
+    folders = [m["path"] for m in modules if isinstance(m, dict) and isinstance(m.get("path"), str)
+               and m["path"].strip("./")] if isinstance(modules, list) else []
+    carried: list[str] = []
+    root = src.resolve()
+    for name in dict.fromkeys(folders):
+        folder = src / name
+        if folder.is_symlink() or not folder.is_dir() or not folder.resolve().is_relative_to(root) \
+                or folder.resolve() == root or (dest / name).exists():
+            continue
+        shutil.copytree(folder, dest / name, copy_function=shutil.copyfile,  # the umask's modes, as above
+                        ignore=lambda where, names: [n for n in names if os.path.islink(os.path.join(where, n))])
+        carried.append(f"{Path(name).as_posix().rstrip('/')}/")
     return carried
