@@ -13,7 +13,6 @@ written last, holds what was built; a folder without it is half-built and never 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import sysconfig
@@ -21,6 +20,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from guard import jsonload
 from guard.envs.registry import Environment
 
 HOME_ENV = "CKPT_GUARD_HOME"
@@ -79,7 +79,7 @@ def venv_python(directory: Path) -> Path:
 
 def read_stamp(directory: Path) -> dict[str, Any] | None:
     try:
-        stamp = json.loads((directory / STAMP).read_text(encoding="utf-8"))
+        stamp = jsonload.loads((directory / STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return stamp if isinstance(stamp, dict) else None

@@ -17,7 +17,6 @@ ranges) or torch ``.bin`` (torch's weights-only loader, after our own header sca
 
 from __future__ import annotations
 
-import json
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -194,7 +193,7 @@ def _rewrite_index(ctx: ActionContext, name: str, outputs: list[OutputTensor]) -
 
 def _check_index_covers(ctx: ActionContext, index: str, weights: list[str], *, display: str) -> None:
     try:
-        weight_map = json.loads(ctx.final(index).read_bytes())["weight_map"]
+        weight_map = jsonload.loads(ctx.final(index).read_bytes())["weight_map"]
         shards = set(weight_map.values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise GuardError(f"{display}/{index}: not a readable shard index; nothing written") from None

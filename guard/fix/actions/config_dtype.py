@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from guard import jsonload
 from guard.catalogue import make_finding
 from guard.errors import GuardError
 from guard.fix.context import ActionContext, Staged
@@ -101,7 +102,7 @@ def rewrite(old: bytes, edits: Sequence[dict[str, object]], *, shown: str) -> by
 def verify_rewrite(old: bytes, new: bytes, edits: Sequence[dict[str, object]]) -> list[str]:
     """What is wrong with ``new`` (empty: it is ``old`` with exactly the planned values replaced)."""
     try:
-        before, after = json.loads(old.decode("utf-8")), json.loads(new.decode("utf-8"))
+        before, after = jsonload.loads(old.decode("utf-8")), jsonload.loads(new.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return [f"it does not parse ({str(exc)[:200]})"]
     problems = []

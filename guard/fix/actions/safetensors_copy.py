@@ -10,7 +10,6 @@ plain tensor uses, a refused global) is refused in one line: never a wrong byte.
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import posixpath
@@ -183,7 +182,7 @@ def _check_index(ctx: ActionContext, index: str | None, seen: dict[str, str]) ->
     if index is None:
         raise GuardError(f"{ctx.model_dir}: the shards stand without their index: nothing written")
     try:
-        weight_map = json.loads(ctx.final(index).read_bytes())["weight_map"]
+        weight_map = jsonload.loads(ctx.final(index).read_bytes())["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise GuardError(f"{index}: not a readable shard index ({type(exc).__name__}): nothing written") from None
     if not isinstance(weight_map, dict) or weight_map != seen:
