@@ -193,14 +193,15 @@ LATEST_VENV := .venv-latest
 LATEST_PY := $(LATEST_VENV)/bin/python
 LATEST_TORCH := torch==2.13.0
 # A fast part of the suite on the latest releases (the scan, the hook through real pre-commit, the
-# value scan, convert): a dependency's regression shows up the week it ships.
+# value scan, convert, the table of architectures regenerated and compared: tests/test_rows_drift.py): a
+# dependency's regression shows up the week it ships.
 # (test_convert*.py with transformers models need transformers 4's Flax classes, which the latest
 # transformers no longer has; the fixer hook's pre-commit tests install torch into pre-commit's own
 # venv: minutes.)  ~3 min on 2 CPUs, plus ~20 s reinstalling the tree.
 LATEST_TESTS := tests/test_scan_cli.py tests/test_scan_hot_path.py tests/test_safetensors_reader.py \
 	tests/test_safetensors_compact.py tests/test_safetensors_templates.py tests/test_precommit.py tests/test_values.py \
 	tests/test_values_chunks.py tests/test_values_minifloats.py tests/test_convert_stream.py tests/test_speedups.py \
-	-k 'not fixer_hook'
+	tests/test_rows_drift.py -k 'not fixer_hook'
 # what those tests import beyond ".[all]" (the dev extra's heavy writers are not needed by them)
 LATEST_TEST_TOOLS := pytest pytest-timeout hypothesis pre-commit
 

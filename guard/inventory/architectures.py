@@ -39,23 +39,87 @@ class Loading(Record):
 
 
 def table_row(config: Mapping[str, object]) -> tuple[str, object] | str:
-    """(class name, Row) for config.json, or why there is none (the check does not run)."""
-    from guard.inventory.architectures_table import ARCHITECTURES
+    """(class name, Row) for config.json, or why there is none (the check does not run).
+
+    Only that model_type's rows are read (``guard.inventory.rows``).  Where config.json sets a field that
+    changes the class's modules otherwise than the row was generated for (``Row.flags``), the row is the
+    class built from config.json itself (``guard.inventory.build_rows``: a subprocess, cached), or, where
+    that cannot be done, why not."""
+    from guard.inventory.rows import rows_for
 
     model_type = config.get("model_type")
-    rows = ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
-    if rows is None:
-        return f"model_type {model_type!r} has no row in the table of architectures"
+    rows = rows_for(model_type) if isinstance(model_type, str) else None
     names = config.get("architectures")
-    wanted = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else next(iter(rows))
-    if wanted in rows:
-        return wanted, rows[wanted]
-    # The base class itself (BertModel): a head class builds it under its prefix, but some heads leave a part
-    # out (BertForMaskedLM has no pooler), so the row with the most names under the prefix is the base's whole.
-    bases = [row for row in rows.values() if row.base and row.base == wanted]
-    if bases:
-        return wanted, max(bases, key=_names_under_prefix)
-    return f"{wanted} (model_type {model_type!r}) has no row in the table of architectures"
+    named = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
+    if rows is None:
+        return _built(config, named, f"model_type {model_type!r} has no row in the table of architectures")
+    wanted = named or next(iter(rows))
+    row = rows.get(wanted)
+    if row is None:
+        # The base class itself (BertModel): a head class builds it under its prefix, but some heads leave a part
+        # out (BertForMaskedLM has no pooler), so the row with the most names under the prefix is the base's whole.
+        bases = [r for r in rows.values() if r.base and r.base == wanted]
+        if not bases:
+            return _built(config, wanted, f"{wanted} (model_type {model_type!r}) has no row in the table of "
+                                          f"architectures")
+        row = max(bases, key=_names_under_prefix)
+    differs = flags_differ(row, config)
+    if differs:
+        from guard.inventory.build_rows import built_row
+
+        built = built_row(config, wanted)
+        if isinstance(built, str):
+            return (f"config.json sets {differs}, which changes the modules {wanted} builds (the table's row is "
+                    f"for transformers' default), and {built}")
+        return wanted, built
+    return wanted, row
+
+
+_ABSENT = object()
+
+
+def _built(config: Mapping[str, object], class_name: str | None, why: str) -> tuple[str, object] | str:
+    """The class built from config.json where the table has no row for it (a newer type, a class left out), if
+    transformers is installed and knows it; else why not."""
+    if class_name is None:
+        return why
+    from guard.inventory.build_rows import built_row
+
+    built = built_row(config, class_name)
+    return (class_name, built) if not isinstance(built, str) else f"{why}, and {built}"
+
+
+def _dotted(config: Mapping[str, object], key: str) -> object:
+    head, _, rest = key.partition(".")
+    value = config.get(head, _ABSENT)
+    if rest:
+        return _dotted(value, rest) if isinstance(value, dict) else _ABSENT
+    return value
+
+
+def flags_differ(row: object, config: Mapping[str, object]) -> str:
+    """The config fields that change the class's modules and that config.json sets otherwise than the row was
+    generated for, spelled for a message ("" where the row vouches for the file's config).  A field config.json
+    lacks takes the class's default (the row's); a list of layer kinds agrees where its kinds are the row's."""
+    differ = []
+    for key, want in row.flags.items():  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
+        got = _dotted(config, key)
+        if got is _ABSENT or got == want:
+            continue
+        if want == "<int>" and isinstance(got, int) and not isinstance(got, bool):
+            continue  # a size the row's expressions follow; only null builds other modules
+        if (isinstance(got, list) and isinstance(want, list) and want
+                and all(isinstance(v, str) for v in got) and set(got) <= set(want)):
+            continue  # layer_types: the kinds the row's layers were built for
+        differ.append(f"{key}={json_text(got)}")
+    return ", ".join(differ[:4]) + (f" and {len(differ) - 4} more" if len(differ) > 4 else "")
+
+
+def json_text(value: object) -> str:
+    import json
+
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def evaluate(expression: object, config: Mapping[str, object]) -> int | None:
@@ -100,6 +164,12 @@ def _layer_kind(layers: object, index: int, config: Mapping[str, object]) -> str
         return "dense" if index < (_field(config, "first_k_dense_replace") or 0) else "moe"
     if selector == "first_layer":
         return "first" if index == 0 else ""
+    if selector == "layer_types":  # hybrid models: a layer's kind is the config's layer_types entry
+        kinds = _dotted(config, "layer_types")
+        if not isinstance(kinds, list):
+            text = config.get("text_config")
+            kinds = text.get("layer_types") if isinstance(text, dict) else None
+        return str(kinds[index]) if isinstance(kinds, list) and index < len(kinds) else ""
     return ""
 
 
@@ -203,8 +273,11 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
         else:
             missing.append(name)
     unexpected = []
+    buffers = {name for name, _ in getattr(row, "buffers", ())}  # non-persistent: loaded when there
+    if base_class and prefix:
+        buffers = {k[len(prefix) + 1:] if k.startswith(prefix + ".") else k for k in buffers}
     for name in loose:
-        if name not in expected and not any(p.search(name) for p in ignore_unexpected):
+        if name not in expected and name not in buffers and not any(p.search(name) for p in ignore_unexpected):
             unexpected.append(name)
     for name, found in pieces.items():
         if name not in expected:
@@ -220,8 +293,9 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
 
 def _omittable(row: object, config: Mapping[str, object]) -> set[str]:
     """Names the file may leave out: aliases (written once), and the tied head where the config ties it."""
-    tie = config.get("tie_word_embeddings")
-    if not isinstance(tie, bool):
+    key = getattr(row, "tie_key", "tie_word_embeddings")
+    tie = _dotted(config, key)  # where transformers reads it for this class (the generator measured it)
+    if not isinstance(tie, bool) and key == "tie_word_embeddings":
         text = config.get("text_config")
         tie = text.get("tie_word_embeddings") if isinstance(text, dict) else None
     if not isinstance(tie, bool):
