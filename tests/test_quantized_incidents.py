@@ -269,3 +269,25 @@ def test_asymmetric_gptq_zero_points_say_nothing_of_the_format(tmp_path: Path,
     _config(folder, lambda c: c["quantization_config"].update(checkpoint_format="gptq_v2"))
     _, report = json_scan(capsys, "--expect", "config", "--values", str(folder))
     assert "CG208" not in codes(report)
+
+
+# ------------------------------------------------------------------ hostile configs and names
+
+
+def test_a_hostile_config_and_tensor_name_stay_inert(written: Callable[..., Path], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A pattern that does not compile, entries that are not strings, a group without targets: no traceback;
+    a targeted Linear with terminal escapes in its name is named escaped."""
+    import torch
+
+    evil = "model.layers.0.mlp.x\x1b[2J\x1b]8;;http://e\x07"
+    plain = torch.zeros(4, 8, dtype=torch.bfloat16)
+    folder = _edit(written("ct-FP8", tmp_path), lambda t: t.__setitem__(evil + ".weight", plain))
+    _config(folder, lambda c: c["quantization_config"].update(
+        ignore=["re:(", 7, None, *KEPT], config_groups={**c["quantization_config"]["config_groups"],
+                                                     "odd": {"weights": {"num_bits": 8}, "targets": "Linear"},
+                                                     "none": None}))
+    rc, report = json_scan(capsys, "--expect", "config", str(folder))
+    (found,) = _findings(report, "CG110")
+    assert rc == 1 and found["tensor"] == evil + ".weight" and "\x1b" not in found["message"]
+    assert "'re:('" not in found["message"]  # it matches no module, and is not reported as a stale name either
