@@ -1,7 +1,10 @@
 """Library chatter (transformers' "TensorFlow and JAX classes are deprecated" banner, Python warnings,
 jax's platform notes) goes into logging: hidden by default, shown on stderr with ``-v``.
 
-The report is the user's answer; a library's advice about its own future is not part of it.
+The report is the user's answer; a library's advice about its own future is not part of it, and neither are its
+progress bars (transformers' "Loading weights: 0%|", huggingface_hub's downloads): tqdm is off while the context
+lasts, in this process and in the workers it starts (they inherit the environment), ``-v`` or not.  ckpt-guard's
+own bar (guard.progress) is not tqdm's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ def quiet_libraries(*, verbose: bool) -> Iterator[None]:
     level = logging.WARNING if verbose else logging.ERROR
     saved_env = os.environ.get("TRANSFORMERS_VERBOSITY")
     os.environ["TRANSFORMERS_VERBOSITY"] = "warning" if verbose else "error"  # read when transformers loads
+    saved_bars = {name: os.environ.get(name) for name in NO_BARS}
+    os.environ.update(NO_BARS)
+    bars = _transformers_bars(False)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("ckpt-guard: -v: %(name)s: %(message)s"))
     loggers = {name: logging.getLogger(name) for name in LIBRARY_LOGGERS}
@@ -49,10 +55,34 @@ def quiet_libraries(*, verbose: bool) -> Iterator[None]:
             loggers[name].setLevel(lvl)
             loggers[name].propagate = propagate
         _transformers_verbosity(hf_level)
+        _transformers_bars(bars)
+        for name, value in saved_bars.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         if saved_env is None:
             os.environ.pop("TRANSFORMERS_VERBOSITY", None)
         else:
             os.environ["TRANSFORMERS_VERBOSITY"] = saved_env
+
+
+# tqdm reads TQDM_* as its arguments' defaults (4.66+: every bar, transformers' included); huggingface_hub reads
+# its own at import; transformers' own switch is set below when it is already loaded (it read the hub's at import)
+NO_BARS = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def _transformers_bars(enabled: bool | None) -> bool | None:
+    """Turn transformers' tqdm on or off (if transformers is loaded); return whether it was on."""
+    hf = sys.modules.get("transformers.utils.logging")
+    if hf is None or enabled is None:
+        return None
+    was = bool(hf.is_progress_bar_enabled())
+    if enabled:
+        hf.enable_progress_bar()
+    else:
+        hf.disable_progress_bar()
+    return was
 
 
 def _pin_level(logger: logging.Logger) -> None:
