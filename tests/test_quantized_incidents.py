@@ -291,3 +291,19 @@ def test_a_hostile_config_and_tensor_name_stay_inert(written: Callable[..., Path
     (found,) = _findings(report, "CG110")
     assert rc == 1 and found["tensor"] == evil + ".weight" and "\x1b" not in found["message"]
     assert "'re:('" not in found["message"]  # it matches no module, and is not reported as a stale name either
+
+
+def test_gpt2s_conv1d_projections_are_no_linear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GPT-2's c_attn, c_proj and c_fc are transformers' Conv1D, with 2-D weights: compressed-tensors'
+    ``Linear`` selects none of them, so stored plain they are no CG110."""
+    from compressed_tensors.utils.match import match_named_modules
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
+    model.save_pretrained(tmp_path / "m")
+    qc = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"}}}}
+    _config(tmp_path / "m", lambda c: c.update(quantization_config=qc))
+    assert [n for n, _ in match_named_modules(model, ["Linear"], ["lm_head"])] == []
+    _, report = json_scan(capsys, "--expect", "config", str(tmp_path / "m"))
+    assert "CG110" not in codes(report), report["findings"]

@@ -5,7 +5,8 @@ CG110 (with ``guard.rules.quantized``'s own CG110, which reads the table's layou
   excludes is loaded as quantized.  Resolved as ``compressed_tensors.utils.match.is_match`` does: a plain
   entry is a full module name (equality), ``re:`` a regex ``re.match``-ed from the name's start, anything
   else a class name.  The scan reads headers only, so the only class it can tell is ``Linear``: a module
-  with a 2-D floating ``weight`` whose name is no embedding's.  Another class name in the targets selects
+  with a 2-D floating ``weight`` whose name is no embedding's (and none in GPT-2's family, whose Conv1D
+  projections have 2-D weights too).  Another class name in the targets selects
   nothing here; in ``ignore`` (it could exclude a Linear subclass) the set is not judged.  A targeted
   Linear stored plain, with no ``weight_scale``, is what transformers reports as ``<module>.weight_scale``
   missing and vLLM runs as quantized (llm-compressor#2641, vllm#52501).
@@ -34,8 +35,11 @@ from guard.inventory.quantization import Quantization
 from guard.tensors import TENSOR_NAME, column
 
 SHOWN = 8  # module names a finding lists before "and N more"
-# Last name parts of embeddings (nn.Embedding has a 2-D weight too, and "Linear" never selects it)
-_EMBEDDING_PARTS = ("embed", "wte", "wpe", "shared")
+# Last name parts of embeddings (nn.Embedding has a 2-D weight too, and "Linear" never selects it): token and
+# position embeddings, T5's shared embedding and its relative attention bias (an nn.Embedding)
+_EMBEDDING_PARTS = ("embed", "wte", "wpe", "shared", "relative_attention_bias")
+# model_types whose projections are transformers' Conv1D (2-D weights, no Linear): "Linear" selects none of them
+_CONV1D_MODEL_TYPES = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer"})
 _STATIC_ALGOS = frozenset({"FP8", "NVFP4"})  # ModelOpt's quant_algo with static input scales (convert_hf_config.py)
 _CLASS_NAME = re.compile(r"[A-Z][A-Za-z0-9_]*")
 _LINEAR = ("Linear", "LinearBase")  # vLLM's LinearBase matches "Linear" too (match.py _match_class)
@@ -139,7 +143,8 @@ def _is_linear_weight(name: str, shape: tuple[int, ...], dtype: str) -> bool:
 def unscaled_targets(inv: ModelInventory, ws: WeightSet, quant: Quantization) -> dict[str, list[str]]:
     """Group name -> the Linear modules it targets that are stored plain (no component of any layout)."""
     targets = compressed_tensors_targets(quant)
-    if targets is None:
+    config = inv.config
+    if targets is None or (isinstance(config, dict) and config.get("model_type") in _CONV1D_MODEL_TYPES):
         return {}
     from guard.inventory.quant_modules import grouped, unroled_tensors
 
