@@ -182,3 +182,50 @@ def test_without_a_generation_config_the_tokenizer_json_is_not_read(weights: Pat
     (folder / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>",}')
     [finding] = _findings(folder, capsys)
     assert finding["code"] == "CG001" and finding["path"].endswith("m/tokenizer_config.json")
+
+
+@pytest.mark.parametrize("keep_tokenizer_json", [True, False], ids=["tokenizer-json-head", "config-decoder-only"])
+def test_the_hub_scan_finds_what_the_local_scan_finds(weights: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       keep_tokenizer_json: bool) -> None:
+    """`hub scan` reads the generation config and tokenizer_config.json whole and tokenizer.json's head (one
+    ranged read): the same CG128 as the local scan of the same files."""
+    pytest.importorskip("huggingface_hub")
+    from hub_standin import standin_fixture
+
+    folder = _model(weights, tmp_path / "m", eos_ids=ENDOFTEXT, config_eos=ENDOFTEXT)
+    if not keep_tokenizer_json:  # transformers 4's tokenizer_config.json names the ids itself
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        tokenizer_config["added_tokens_decoder"] = {
+            str(i): {"content": t, "special": True} for i, t in ((8, "<|endoftext|>"), (10, "<|im_end|>"))}
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+        (folder / "tokenizer.json").unlink()
+    for hub in standin_fixture(monkeypatch, tmp_path):
+        hub.add_repo("org/hermes", folder)
+        out = tmp_path / "remote.json"
+        assert main(["hub", "scan", "org/hermes", "--format", "json", "-o", str(out)]) == 0
+        remote = json.loads(out.read_text())
+        [finding] = remote["findings"]
+        assert finding["code"] == "CG128" and finding["path"] == "org/hermes/generation_config.json"
+        assert "end-of-turn token 10 ('<|im_end|>')" in finding["message"]
+        assert main(["scan", "--format", "json", "-o", str(tmp_path / "local.json"), str(folder)]) == 0
+        [local] = json.loads((tmp_path / "local.json").read_text())["findings"]
+        assert (local["code"], local["message"]) == (finding["code"], finding["message"])
+        files = {f["path"]: f for f in remote["extra"]["hub"]["repos"][0]["files"]}
+        if keep_tokenizer_json:
+            assert files["tokenizer.json"]["requests"] == 1
+            assert files["tokenizer.json"]["bytes"] <= 1 << 20
+
+
+def test_hostile_token_files_give_a_bounded_finding_never_a_traceback(weights: Path, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Hand-made: 10,000 EOS ids, an added_tokens_decoder keyed by non-ASCII digits and holding non-objects, a
+    chat_template of the wrong type, a tokenizer.json whose added_tokens is no list."""
+    folder = _model(weights, tmp_path / "m", eos_ids=ENDOFTEXT)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": list(range(100, 10_100))}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": {"content": 5}, "pad_token": ["x"], "chat_template": 7,
+        "added_tokens_decoder": {"\u00b2": {"content": "<a>"}, "\u0661": {"content": "<b>"}, "-1": {}, "3": "x"}}))
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "added_tokens": {"id": 1}, "model": {}}')
+    error, warning = _findings(folder, capsys)  # outside the vocabulary; and config.json's EOS (10) not among them
+    assert [(f["code"], f["severity"]) for f in (error, warning)] == [("CG128", "error"), ("CG128", "warning")]
+    assert all(len(f["message"]) < 400 and "…(+9,992)" in f["message"] for f in (error, warning)), (error, warning)

@@ -36,6 +36,7 @@ from guard.inventory import (
     tf_dirs,
 )
 from guard.inventory.discovery import head_is_weights, may_be_weights
+from guard.inventory.model import GENERATION_CONFIG, TOKEN_FILES, TOKENIZER, TOKENIZER_CONFIG
 from guard.inventory.package_dirs import ir_members
 from guard.inventory.pipelines import Pipeline, listed_pipelines
 from guard.inventory.quant_conventions import QUANT_CONFIG_FILES  # quanto_qmap.json, quantize_config.json
@@ -223,8 +224,12 @@ def _group_by_directory(siblings: Sequence[Any], *, inside: tuple[str, ...] = ()
         if (is_weight_file(base) or name in irs or name in tf.indexes
                 or (directory not in inside and may_be_weights(base, size))):
             groups.setdefault(directory, ([], []))[0].append((name, size))
-        elif base == CONFIG_NAME or base in QUANT_CONFIG_FILES or is_index_file(base):
+        elif base == CONFIG_NAME or base in QUANT_CONFIG_FILES or is_index_file(base) or base in TOKEN_FILES:
             groups.setdefault(directory, ([], []))[1].append((name, size))
+    for _, jsons in groups.values():  # a generation config and a tokenizer: both, or none (what CG128 compares)
+        names = {posixpath.basename(n) for n, _ in jsons}
+        if GENERATION_CONFIG not in names or not names & {TOKENIZER_CONFIG, TOKENIZER}:
+            jsons[:] = [(n, z) for n, z in jsons if posixpath.basename(n) not in TOKEN_FILES]
     # A directory with only a config.json is not a model (same rule as the local scan), unless a checkpoint.
     return {d: groups[d] for d in sorted(groups)
             if groups[d][0] or d in inside or any(is_index_file(posixpath.basename(n)) for n, _ in groups[d][1])}
@@ -381,8 +386,16 @@ def _head_size(client: HubClient, repo_id: str, sha: str, filename: str) -> int:
     return int(meta.size or 0)
 
 
+TOKENIZER_HEAD = 1 << 20  # tokenizer.json's added tokens come before its vocabulary (guard.inventory.tokens)
+
+
 def _fetch_json(client: HubClient, repo_id: str, sha: str, filename: str,
                 size: int | None) -> tuple[bytes | None, RemoteFileStat]:
+    if posixpath.basename(filename) == TOKENIZER and size is not None:  # its head, where its added tokens are
+        source = HubFile(client, repo_id=repo_id, revision=sha, filename=filename, size=size,
+                         name=_display(repo_id, filename))
+        head = source.read_at(0, min(size, TOKENIZER_HEAD)) if size else b""
+        return head, RemoteFileStat(filename, size, source.requests, source.bytes_read)
     if size is not None and size > MAX_JSON_BYTES:
         return b"\xff", RemoteFileStat(filename, size, 0, 0)  # reported as invalid JSON, as locally
     with hub_errors(repo_id, revision=sha, endpoint=client.endpoint):

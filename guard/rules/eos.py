@@ -117,7 +117,7 @@ def _vocabulary(files: Mapping[str, tuple[str, object]], tokenizer: dict[str, ob
     decoder = tokenizer.get("added_tokens_decoder") if tokenizer is not None else None
     for key, entry in decoder.items() if isinstance(decoder, dict) else ():
         content = _content(entry)
-        if key.isdigit() and len(key) < 12 and content is not None:
+        if key.isascii() and key.isdigit() and len(key) < 12 and content is not None:
             ids.setdefault(int(key), content)
     return ids
 
@@ -150,10 +150,18 @@ def _named(token_id: int | None, ids: Mapping[int, str]) -> str:
     return f"{token_id} ({shown(token)})" if token is not None else str(token_id)
 
 
+SHOWN_IDS = 8  # a hostile config's list of a million ids: the message names the first few
+
+
 def _named_ids(found: Iterable[int] | None, ids: Mapping[int, str]) -> str:
     items = [_named(i, ids) for i in found or ()]
-    return items[0] if len(items) == 1 else "[" + ", ".join(items) + "]"
+    return items[0] if len(items) == 1 else _bounded(items)
 
 
 def _list(found: list[int]) -> str:
-    return str(found[0]) if len(found) == 1 else str(found)
+    return str(found[0]) if len(found) == 1 else _bounded([str(i) for i in found])
+
+
+def _bounded(items: list[str]) -> str:
+    more = f", …(+{len(items) - SHOWN_IDS:,})" if len(items) > SHOWN_IDS else ""
+    return "[" + ", ".join(items[:SHOWN_IDS]) + more + "]"
