@@ -244,6 +244,13 @@ def test_a_healthy_mxfp4_file_is_read_with_its_block_size(tmp_path: Path) -> Non
     assert gate.dtype == "MXFP4" and gate.shape == (4, 64)  # the logical size: 256 elements
     assert gate.nbytes == 4 * 2 * 17  # 2 blocks of 32 elements in 17 bytes per row
     assert {t.name: t.data_start for t in scan.tensors} == {k: v[2] for k, v in reference(path).items()}
+    import json
+
+    from guard.cli import main
+
+    assert main(["scan", "--format", "json", "--no-summary", "-o", str(tmp_path / "r.json"), str(path)]) == 0
+    [model] = json.loads((tmp_path / "r.json").read_text())["models"]
+    assert (model["parameters"], model["bytes"]) == (2 * 256 + 64, 2 * 136 + 256)  # logical elements; MXFP4's bytes
 
 
 @pytest.mark.parametrize("ggml_type, words", [(4, "ggml type 4 (Q4_2, removed from ggml: no block size); ollama's"),
