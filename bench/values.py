@@ -39,6 +39,63 @@ MODELS = {
 }
 
 
+USERS = """
+import sys, torch
+from safetensors.torch import load_file
+for path in sys.argv[1:]:
+    for name, t in load_file(path).items():
+        if t.is_floating_point():
+            bool(torch.isnan(t).any()), float(t.abs().max())
+"""  # what users run instead: every tensor loaded, then isnan and abs().max() (as torch.load(...) of a .bin)
+
+
+def big_model(gigabytes: float) -> tuple[Path, dict[str, int]]:
+    """A model of about ``gigabytes`` GB: bench/convert.py's shapes with more layers, written by numpy."""
+    layer = 2 * (4 * CONFIG_HIDDEN ** 2 + 3 * CONFIG_HIDDEN * int(convert_bench.CONFIG["intermediate_size"]))
+    rest = 2 * 2 * int(convert_bench.CONFIG["vocab_size"]) * CONFIG_HIDDEN
+    layers = max(1, round((gigabytes * 1e9 - rest) / layer))
+    return ROOT / "bench" / "out" / "values" / f"llama-bf16-{layers}l-numpy", {"num_hidden_layers": layers, "numpy": 1}
+
+
+CONFIG_HIDDEN = int(convert_bench.CONFIG["hidden_size"])
+
+
+def numpy_model(directory: Path, overrides: dict[str, int]) -> None:
+    """The Llama shapes (q, k, v, o, gate, up, down, norms; embedding and head), without torch: bf16 values drawn
+    from a 64 Mi-value pool of N(0, 0.02) at random offsets (a machine with numpy alone, any size, quickly)."""
+    import numpy as np
+
+    from guard.write.framing import safetensors_header
+
+    c = {**convert_bench.CONFIG, **overrides}
+    h, i, v = int(c["hidden_size"]), int(c["intermediate_size"]), int(c["vocab_size"])
+    entries = [("model.embed_tokens.weight", "BF16", (v, h))]
+    for n in range(int(c["num_hidden_layers"])):
+        p = f"model.layers.{n}."
+        entries += [(p + "input_layernorm.weight", "BF16", (h,)), (p + "post_attention_layernorm.weight", "BF16", (h,))]
+        entries += [(p + f"self_attn.{x}_proj.weight", "BF16", (h, h)) for x in "qkvo"]
+        entries += [(p + "mlp.gate_proj.weight", "BF16", (i, h)), (p + "mlp.up_proj.weight", "BF16", (i, h)),
+                    (p + "mlp.down_proj.weight", "BF16", (h, i))]
+    entries += [("model.norm.weight", "BF16", (h,)), ("lm_head.weight", "BF16", (v, h))]
+    rng = np.random.default_rng(0)
+    bits = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02).view(np.uint32)
+    pool = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even, as torch casts
+    pool = np.concatenate([pool, pool])
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "model.safetensors", "wb") as fh:
+        fh.write(safetensors_header(entries, {"format": "pt"}))
+        for _name, _code, shape in entries:
+            left = int(np.prod(shape))
+            while left:
+                take = min(left, 1 << 26)
+                start = int(rng.integers(0, 1 << 26))
+                fh.write(pool[start:start + take].tobytes())
+                left -= take
+    config = {k: val for k, val in c.items() if k != "numpy"}
+    (directory / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"],
+                                                       "model_type": "llama"}))
+
+
 def ensure_model(directory: Path, overrides: dict[str, int]) -> int:
     """Generated in a child process: a forked child's peak RSS starts at its parent's."""
     if not (directory / "model.safetensors").is_file():
@@ -49,6 +106,9 @@ def ensure_model(directory: Path, overrides: dict[str, int]) -> int:
 
 
 def generate(directory: Path, overrides: dict[str, int]) -> None:
+    if overrides.get("numpy"):
+        numpy_model(directory, overrides)
+        return
     if overrides.pop("writer", None):
         save_pretrained(directory)
         return
@@ -85,6 +145,12 @@ def main() -> int:
     parser.add_argument("--python", action="append", metavar="PY",
                         help="an interpreter to scan with (repeatable; default: this one)")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--big", type=float, action="append", metavar="GB",
+                        help="also a model of about GB gigabytes (numpy writer, no torch; needs the disk, and the "
+                             "memory to keep it in the page cache); repeatable")
+    parser.add_argument("--only-big", action="store_true", help="with --big: those models alone")
+    parser.add_argument("--users", action="store_true",
+                        help="also time what users run instead (load_file, then isnan and abs().max(): needs torch)")
     parser.add_argument("--generate", nargs=2, metavar=("DIR", "OVERRIDES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     # An installed package runs from compiled bytecode; with PYTHONDONTWRITEBYTECODE set, every child
@@ -97,10 +163,15 @@ def main() -> int:
     environments = {python: envs.describe(python) for python in pythons}
     rows = []
     load_before = os.getloadavg()
-    for label, (directory, overrides) in MODELS.items():
+    models = {} if args.only_big else dict(MODELS)
+    for gigabytes in args.big or ():
+        models[f"llama-bf16 {gigabytes:g} GB (numpy writer)"] = big_model(gigabytes)
+    for label, (directory, overrides) in models.items():
         size = ensure_model(directory, overrides)
         files = [str(p) for p in sorted(directory.glob("*.safetensors"))]
         commands = {"cat": ["cat", *files]}
+        if args.users and not overrides.get("numpy"):  # the big one would be loaded whole into memory
+            commands["users: load_file + isnan + abs().max()"] = [pythons[0], "-c", USERS, *files]
         for i, python in enumerate(pythons):
             scan = [python, "-m", "guard", "scan", "--values", "--expect", "bf16", "--no-summary"]
             commands[f"scan --values #{i}"] = [*scan, str(directory)]
@@ -121,10 +192,16 @@ def main() -> int:
         for i, python in enumerate(pythons):
             scan, fp16 = measured[f"scan --values #{i}"], measured[f"scan --values --target torch:fp16 #{i}"]
             cat = measured["cat"]
+            users = measured.get("users: load_file + isnan + abs().max()")
             rows.append({"model": label, "bytes": size, "environment": envs.label(python), "cat": cat,
                          "scan --values": scan, "scan --values --target torch:fp16": fp16,
                          "ratio": scan["wall_s"] / cat["wall_s"], "cpu_ratio": scan["cpu_s"] / cat["cpu_s"],
-                         "ratio_fp16_target": fp16["wall_s"] / cat["wall_s"]})
+                         "ratio_fp16_target": fp16["wall_s"] / cat["wall_s"], "users": users,
+                         "ratio_to_users": scan["wall_s"] / users["wall_s"] if users else None})
+            print(f"{label} #{i}: scan --values {scan['wall_s']:.2f} s = {scan['wall_s'] / cat['wall_s']:.2f}x cat "
+                  f"({cat['wall_s']:.2f} s), cpu {scan['cpu_s'] / cat['cpu_s']:.2f}x"
+                  + (f"; {scan['wall_s'] / users['wall_s']:.2f}x what users run ({users['wall_s']:.2f} s, "
+                     f"peak RSS {users['peak_rss'] / 1e9:.2f} GB)" if users else ""), flush=True)
     figures = {"rounds": args.rounds, "cpus": os.cpu_count(), "models": rows,
                "environments": list(environments.values()),
                "load": [list(load_before), list(os.getloadavg())]}

@@ -14,8 +14,8 @@ Which checks fire:
   of an fp32 model rounds under bf16, and one note per tensor would bury the rest.
   The per-tensor figures are in ``extra["values"]``.
 
-Reading: ``os.preadv`` into one reused, page-aligned 256 KiB buffer per worker
-thread rather than mapping the file: the same bounded memory, the chunk and its work arrays stay in
+Reading: ``os.preadv`` into one reused, page-aligned 1 MiB buffer per worker thread, examined 256 KiB
+at a time, rather than mapping the file: the same bounded memory, the chunk and its work arrays stay in
 the CPU cache across the few passes over it (16 MiB chunks ran at half the
 speed), and a file that shrinks while it is read gives a short read (a CG001
 finding) instead of SIGBUS killing the process.
@@ -46,7 +46,15 @@ from guard.values.located import located_tensors
 # small enough that a chunk, its magnitudes and its flags (2.5x the chunk) stay in a core's L2 cache
 # across the passes over them: 256 KiB scanned bf16 15 % faster than 1 MiB, 64 KiB paid the calls
 CHUNK_BYTES = 256 * 1024
-WORKERS = min(4, os.cpu_count() or 1)  # peak memory: a few MiB per worker
+# Read four chunks at a time: a quarter of the preadv calls, the same passes over cache-sized chunks.  On
+# a 13-CPU gVisor host a 1.48 GB bf16 scan took 0.89-1.04 s where one call per chunk took 1.14-1.25 s;
+# here (2 CPUs) the CPU time is the same or less.  Whole 1 MiB chunks were faster there still (0.70-0.78 s)
+# but cost 10-15 % more CPU time here: the chunk stays 256 KiB.
+READ_BYTES = 1024 * 1024
+# Two, not four: a chunk is a few numpy calls, each a GIL handoff between the workers.  On a 13-CPU host
+# (gVisor, where a futex costs a system call) a 15 GB bf16 scan took 6.3-7.6 s on one thread, 9.4 s on two
+# and 16.8 s on four (36 s of CPU time); on two CPUs, two threads beat one (docs/benchmarks.md, issue 47).
+WORKERS = min(2, os.cpu_count() or 1)  # peak memory: a few MiB per worker
 FP16_MAX, FP16_TINY = "65504", "2^-14"
 
 
@@ -198,7 +206,8 @@ def _chunks(fd: int, start: int, end: int, buffer: mmap.mmap) -> Iterator[memory
         got = os.preadv(fd, [whole[:want]], pos)
         if got != want:
             raise _Truncated(f"tensor bytes truncated: short read at byte {pos + got:,} (file changed?)")
-        yield whole[:want]
+        for at in range(0, want, CHUNK_BYTES):  # whole elements: CHUNK_BYTES is a multiple of every width
+            yield whole[at:min(at + CHUNK_BYTES, want)]
         pos += want
 
 
@@ -253,7 +262,7 @@ class _Files:
         if not hasattr(self._local, "buffer"):
             # Page-aligned (anonymous mmap): the kernel copies into it 4x faster than into a
             # bytearray, whose start is not page-aligned.
-            self._local.buffer, self._local.scratch = mmap.mmap(-1, CHUNK_BYTES), Scratch()
+            self._local.buffer, self._local.scratch = mmap.mmap(-1, READ_BYTES), Scratch()
         return self._local.buffer, self._local.scratch
 
     def open(self, path: str) -> tuple[int, int] | None:
