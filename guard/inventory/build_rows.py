@@ -24,7 +24,7 @@ from typing import Any
 
 BUILD_TIMEOUT = 300.0  # seconds: a 100-layer class on the meta device takes a few
 NO_BUILD_ENV = "CKPT_GUARD_NO_BUILD"  # set: never build (a row that cannot vouch is a note)
-_FORMAT = 1  # the cached answer's format: a change is another key
+_FORMAT = 2  # the cached answer's format and the build's reading of the config: a change is another key
 
 
 def transformers_version() -> str | None:
@@ -112,15 +112,19 @@ def _build_in_subprocess(config: Mapping[str, object], class_name: str) -> dict[
 # --- in the subprocess (or the generator): transformers and torch imported ---------------------------------
 
 def config_object(config: Mapping[str, object]) -> Any:
-    """transformers' config for config.json's dict (its model_type's class)."""
+    """transformers' config for config.json's dict, as from_pretrained reads it: its model_type's class, the
+    special floats decoded (``{"__float__": "Infinity"}``: nemotron_h's time_step_limit), ``from_dict``."""
     from transformers import CONFIG_MAPPING
 
-    values = {k: v for k, v in config.items() if k not in ("architectures", "transformers_version")}
-    model_type = values.pop("model_type", None)
+    values = {k: v for k, v in config.items() if k != "transformers_version"}
+    model_type = values.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise LookupError(f"model_type {model_type!r} is not one transformers knows")
     cls: Any = CONFIG_MAPPING[model_type]
-    return cls(**values)
+    decode = getattr(cls, "_decode_special_floats", None)
+    if decode is not None:
+        values = decode(values)
+    return cls.from_dict(values)
 
 
 def build(class_name: str, config: Any) -> Any:
