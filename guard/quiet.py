@@ -4,7 +4,8 @@ jax's platform notes) goes into logging: hidden by default, shown on stderr with
 The report is the user's answer; a library's advice about its own future is not part of it, and neither are its
 progress bars (transformers' "Loading weights: 0%|", huggingface_hub's downloads): tqdm is off while the context
 lasts, in this process and in the workers it starts (they inherit the environment), ``-v`` or not.  ckpt-guard's
-own bar (guard.progress) is not tqdm's.
+own bar (guard.progress) is not tqdm's.  A library's ``print`` goes to stderr with ``-v``, else nowhere: stdout is
+the report's (``--format json`` is JSON alone), which ckpt-guard writes to ``report_stdout()``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator
+from typing import TextIO
 
 LIBRARY_LOGGERS = ("transformers", "diffusers", "jax", "absl", "flax", "orbax", "torch", "torchao", "py.warnings",
                    "huggingface_hub", "DeepSpeed")
@@ -28,6 +30,9 @@ def quiet_libraries(*, verbose: bool) -> Iterator[None]:
     saved_bars = {name: os.environ.get(name) for name in NO_BARS}
     os.environ.update(NO_BARS)
     bars = _transformers_bars(False)
+    _REPORT_STDOUT.append(sys.stdout)
+    sink = None if verbose else open(os.devnull, "w", encoding="utf-8")  # closed when the context ends
+    sys.stdout = sys.stderr if sink is None else sink
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("ckpt-guard: -v: %(name)s: %(message)s"))
     loggers = {name: logging.getLogger(name) for name in LIBRARY_LOGGERS}
@@ -46,6 +51,9 @@ def quiet_libraries(*, verbose: bool) -> Iterator[None]:
                 _pin_level(lg)
             yield
     finally:
+        sys.stdout = _REPORT_STDOUT.pop()
+        if sink is not None:
+            sink.close()
         for lg in loggers.values():
             lg.__dict__.pop("setLevel", None)
         logging.captureWarnings(False)
@@ -65,6 +73,14 @@ def quiet_libraries(*, verbose: bool) -> Iterator[None]:
             os.environ.pop("TRANSFORMERS_VERBOSITY", None)
         else:
             os.environ["TRANSFORMERS_VERBOSITY"] = saved_env
+
+
+_REPORT_STDOUT: list[TextIO] = []  # the stdout each open context replaced, innermost last
+
+
+def report_stdout() -> TextIO:
+    """Where ckpt-guard's own report goes: stdout as it was before the libraries were quieted."""
+    return _REPORT_STDOUT[0] if _REPORT_STDOUT else sys.stdout
 
 
 # tqdm reads TQDM_* as its arguments' defaults (4.66+: every bar, transformers' included); huggingface_hub reads

@@ -84,3 +84,28 @@ def test_the_workers_it_starts_inherit_the_switch(monkeypatch: pytest.MonkeyPatc
                                capture_output=True, text=True, check=True)
     assert {k: json.loads(child.stdout).get(k) for k in NO_BARS} == NO_BARS
     assert not set(NO_BARS) & set(os.environ)  # set back after
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_library_print_never_reaches_the_reports_stdout(bert: Path, tmp_path: Path, verbose: bool,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`--format json` on stdout is JSON alone although a library prints while the command runs (here: while
+    convert carries the files beside the weights); with -v the print goes to stderr."""
+    pytest.importorskip("flax")
+    import guard.convert.run
+    from guard.cli import main
+
+    carry = guard.convert.run.carry_files
+
+    def chatty(*args: object, **kwargs: object) -> list[str]:
+        print("Loading weights: 100%|##########| a library's own line")
+        return carry(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(guard.convert.run, "carry_files", chatty)
+    out = tmp_path / "flax"
+    args = ["convert", str(bert), "--to", "flax", "--out", str(out), "-f", "json", *(["-v"] if verbose else [])]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["extra"]["conversion"]["written"]
+    assert ("a library's own line" in captured.err) is verbose

@@ -183,10 +183,12 @@ def write_hf_layout(options: ConvertOptions) -> int:
                 shutil.rmtree(out, ignore_errors=True)
                 raise
     fmt, output = options.fmt, options.output
+    from guard.quiet import report_stdout  # the report's stdout: a library's print goes elsewhere
+
     if fmt == "text" and output is None and figures.get("written"):  # a refusal ends the report instead
-        click.echo(conversion_line(figures))
+        click.echo(conversion_line(figures), file=report_stdout())
         for line in decision_lines(figures):
-            click.echo(line)
+            click.echo(line, file=report_stdout())
     emit(report, fmt, output)
     return report.exit_code
 

@@ -67,9 +67,11 @@ def convert_maxtext(src: Path, to: str, out: Path, *, dtype: str, keep_fp32: tup
         report.findings.extend(parity_findings)
     if figures.get("written"):
         report.models.extend(summaries(out))  # the scanner's own reading of what was written
+    from guard.quiet import report_stdout  # the report's stdout: a library's print goes elsewhere
+
     if fmt == "text" and output is None and figures.get("written"):
         for line in summary_lines(figures):
-            click.echo(line)
+            click.echo(line, file=report_stdout())
     emit(report, fmt, output)
     return report.exit_code
 

@@ -81,7 +81,9 @@ def _parity(torch_dir: Path, flax_dir: Path, seed: int, fmt: str, output: Path |
     if output is not None:
         write_text_atomic(output, text)
     else:
-        click.echo(text, nl=False)
+        from guard.quiet import report_stdout  # the report's stdout: a library's print goes elsewhere
+
+        click.echo(text, nl=False, file=report_stdout())
     return report.exit_code
 
 

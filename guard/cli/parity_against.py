@@ -32,5 +32,7 @@ def parity_against(src: Path, against: str, python: Path | None, seed: int, fmt:
     if output is not None:
         write_text_atomic(output, text)
     else:
-        click.echo(text, nl=False)
+        from guard.quiet import report_stdout  # the report's stdout: a library's print goes elsewhere
+
+        click.echo(text, nl=False, file=report_stdout())
     return report.exit_code

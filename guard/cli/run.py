@@ -72,9 +72,11 @@ def write_rendered(render_as: Callable[..., str], fmt: str, output: Path | None,
 
         write_text_atomic(output, render_as(fmt))
     else:
-        color = fmt == "text" and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-        sys.stdout.write(render_as(fmt, color=color))
-        sys.stdout.flush()
+        quiet = sys.modules.get("guard.quiet")  # loaded by the commands that run libraries: their stdout is quieted
+        stdout = quiet.report_stdout() if quiet is not None else sys.stdout
+        color = fmt == "text" and stdout.isatty() and "NO_COLOR" not in os.environ
+        stdout.write(render_as(fmt, color=color))
+        stdout.flush()
     if summary is not None:
         append_step_summary(summary)
 
