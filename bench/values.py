@@ -127,6 +127,18 @@ def save_pretrained(directory: Path) -> None:
     model.save_pretrained(directory, max_shard_size="10GB")  # one file, as the other models
 
 
+def archive(ref: str) -> Path:
+    """The tree at ``ref``, extracted once under bench/out/ (ignored by git)."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    folder = ROOT / "bench" / "out" / f"tree-{commit}"
+    if not (folder / "guard").is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
+    return folder
+
+
 def run_child(argv: list[str], *, stdout: int | None = subprocess.DEVNULL) -> tuple[float, int, float]:
     """Wall seconds, peak RSS (bytes) and CPU seconds of one child; exit 1 (findings) is fine, 2 is not."""
     env = {**os.environ, "CI": "true", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -151,6 +163,9 @@ def main() -> int:
     parser.add_argument("--only-big", action="store_true", help="with --big: those models alone")
     parser.add_argument("--users", action="store_true",
                         help="also time what users run instead (load_file, then isnan and abs().max(): needs torch)")
+    parser.add_argument("--baseline", metavar="REF",
+                        help="also scan with ckpt-guard as of git REF (a `git archive` of it, run from its own "
+                             "folder), in the same rounds: a before/after on a loaded machine")
     parser.add_argument("--generate", nargs=2, metavar=("DIR", "OVERRIDES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     # An installed package runs from compiled bytecode; with PYTHONDONTWRITEBYTECODE set, every child
@@ -162,6 +177,7 @@ def main() -> int:
     pythons = args.python or [sys.executable]
     environments = {python: envs.describe(python) for python in pythons}
     rows = []
+    baseline = archive(args.baseline) if args.baseline else None
     load_before = os.getloadavg()
     models = {} if args.only_big else dict(MODELS)
     for gigabytes in args.big or ():
@@ -176,8 +192,15 @@ def main() -> int:
             scan = [python, "-m", "guard", "scan", "--values", "--expect", "bf16", "--no-summary"]
             commands[f"scan --values #{i}"] = [*scan, str(directory)]
             commands[f"scan --values --target torch:fp16 #{i}"] = [*scan, "--target", "torch:fp16", str(directory)]
-        for i in range(len(pythons)):  # each interpreter's bytecode compiled once, outside the rounds
-            run_child(commands[f"scan --values #{i}"])
+        if baseline is not None:  # its own folder first on sys.path: `-m guard` imports the archived tree's guard
+            before = ["env", "-C", str(baseline), f"PYTHONPATH={baseline}", pythons[0], "-m", "guard", "scan",
+                      "--values", "--expect", "bf16", "--no-summary"]
+            commands[f"before ({args.baseline}): scan --values"] = [*before, str(directory)]
+            commands[f"before ({args.baseline}): --target torch:fp16"] = [*before, "--target", "torch:fp16",
+                                                                         str(directory)]
+        for name in commands:  # each tree's bytecode compiled once, outside the rounds
+            if "scan --values" in name and "--target" not in name:
+                run_child(commands[name])
         run_child(commands["cat"])  # warm the page cache
         runs: dict[str, list[tuple[float, int, float]]] = {name: [] for name in commands}
         for i in range(args.rounds):
@@ -197,11 +220,16 @@ def main() -> int:
                          "scan --values": scan, "scan --values --target torch:fp16": fp16,
                          "ratio": scan["wall_s"] / cat["wall_s"], "cpu_ratio": scan["cpu_s"] / cat["cpu_s"],
                          "ratio_fp16_target": fp16["wall_s"] / cat["wall_s"], "users": users,
-                         "ratio_to_users": scan["wall_s"] / users["wall_s"] if users else None})
+                         "ratio_to_users": scan["wall_s"] / users["wall_s"] if users else None,
+                         "before": {name: m for name, m in measured.items() if name.startswith("before")}})
             print(f"{label} #{i}: scan --values {scan['wall_s']:.2f} s = {scan['wall_s'] / cat['wall_s']:.2f}x cat "
                   f"({cat['wall_s']:.2f} s), cpu {scan['cpu_s'] / cat['cpu_s']:.2f}x"
                   + (f"; {scan['wall_s'] / users['wall_s']:.2f}x what users run ({users['wall_s']:.2f} s, "
                      f"peak RSS {users['peak_rss'] / 1e9:.2f} GB)" if users else ""), flush=True)
+        for name, m in measured.items():
+            if name.startswith("before"):
+                print(f"{label}: {name} {m['wall_s']:.2f} s = {m['wall_s'] / measured['cat']['wall_s']:.2f}x cat, "
+                      f"cpu {m['cpu_s']:.2f} s = {m['cpu_s'] / measured['cat']['cpu_s']:.2f}x", flush=True)
     figures = {"rounds": args.rounds, "cpus": os.cpu_count(), "models": rows,
                "environments": list(environments.values()),
                "load": [list(load_before), list(os.getloadavg())]}

@@ -5,8 +5,10 @@ Which checks fire:
 - CG201 / CG202 (overflow / underflow) and CG204 (rounding) for each cast that is
   *in play*: a ``--target framework:DTYPE`` narrower than the tensor, plus fp16
   when ``--expect fp16``.  Without one, nothing is being cast, so nothing can
-  overflow; the fp16 range figures are still computed and land in the report's
-  ``extra["values"]`` (they cost nothing unless values sit near the limits).
+  overflow; the fp16 overflow figure is still computed and lands in the report's
+  ``extra["values"]`` (it costs nothing unless values reach 65504), its underflow
+  counts are null: they cost a gather of the tiny values in every chunk of real
+  weights, for a figure no rule read (issue 47).
 - CG207 (dead weights): matrices that are all zero or one constant (``guard.values.dead``).
 - CG107 (copies disagree) for copies whose headers agree but whose values do not
   (``guard.values.copies``: a checksum per tensor, names paired by convert's mapping).
@@ -88,7 +90,8 @@ def value_findings(inv: ModelInventory, policy: Policy) -> ValueResults:
 
             def scan(key: tuple[str, int, int, str]) -> Any:
                 try:
-                    return _scan_range(key, files, ranges=("F16",) + in_play, rounding=requested, bar=bar)
+                    return _scan_range(key, files, ranges=("F16",) + in_play, rounding=requested,
+                                       underflow=in_play, bar=bar)
                 except _Truncated as exc:
                     return exc
 
@@ -179,26 +182,27 @@ def _key(info: TensorInfo) -> tuple[str, int, int, str]:
 
 
 def _scan_range(key: tuple[str, int, int, str], files: _Files, *, ranges: tuple[str, ...],
-                rounding: tuple[str, ...], bar: ByteProgress) -> Any:
+                rounding: tuple[str, ...], underflow: tuple[str, ...], bar: ByteProgress) -> Any:
     from guard.values.stats import TensorScanner
 
     path, start, end, code = key
     dtype = "F32" if code == "C64" else code  # NaN/Inf only: a complex is two fp32
     targets = ((), ()) if code == "C64" else (ranges, rounding)
-    scanner = TensorScanner(dtype, range_targets=targets[0], rounding_targets=targets[1])
+    scanner = TensorScanner(dtype, range_targets=targets[0], rounding_targets=targets[1], underflow_targets=underflow)
     opened = files.open(path)
     assert opened is not None  # a file that does not open is reported before its ranges are scanned (memoised)
     fd, size = opened
     if end > size:
         raise _Truncated(f"tensor bytes truncated: they end at byte {end:,} but the file has {size:,}")
     buffer, scratch = files.workspace()
-    for view in _chunks(fd, start, end, buffer):
-        scanner.update(view, scratch)
+    for view in _reads(fd, start, end, buffer):
+        scanner.update_read(view, scratch, CHUNK_BYTES)
         bar.advance(len(view))
     return scanner.finish()
 
 
-def _chunks(fd: int, start: int, end: int, buffer: mmap.mmap) -> Iterator[memoryview]:
+def _reads(fd: int, start: int, end: int, buffer: mmap.mmap) -> Iterator[memoryview]:
+    """The range in reads of ``READ_BYTES`` (whole elements: it and CHUNK_BYTES are multiples of every width)."""
     whole = memoryview(buffer)
     pos = start
     while pos < end:
@@ -206,8 +210,7 @@ def _chunks(fd: int, start: int, end: int, buffer: mmap.mmap) -> Iterator[memory
         got = os.preadv(fd, [whole[:want]], pos)
         if got != want:
             raise _Truncated(f"tensor bytes truncated: short read at byte {pos + got:,} (file changed?)")
-        for at in range(0, want, CHUNK_BYTES):  # whole elements: CHUNK_BYTES is a multiple of every width
-            yield whole[at:min(at + CHUNK_BYTES, want)]
+        yield whole[:want]
         pos += want
 
 

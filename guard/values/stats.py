@@ -172,10 +172,12 @@ class CastStats:
     max_rel_error: float = 0.0  # over values in the target's normal range (CG204)
     worst_rel_value: float | None = None
     rounded: int = 0  # values in the normal range that change
+    underflow_counted: bool = True  # False: a cast not in play, its overflows alone counted (flush: null)
 
     def to_json(self) -> dict[str, Any]:
-        return {"overflow": self.overflow, "flush": self.flush,
-                "inexact_subnormal": self.inexact_subnormal, "rounded": self.rounded,
+        counted = self.underflow_counted
+        return {"overflow": self.overflow, "flush": self.flush if counted else None,
+                "inexact_subnormal": self.inexact_subnormal if counted else None, "rounded": self.rounded,
                 "max_rel_error": self.max_rel_error, "worst_rel_value": self.worst_rel_value}
 
 
@@ -255,7 +257,10 @@ class TensorScanner:
 
     BATCH = 1 << 16
 
-    def __init__(self, dtype: str, *, range_targets: tuple[str, ...], rounding_targets: tuple[str, ...]) -> None:
+    def __init__(self, dtype: str, *, range_targets: tuple[str, ...], rounding_targets: tuple[str, ...],
+                 underflow_targets: tuple[str, ...] | None = None) -> None:
+        """``underflow_targets``: the range targets whose underflows are counted (default: every one); the
+        others get their overflow count alone (a figure that costs nothing unless values reach the limit)."""
         self.kernel = "F32" if dtype in WIDENED_TO_F32 else dtype
         if self.kernel not in IEEE_BITS:
             raise ValueError(f"no value kernel for {dtype}")
@@ -264,22 +269,70 @@ class TensorScanner:
         wanted = dict.fromkeys(range_targets + rounding_targets)
         self.limits = [cast_limits(self.kernel, t) for t in wanted if not cast_is_exact(dtype, t)]
         self.rounding = {t for t in rounding_targets if rounds_in_range(dtype, t)}
+        counted = set(wanted if underflow_targets is None else underflow_targets + rounding_targets)
         for limit in self.limits:
-            self.stats.casts[limit.target] = CastStats(limit.target)
+            self.stats.casts[limit.target] = CastStats(limit.target, underflow_counted=limit.target in counted)
         self.uint, self.mask, self.inf_bits = IEEE_BITS[self.kernel]
         small = cast_limits(self.kernel, "F16").normal  # |x| < 2^-14: few in real weights
-        self._tiny = [limit for limit in self.limits if limit.normal <= small]  # from the batch alone
-        self._wide = [limit for limit in self.limits if limit.normal > small]  # fp8 targets: every chunk
+        under = [limit for limit in self.limits if limit.target in counted]
+        self._tiny = [limit for limit in under if limit.normal <= small]  # from the batch alone
+        self._wide = [limit for limit in under if limit.normal > small]  # fp8 targets: every chunk
         self._tables = {limit.target: underflow_table(self.kernel, limit.target) for limit in self._tiny
                         if self.uint is np.uint16}
         if self._tables:  # gather only as far up as a table has something to count: 8x fewer values
             small = max(underflow_reach(self.kernel, target) for target in self._tables)
         # Magnitudes below this are gathered; once a non-zero one is seen, no other can be the smallest.
-        self.tiny_below = small
+        # Only an underflow count needs the tiny values themselves: with no such target in play nothing
+        # is gathered, and each chunk's own minimum gives the smallest (two passes fewer per chunk).
+        self._gather = bool(self._tiny)
+        self.tiny_below = small if self._gather else 0
+        # Nothing gathered, nothing converted: a read's figures come from four reductions (``_update_fast``).
+        self._fast = not (self._gather or self._wide or self.rounding or self.source in WIDENED_TO_F32)
+        self._signed = np.dtype(np.dtype(self.uint).str.replace("u", "i"))  # int16 for uint16, ...
+        self._sign = 1 << (8 * np.dtype(self.uint).itemsize - 1)
         self._mask, self._small, self._one = self.uint(self.mask), self.uint(small), self.uint(1)
         self._top = int(np.iinfo(self.uint).max)
         self._batch: list[Any] = []
         self._batched = 0
+
+    def update_read(self, raw: memoryview, scratch: Scratch, chunk: int) -> None:
+        """One read of whole elements: on the fast path in one go, else in ``chunk``-byte pieces (``update``)."""
+        if not (self._fast and self._update_fast(raw)):
+            for at in range(0, len(raw), chunk):
+                self.update(raw[at:at + chunk], scratch)
+
+    def _update_fast(self, raw: memoryview) -> bool:
+        """Four reductions on the bits, nothing written: False (and nothing counted) where the slow path must look.
+
+        As unsigned integers the positive values order by magnitude below the negative ones; as signed integers
+        the negative ones order by magnitude from the most negative integer up.  So the largest unsigned is the
+        largest negative magnitude (with the sign bit), the largest signed the largest positive, the smallest
+        unsigned the smallest positive and the smallest signed the smallest negative: max |x| and min |x| without
+        a magnitude array.  A zero, a NaN or Inf, a value past a target's range: the slow path, for this read.
+        """
+        bits: Any = np.frombuffer(raw, dtype=self.uint)
+        if bits.size == 0:
+            return True
+        signed = bits.view(self._signed)
+        umax, umin, smax, smin = int(bits.max()), int(bits.min()), int(signed.max()), int(signed.min())
+        sign = self._sign
+        if umin == 0 or smin == -sign:  # +0.0 or -0.0: the smallest non-zero needs the magnitudes
+            return False
+        pos_top = smax if smax >= 0 else -1
+        neg_top = umax - sign if umax >= sign else -1
+        top = max(pos_top, neg_top)
+        if top >= self.inf_bits or any(top >= limit.overflow for limit in self.limits):
+            return False
+        st = self.stats
+        if top > st.max_bits:
+            if pos_top == neg_top:  # both signs reach it: the first one's sign, as argmax gives it
+                return False
+            st.max_bits, st.worst_bits = top, (top if pos_top == top else umax)
+        low = min(umin if umin < sign else self._top, smin + sign if smin < 0 else self._top)
+        if st.min_bits < 0 or low < st.min_bits:
+            st.min_bits = low
+        st.numel += bits.size
+        return True
 
     def update(self, raw: memoryview | bytes, scratch: Scratch) -> None:
         if self.source in WIDENED_TO_F32:  # each byte's fp32 bits, from a 256-entry table
@@ -305,14 +358,15 @@ class TensorScanner:
             top = int(mag.max())
         if top > st.max_bits:  # the reported sign is the first largest value's (argmax)
             st.max_bits, st.worst_bits = top, int(bits[int(mag.argmax())])
-        near = flagged_groups(bits, np.less(mag, self._small, out=flags), groups)
         lowered = None  # |x| - 1, where needed: zero wraps to the largest uint, so zeros fall out of a "<"
-        if near.size > bits.size >> 3:  # mostly zeros flagged (a pruned, 2:4-sparse tensor): the tiny ones alone
-            lowered = np.subtract(mag, self._one, out=less_one[:mag.size])
-            near = flagged_groups(bits, np.less(lowered, self._small - self._one, out=flags), groups)
-        if near.size:
-            self._batch.append(near)
-            self._batched += near.size
+        if self._gather:
+            near = flagged_groups(bits, np.less(mag, self._small, out=flags), groups)
+            if near.size > bits.size >> 3:  # mostly zeros flagged (a pruned, 2:4-sparse tensor): the tiny ones alone
+                lowered = np.subtract(mag, self._one, out=less_one[:mag.size])
+                near = flagged_groups(bits, np.less(lowered, self._small - self._one, out=flags), groups)
+            if near.size:
+                self._batch.append(near)
+                self._batched += near.size
         if not 0 < st.min_bits < self.tiny_below:
             # No non-zero tiny value yet: this chunk's own smallest may be the tensor's.  Once one is
             # seen, only the batched values can beat it.
