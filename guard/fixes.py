@@ -17,18 +17,29 @@ if TYPE_CHECKING:
 
 SAFETIES = ("safe", "needs-flag", "unsafe", "none")  # unsafe: shown, applied only with --unsafe-fixes (ruff's)
 
-# Actions guard.fix knows how to apply (guard.fix.actions.ACTIONS has one entry per name).
-ACTIONS = (
-    "config-dtype",      # CG103: rewrite torch_dtype / dtype in config.json, byte for byte but the value
-    "safetensors-copy",  # CG008: write model.safetensors (or shards + index) beside pickle-only weights
-    "set-cast",          # CG101/CG102 --cast, CG103 --to-config: the set in another dtype (replaces it)
-    "variant-add",       # CG109: the missing variant files, cast from the default set
-    "variant-recast",    # CG108: the variant recast to the dtype its name claims (replaces it)
-    "index-rebuild",     # CG109: a variant's shards without their index: the index, from the shards' headers
-    "copy-regenerate",   # CG107: the stale copy regenerated from the primary set, bit-exactly
-    "add-copy",          # --add flax|orbax|safetensors|variant:fp16|variant:bf16
-    "config-field",      # CG124 (unsafe): one integer field of config.json (a layer count), byte for byte but the value
-)
+# The actions guard.fix knows how to apply: the one table (guard.fix.actions.stage reads it), each action's
+# name -> "module:function" of the function that stages it, imported on first use: a config rewrite loads no
+# numpy, a weight fix loads no transformers.  In the order fixes apply (guard.fix.plan.APPLY_ORDER): weights
+# before the files that describe them, a config rewrite or an index last.
+ACTIONS: dict[str, str] = {
+    # CG008: write model.safetensors (or shards + index) beside pickle-only weights
+    "safetensors-copy": "guard.fix.actions.safetensors_copy:stage_safetensors_copy",
+    # CG101/CG102 --cast, CG103 --to-config: the set in another dtype (replaces it)
+    "set-cast": "guard.fix.actions.cast:stage_set_cast",
+    # CG108: the variant recast to the dtype its name claims (replaces it)
+    "variant-recast": "guard.fix.actions.cast:stage_variant_recast",
+    # CG109: the missing variant files, cast from the default set
+    "variant-add": "guard.fix.actions.cast:stage_variant_add",
+    # CG107: the stale copy regenerated from the primary set, bit-exactly
+    "copy-regenerate": "guard.fix.actions.copies:stage_copy_regenerate",
+    "add-copy": "guard.fix.actions.copies:stage_add_copy",  # --add flax|orbax|safetensors|variant:fp16|variant:bf16
+    # CG109: a variant's shards without their index: the index, from the shards' headers
+    "index-rebuild": "guard.fix.actions.index:stage_index_rebuild",
+    # CG103: rewrite torch_dtype / dtype in config.json, byte for byte but the value
+    "config-dtype": "guard.fix.actions.config_dtype:stage_config_dtype",
+    # CG124 (unsafe): one integer field of config.json (a layer count), byte for byte but the value
+    "config-field": "guard.fix.actions.config_dtype:stage_config_field",
+}
 
 # Why some findings have no mechanical fix: the bytes that would fix them are not here.
 NO_FIX = {

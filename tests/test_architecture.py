@@ -391,3 +391,156 @@ def test_the_record_rule_finds_each_other_kind(tmp_path: Path) -> None:
         "G = collections.namedtuple('G', 'x')\n")
     assert [b.split(": ", 1)[0] for b in _record_rule_breaks(package)] == [
         "guard/kinds.py:5", "guard/kinds.py:8", "guard/kinds.py:12", "guard/kinds.py:20", "guard/kinds.py:28"]
+
+
+# docs/architecture.md's claims, checked (issue 48): the page is a map only while it matches the tree.
+ARCHITECTURE = GUARD.parent / "docs" / "architecture.md"
+
+
+def _top_level_names(root: Path = GUARD) -> dict[str, set[str]]:
+    """module -> the names its body defines at the top level (functions, classes, assignments)."""
+    names: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        found: set[str] = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            elif isinstance(node, ast.Assign):
+                found.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                found.add(node.target.id)
+        names[_module_name(path, root)] = found
+    return names
+
+
+def _section(heading: str) -> str:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    start = text.index(f"## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def _unresolved(token: str, names: dict[str, set[str]]) -> bool:
+    """Whether a name the page gives in backticks (``catalogue.RULES``, ``guard/readers/``, ``CHECKS``,
+    ``inventory/conventions.py``, ``targets/table.TARGETS``) is missing from the tree."""
+    root = GUARD.parent
+    if token.startswith("test_"):
+        return not any(f"def {token}(" in test.read_text(encoding="utf-8") for test in (root / "tests").glob("*.py"))
+    if token.endswith("/") or token.endswith(".py") or token.endswith(".bin"):
+        if "/" not in token:
+            return not any(GUARD.rglob(token))  # a module the sentence places (convert/read/'s source_orbax.py)
+        return not any((base / token).exists() for base in (root, GUARD))
+    if token in names:
+        return False  # a module: guard.envs.worker
+    module, _, attr = token.replace("/", ".").rpartition(".")
+    module = module.removeprefix("guard.")
+    if not module:
+        return not any(attr in found for found in names.values())
+    owners = [m for m in names if m == f"guard.{module}" or m.endswith(f".{module}")]
+    return not any(attr in names[m] for m in owners)
+
+
+def _doc_tokens(text: str) -> list[str]:
+    import re
+
+    return [t for t in re.findall(r"`([^`\s]+)`", text)
+            if re.fullmatch(r"[A-Za-z_][\w./]*", t) and not t.startswith(("tests/", "--"))
+            and ("." in t or "/" in t or t.isupper() or t.startswith(("_", "test_")))]
+
+
+def test_the_pages_layers_are_the_checked_layers() -> None:
+    """The layers table of docs/architecture.md, row by row, names the prefixes ``LAYERS`` checks."""
+    import re
+
+    rows = [line for line in _section("Layers").splitlines() if line.startswith("| ") and "`" in line.split("|")[1]]
+    drawn = []
+    for row in rows:
+        names = set()
+        for token in re.findall(r"`([^`]+)`", row.split("|")[1]):
+            name = token.removeprefix("guard/").removesuffix(".py").rstrip("/").replace("/", ".")
+            names.add("guard" if name == "__init__" else f"guard.{name}")
+        drawn.append(names)
+    assert drawn == [set(prefixes) for _, prefixes in LAYERS]
+
+
+def test_every_registry_and_recipe_name_on_the_page_exists() -> None:
+    """Each table the Registries section places (`file` `NAME`) is assigned there, and every name and path the
+    sections name (``rules.CHECKS``, ``readers.sniff_format``, ``guard/training/pickles.py``) is in the tree."""
+    import re
+
+    names = _top_level_names()
+    registries = _section("Registries")
+    placed = re.findall(r"`(guard/[\w/]+)\.py` `([A-Z_]+)`", registries)
+    assert len(placed) >= 12
+    for path, table in placed:
+        assert table in names[_module_name(GUARD.parent / f"{path}.py")], f"{path}.py has no {table}"
+    sections = ("Registries", "Where a new row goes", "Pipelines")
+    tokens = [t for heading in sections for t in _doc_tokens(_section(heading))]
+    missing = sorted({t for t in tokens if _unresolved(t, names)})
+    assert missing == []
+
+
+def test_the_page_check_finds_a_stale_name() -> None:
+    names = _top_level_names()
+    assert not _unresolved("rules.CHECKS", names) and not _unresolved("readers.sniff_format", names)
+    assert not _unresolved("guard/training/pickles.py", names) and not _unresolved("EXTENSION_FORMATS", names)
+    assert _unresolved("rules.NO_SUCH_TABLE", names) and _unresolved("guard/nowhere.py", names)
+    assert _unresolved("NO_SUCH_TABLE", names)
+
+
+def _tables() -> dict[str, frozenset[str]]:
+    """Each registry's names: the tables docs/architecture.md lists, read as their code reads them."""
+    from guard.catalogue import RULES
+    from guard.cli.root import COMMANDS
+    from guard.convert.read.dequant import DEQUANTIZERS
+    from guard.diff.render import VIEWS
+    from guard.envs.registry import ENVIRONMENTS
+    from guard.fixes import ACTIONS
+    from guard.readers import READERS
+    from guard.reporters import REPORTERS
+    from guard.targets.table import TARGETS
+    from guard.training.registry import TRAINERS
+
+    return {"READERS": frozenset(READERS), "REPORTERS": frozenset(REPORTERS), "VIEWS": frozenset(VIEWS),
+            "ACTIONS": frozenset(ACTIONS), "TARGETS": frozenset(TARGETS), "ENVIRONMENTS": frozenset(ENVIRONMENTS),
+            "COMMANDS": frozenset(COMMANDS), "DEQUANTIZERS": frozenset(DEQUANTIZERS),
+            "TRAINERS": frozenset(t.layout for t in TRAINERS), "RULES": frozenset(r.code for r in RULES)}
+
+
+def second_lists(tables: dict[str, frozenset[str]], root: Path = GUARD) -> list[str]:
+    """Literals (a tuple, list or set of strings, or a dict's keys) that spell a table's names again."""
+    by_names = {names: table for table, names in tables.items() if len(names) >= 3}
+    found: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        own = {id(node.value) for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+               and node.value is not None
+               and any(isinstance(t, ast.Name) and t.id in tables
+                       for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))}
+        for node in ast.walk(tree):
+            if id(node) in own:
+                continue
+            items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None) \
+                if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else None
+            if not items or not all(isinstance(i, ast.Constant) and isinstance(i.value, str) for i in items):
+                continue
+            table = by_names.get(frozenset(i.value for i in items))  # type: ignore[union-attr]  # checked above: str constants
+            if table is not None:
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} lists {table}' names again")
+    return found
+
+
+def test_no_second_list_of_a_tables_names() -> None:
+    """'Never a second list' (docs/architecture.md), checked: a list of a table's names is derived from it."""
+    assert second_lists(_tables()) == []
+
+
+def test_the_second_list_check_finds_a_copy(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "table.py").write_text('READERS = {"a": 1, "b": 2, "c": 3}\n')
+    (package / "copy.py").write_text('FORMATS = ("c", "a", "b")  # the same names, in another order\n'
+                                     'OTHER = ("a", "b")\n')
+    found = second_lists({"READERS": frozenset("abc")}, package)
+    assert found == ["pkg/copy.py:1 lists READERS' names again"]

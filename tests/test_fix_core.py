@@ -427,7 +427,7 @@ def _fake_plan(monkeypatch: pytest.MonkeyPatch, files: dict[str, bytes]):  # typ
     module = types.ModuleType("fake_fix_action")
     module.stage_fake = _fake_action(files)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fake_fix_action", module)
-    monkeypatch.setitem(actions.ACTIONS, "add-copy", ("fake_fix_action", "stage_fake"))
+    monkeypatch.setitem(actions.ACTIONS, "add-copy", "fake_fix_action:stage_fake")
     fix = make_fix("add-copy", "fake", writes=tuple(f"m/{n}" for n in files), dir="m")
     return FixPlan([PlannedFix(None, fix, True, None)], [])
 

@@ -6,7 +6,8 @@ click costs about what the whole of ``check-added-large-files`` does, so the
 hook's own spellings (`--long value`, `--long=value`, `-f value`, flags, paths)
 are parsed here without it.  Anything else (`--help`, a typo, a bundled short
 option, a bad choice) returns None and click parses it, with its own messages.
-This module imports nothing but the standard library.
+This module imports nothing but the standard library and the tables it reads (``guard.reporters.REPORTERS``
+for the output formats: a scan renders through it anyway).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 import os
 
 from guard.records import Record
+from guard.reporters import REPORTERS
 
 FAIL_ON = ("error", "warning", "note", "never")
-FORMATS = ("text", "json", "sarif", "github", "markdown")  # guard.reporters.REPORTERS, in order
+FORMATS = tuple(REPORTERS)  # the output formats: the reporters' table, in its order
 
 
 class Flag(Record):

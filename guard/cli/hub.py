@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from guard.cli.options import emit, output_options, policy_options, resolve_policy
+from guard.cli.review import DIFF_FORMATS  # the diff views' table, as `diff` reads it
 from guard.errors import GuardError, UsageError
 
 if TYPE_CHECKING:
@@ -165,9 +166,6 @@ def fix_cmd(repo_id: str, revision: str | None, create_pr: bool, replace: bool, 
     if result.message and (fmt != "text" or output is not None):
         click.echo(result.message, err=True)
     return result.exit_code
-
-
-DIFF_FORMATS = ("text", "json", "markdown", "github", "sarif")  # guard.diff.render.VIEWS (a test keeps them equal)
 
 
 @click.command("diff", short_help="Compare two revisions of a repository from their headers (no download).")

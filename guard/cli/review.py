@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from guard.cli.flags import POLICY_FLAGS, Flag
+from guard.diff.render import VIEWS
 from guard.errors import UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: git's textconv driver imports none
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from guard.cli.run import PolicyFlags
     from guard.diff.change import ChangeReport
 
-DIFF_FORMATS = ("text", "json", "markdown", "github", "sarif")  # guard.diff.render.VIEWS, in order
+DIFF_FORMATS = tuple(VIEWS)  # the diff views' table, in its order
 DIFF_FLAGS: tuple[Flag, ...] = (
     *POLICY_FLAGS,
     Flag(("--format", "-f"), "fmt", "value", "Output format.", choices=DIFF_FORMATS, default="text"),

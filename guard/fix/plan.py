@@ -15,15 +15,14 @@ from pathlib import Path
 
 from guard.findings import Finding
 from guard.fix.context import FixOptions
-from guard.fixes import Fix, make_fix
+from guard.fixes import ACTIONS, Fix, make_fix
 from guard.records import Record
 from guard.report import Report
 from guard.reporters.inert import inert_text
 from guard.reporters.text import human_bytes
 
-# Weights before the files that describe them: a config rewrite or an index comes last.
-APPLY_ORDER = ("safetensors-copy", "set-cast", "variant-recast", "variant-add", "copy-regenerate", "add-copy",
-               "index-rebuild", "config-dtype", "config-field")
+# The actions' table is in the order they apply: weights before the files that describe them.
+APPLY_ORDER = tuple(ACTIONS)
 # The fixes that rewrite values of config.json in place (their byte spans planned by the scan).
 CONFIG_ACTIONS = ("config-dtype", "config-field")
 # What each flag a fix can wait for turns on.

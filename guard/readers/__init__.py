@@ -78,9 +78,6 @@ _NPY_MAGIC = b"\x93NUMPY"
 _MIL_BLOB_SENTINEL = b"\xef\xbe\xad\xde"
 _TABLE_MAGIC = bytes.fromhex("57fb808b247547db")  # LevelDB table footer (TF bundle index)
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".jit", ".ptl", ".pt2", ".ckpt", ".msgpack", ".gguf", ".onnx",
-                   ".npy", ".npz", ".h5", ".hdf5", ".keras", ".tflite",
-                   ".pte")
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _HDF5_SUFFIXES = (".h5", ".hdf5")
 
