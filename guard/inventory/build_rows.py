@@ -54,10 +54,9 @@ def built_row(config: Mapping[str, object], class_name: str) -> object | str:
     version = transformers_version()
     if version is None:
         return "transformers is not installed to build it from config.json"
-    from guard.inventory.rows import index
+    from guard.inventory.rows import figures, index
 
-    figures = index().get("figures")
-    known = figures.get("known_types") if isinstance(figures, dict) else None
+    known = figures().get("known_types")
     model_type = config.get("model_type")
     if index().get("version") == version and isinstance(known, list) and model_type not in known:
         return f"transformers {version} has no model_type {model_type!r} (a model of remote code?)"

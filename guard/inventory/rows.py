@@ -97,8 +97,8 @@ def _data_path() -> str:
 
 
 def index() -> dict[str, object]:
-    """The data's index: ``version`` (transformers'), ``types`` (model_type -> [offset, length]), and the
-    generation's figures."""
+    """The data's index: ``version`` (transformers'), ``types`` (model_type -> [offset, length]), and where the
+    generation's figures are (read by ``figures()``: a scan never needs them)."""
     if not _INDEX:
         with open(_data_path(), "rb") as f:
             line = f.readline()
@@ -117,15 +117,32 @@ def rows_for(model_type: str) -> dict[str, Row] | None:
     rows = None
     if where is not None:
         import json
-        import zlib
 
-        offset, length = where
-        with open(_data_path(), "rb") as f:
-            f.seek(_INDEX[0][1] + offset)
-            blob = f.read(length)
-        rows = {name: row_from_json(data) for name, data in json.loads(zlib.decompress(blob)).items()}
+        rows = {name: row_from_json(data) for name, data in json.loads(_blob(where)).items()}
     _ROWS[model_type] = rows
     return rows
+
+
+def _blob(where: object) -> bytes:
+    import zlib
+
+    offset, length = (int(n) for n in where)  # type: ignore[attr-defined]  # JSON: [offset, length]
+    index()
+    with open(_data_path(), "rb") as f:
+        f.seek(_INDEX[0][1] + offset)
+        return zlib.decompress(f.read(length))
+
+
+def figures() -> dict[str, object]:
+    """The generation's figures: ``known_types`` (every model_type of that transformers), ``classes``, ``rows``,
+    ``left_out`` (class -> why it has no row), ``seconds``."""
+    where = index().get("figures")
+    if not isinstance(where, list):
+        return {}
+    import json
+
+    data = json.loads(_blob(where))
+    return data if isinstance(data, dict) else {}
 
 
 def model_types() -> list[str]:
@@ -144,7 +161,9 @@ def write(path: str, version: str, rows: dict[str, dict[str, dict[str, object]]]
         types[model_type] = [at, len(blob)]
         blobs.append(blob)
         at += len(blob)
-    head = json.dumps({"version": version, "figures": figures, "types": types}, separators=(",", ":")).encode()
+    blob = zlib.compress(json.dumps(figures, separators=(",", ":")).encode(), 9)  # after the rows: read on demand
+    blobs.append(blob)
+    head = json.dumps({"version": version, "types": types, "figures": [at, len(blob)]}, separators=(",", ":")).encode()
     data = head + b"\n" + b"".join(blobs)
     with open(path, "wb") as f:
         f.write(data)
