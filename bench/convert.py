@@ -112,7 +112,20 @@ def largest_tensor(directory: Path) -> int:
     return max(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
 
 
-def commands(src: Path, work: Path, *, theirs: bool) -> dict[str, list[str]]:
+def archive(ref: str) -> Path:
+    """The tree at git ``ref``, extracted once under bench/out/ (ignored by git): a baseline run in the same rounds."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    folder = ROOT / "bench" / "out" / f"tree-{commit}"
+    if not (folder / "guard").is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
+    return folder
+
+
+def commands(src: Path, work: Path, *, theirs: bool, baseline: tuple[str, Path] | None = None,
+             only_flax: bool = False) -> dict[str, list[str]]:
     def ours(*args: str) -> list[str]:
         return [sys.executable, "-m", "guard", "convert", *args]
 
@@ -125,6 +138,12 @@ def commands(src: Path, work: Path, *, theirs: bool) -> dict[str, list[str]]:
         "msgpack to torch": ours(str(work / "ref-msgpack"), "--to", "torch", "--out"),
         "orbax to torch": ours(str(work / "ref-orbax"), "--to", "torch", "--out"),
     }
+    if only_flax:
+        cmds = {name: cmd for name, cmd in cmds.items() if name in ("cp", "cp + sync", "to flax (msgpack)")}
+    if baseline is not None:  # its own folder first on sys.path: `-m guard` imports the archived tree's guard
+        ref, tree = baseline
+        cmds[f"before ({ref}): to flax (msgpack)"] = ["env", "-C", str(tree), f"PYTHONPATH={tree}", sys.executable,
+                                                      "-m", "guard", "convert", str(src), "--to", "flax", "--out"]
     if theirs:
         cmds["transformers from_pt"] = [sys.executable, "-c", THEIRS, str(src)]
     return cmds
@@ -155,11 +174,12 @@ def evict(directory: Path) -> None:
                 os.close(fd)
 
 
-def bench_size(layers: int, rounds: int, *, theirs: bool) -> dict:  # type: ignore[type-arg]
+def bench_size(layers: int, rounds: int, *, theirs: bool, baseline: tuple[str, Path] | None = None,
+               only_flax: bool = False) -> dict:  # type: ignore[type-arg]
     src = ensure_model(layers)
     work = ROOT / "bench" / "out" / "convert" / f"work-{layers}l"
     prepare(src, work)
-    cmds = commands(src, work, theirs=theirs)
+    cmds = commands(src, work, theirs=theirs, baseline=baseline, only_flax=only_flax)
     run_child(["sh", "-c", 'cat "$0"/model.safetensors "$1"/ref-msgpack/flax_model.msgpack "$1"/ref-orbax/*/0* '
                '> /dev/null', str(src), str(work)])  # every input warm in the page cache
     runs: dict[str, list[tuple[float, int]]] = {name: [] for name in cmds}
@@ -195,6 +215,9 @@ def main() -> int:
     parser.add_argument("--layers", default="4,12,24", help="model sizes, in decoder layers")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' from_pt path")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--baseline", metavar="REF", help="also convert to flax with ckpt-guard as of git REF (a "
+                        "`git archive` of it), in the same rounds: a before/after on a loaded machine")
+    parser.add_argument("--only-flax", action="store_true", help="cp, cp + sync and to flax (msgpack) alone")
     parser.add_argument("--generate", nargs=2, metavar=("DIR", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate:
@@ -207,8 +230,9 @@ def main() -> int:
     sizes = [int(x) for x in args.layers.split(",")]
     found = envs.versions()
     flax_models = found["transformers"] != "-" and int(found["transformers"].split(".")[0]) < 5  # 5.x has no Flax
-    results = [bench_size(n, args.rounds, theirs=not args.no_transformers and flax_models and n == 12)
-               for n in sizes]
+    baseline = (args.baseline, archive(args.baseline)) if args.baseline else None
+    results = [bench_size(n, args.rounds, theirs=not args.no_transformers and flax_models and n == 12,
+                          baseline=baseline, only_flax=args.only_flax) for n in sizes]
     figures = {"rounds": args.rounds, "cpus": os.cpu_count(), "sizes": results,
                "heading": envs.heading("## Conversion"), "environment": envs.describe()}
     print(json.dumps(figures, indent=2))
@@ -242,7 +266,7 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
         lines.append(f"| {label} | `cp` | {runs['cp']['wall_s']:.2f} s | 1.0 | | "
                      f"{runs['cp']['peak_rss'] / 1e6:.0f} MB | |")
         lines.append(f"| | `cp` + `sync FILE` | {sync:.2f} s | {runs['cp + sync']['x_cp']:.1f} | 1.0 | | |")
-        for name in ROWS:
+        for name in [row for row in runs if row in ROWS or row.startswith("before")]:
             r = runs[name]
             lines.append(f"| | {name} | {r['wall_s']:.2f} s | **{r['x_cp']:.1f}** | {r['wall_s'] / sync:.1f} "
                          f"| {r['peak_rss'] / 1e6:.0f} MB | {target / 1e6:.0f} MB |")

@@ -127,18 +127,6 @@ def save_pretrained(directory: Path) -> None:
     model.save_pretrained(directory, max_shard_size="10GB")  # one file, as the other models
 
 
-def archive(ref: str) -> Path:
-    """The tree at ``ref``, extracted once under bench/out/ (ignored by git)."""
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], check=True, capture_output=True,
-                            text=True).stdout.strip()
-    folder = ROOT / "bench" / "out" / f"tree-{commit}"
-    if not (folder / "guard").is_dir():
-        folder.mkdir(parents=True, exist_ok=True)
-        tar = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
-    return folder
-
-
 def run_child(argv: list[str], *, stdout: int | None = subprocess.DEVNULL) -> tuple[float, int, float]:
     """Wall seconds, peak RSS (bytes) and CPU seconds of one child; exit 1 (findings) is fine, 2 is not."""
     env = {**os.environ, "CI": "true", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -177,7 +165,7 @@ def main() -> int:
     pythons = args.python or [sys.executable]
     environments = {python: envs.describe(python) for python in pythons}
     rows = []
-    baseline = archive(args.baseline) if args.baseline else None
+    baseline = convert_bench.archive(args.baseline) if args.baseline else None
     load_before = os.getloadavg()
     models = {} if args.only_big else dict(MODELS)
     for gigabytes in args.big or ():
