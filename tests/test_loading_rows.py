@@ -163,3 +163,51 @@ def test_the_data_round_trips_and_names_its_version(tmp_path: Path) -> None:
         for class_name, row in (rows.rows_for(model_type) or {}).items():
             assert rows.row_from_json(json.loads(json.dumps(rows.row_to_json(row)))) == row, class_name
     assert rows.rows_for("no-such-type") is None
+
+
+LLAMA = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, vocab_size=96,
+             num_hidden_layers=2)
+
+
+def test_a_finding_the_row_cannot_vouch_for_is_asked_of_the_class(tmp_path: Path, cache: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A config field that picks which layers are which (Jamba's attn_layer_period, mlp_layer_types), which the
+    table's row does not follow: as saved nothing is built (the row finds nothing); with a defect the row's finding
+    is asked of the class built from config.json, and where it cannot be built the check says it did not run."""
+    root = save(tmp_path / "llama", "LlamaForCausalLM", **LLAMA)
+    config = json.loads((root / "config.json").read_text())
+    config["mlp_layer_types"] = ["dense", "dense"]  # kept by the config class; LlamaForCausalLM builds the same
+    (root / "config.json").write_text(json.dumps(config))
+    assert scanned(capsys, root)[0] == set()
+    assert not (cache / "rows").exists()  # a healthy file never pays for the question
+    state = load_file(root / "model.safetensors")
+    del state["model.layers.1.mlp.up_proj.weight"]
+    save_file(state, root / "model.safetensors", metadata={"format": "pt"})
+    assert verdict(root, "LlamaForCausalLM") == {"CG123"}
+    found, findings = scanned(capsys, root)
+    assert found == {"CG123"} and findings[0]["tensor"] == "model.layers.1.mlp.up_proj.weight", findings
+    assert len(list((cache / "rows").glob("*.json"))) == 1  # the class built from config.json answered
+    monkeypatch.setenv(build_rows.NO_BUILD_ENV, "1")
+    found, findings = scanned(capsys, root)
+    assert found == {"CG127"}, findings
+    assert "config.json sets mlp_layer_types" in findings[0]["message"] and findings[0]["severity"] == "note"
+
+
+def test_what_a_row_cannot_vouch_for() -> None:
+    from guard.inventory.architectures import Loading, Mismatch, unvouched
+
+    llama = rows.rows_for("llama")["LlamaForCausalLM"]  # type: ignore[index]  # the table has llama
+    found = Loading("LlamaForCausalLM", ("model.layers.1.mlp.up_proj.weight",), (), (), (), ())
+    assert unvouched(llama, {"num_hidden_layers": 2}, found) == ""
+    # attention over a window or the whole sequence builds the same weights; linear attention does not
+    assert unvouched(llama, {"layer_types": ["sliding_attention", "full_attention"]}, found) == ""
+    assert "layer_types" in unvouched(llama, {"layer_types": ["linear_attention", "full_attention"]}, found)
+    assert "attn_layer_period" in unvouched(llama, {"text_config": {"attn_layer_period": 2}}, found)
+    hybrid = llama._replace(containers={k: v._replace(selector="layer_types", kinds={"mamba": v.kinds[""]})
+                                        for k, v in llama.containers.items()})
+    assert "'attention'" in unvouched(hybrid, {"layer_types": ["mamba", "attention"]}, found).replace('"', "'")
+    assert unvouched(hybrid, {"layer_types": ["mamba", "mamba"]}, found) == ""
+    fitted = Loading("X", (), (), (), (Mismatch("a", (16, 32), (256, 32), ("128*num_key_value_heads", "")),), ())
+    assert "128*num_key_value_heads" in unvouched(llama, {}, fitted)
+    assert unvouched(llama._replace(source="built"), {"attn_layer_period": 2}, found) == ""

@@ -303,6 +303,56 @@ def _omittable(row: object, config: Mapping[str, object]) -> set[str]:
     return set(row.aliases) | (set(row.tied) if tie else set())  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
 
 
+# config fields that pick which layers are which kind (attention or state-space, dense or MoE, cross-attention):
+# a row generated from a type's default config, its layers cut to two, holds the kinds those two layers had, and
+# follows such a field only where its flags or its layer selector name it
+_LAYER_PATTERN = re.compile(
+    r"^(?:layer_types|mlp_layer_types|block_types|layers_block_type|attn_layer_(?:period|offset|indices)|"
+    r"expert_layer_(?:period|offset)|attention_layers|attn_layers|hybrid_layer_ids|full_attn_idxs|moe_layers|"
+    r"moe_layer_(?:freq|interval|start_index|end_index)|interleave_moe_layer_step|(?:de|en)coder_sparse_step|"
+    r"mlp_only_layers|first_k_dense_replace|num_dense_layers|cross_attention_layers|cross_attention_frequency|"
+    r"global_attn(?:ention)?_every_n_layers|sliding_window_pattern|num_kv_shared_layers|"
+    r"num_sparse_(?:de|en)coder_layers)$")
+_SELECTED = {"layer_types": "layer_types", "first_k_dense_replace": "first_k_dense_replace"}
+_CONSTANT_TIMES = re.compile(r"^\d+\*")
+_SAME_WEIGHTS = {"full_attention", "sliding_attention", "chunked_attention", "global", "local", "full", "sliding",
+                 "sliding_window", "global_attention", "local_attention", "attention"}
+
+
+def unvouched(row: object, config: Mapping[str, object], loading: Loading) -> str:
+    """Why a table row's findings for this config may be the row's own error, not the file's ("" where the row
+    vouches for them): a layer kind the config names that the row was never built with; a field picking which
+    layers are which that the row does not follow; a shape the row fitted with a constant where the config may
+    set the field it stood for (a default config's ``head_dim``).  The caller then asks the class itself."""
+    if getattr(row, "source", "table") != "table":
+        return ""
+    selectors = {layers.selector for layers in row.containers.values()}  # type: ignore[attr-defined]  # a table Row
+    for layers in row.containers.values():  # type: ignore[attr-defined]  # as above
+        if layers.selector == "layer_types":
+            kinds = _dotted(config, "layer_types")
+            if not isinstance(kinds, list):
+                text = config.get("text_config")
+                kinds = text.get("layer_types") if isinstance(text, dict) else None
+            for kind in kinds if isinstance(kinds, list) else ():
+                if str(kind) not in layers.kinds:
+                    return f"config.json's layer_types names {json_text(kind)}, a kind of layer the table's row lacks"
+    tracked = {key.rsplit(".", 1)[-1] for key in row.flags}  # type: ignore[attr-defined]  # a table Row
+    tracked |= {field for field, selector in _SELECTED.items() if selector in selectors}
+    for where in (config, config.get("text_config")):
+        for key, value in where.items() if isinstance(where, dict) else ():
+            if key == "layer_types" and isinstance(value, list) and all(isinstance(v, str) and v in _SAME_WEIGHTS
+                                                                        for v in value):
+                continue  # attention over a window or the whole sequence: the same weights
+            if _LAYER_PATTERN.match(key) and key not in tracked and value not in (None, [], 0):
+                return (f"config.json sets {key}, which picks which layers are which kind, and the table's row "
+                        "does not follow it")
+    for mismatch in loading.mismatched:
+        fitted = [f for f in mismatch.fields if _CONSTANT_TIMES.match(f)]
+        if fitted:
+            return f"the table's row fitted {fitted[0]} with a constant config.json may set otherwise"
+    return ""
+
+
 def whole(row: object, class_name: str, config: Mapping[str, object], names: Sequence[str],
           shapes: Sequence[tuple[int, ...]], *, in_order: bool = False) -> bool:
     """Whether the file's tensors (``names`` and ``shapes``, in step) are exactly the weights the class builds,

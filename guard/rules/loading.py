@@ -125,7 +125,7 @@ def judged_tensors(config: dict[str, object],
     shapes in step, or (name, shape) pairs): a scanned set's, or what a consolidation is about to publish
     (``guard.convert.run``).  ``inventory``: the scanned model, whose config.json text CG124's fix rewrites
     (none without it).  ``in_order``: the names are sorted already, the shapes in step."""
-    from guard.inventory.architectures import judge, layer_template, table_row, whole
+    from guard.inventory.architectures import judge, layer_template, table_row, unvouched, whole
 
     found = table_row(config)
     if isinstance(found, str):
@@ -140,6 +140,20 @@ def judged_tensors(config: dict[str, object],
     if isinstance(loading, str):
         yield _not_checked(config_path or path, loading)
         return
+    doubt = unvouched(row, config, loading) if _any(loading) else ""
+    if doubt:  # the row may be wrong for this config, not the file: the class built from config.json answers
+        from guard.inventory.build_rows import built_row
+
+        row = built_row(config, class_name)
+        if isinstance(row, str):
+            yield _not_checked(config_path or path, f"{doubt}, and {row}")
+            return
+        if whole(row, class_name, config, names, shapes, in_order=in_order):
+            return
+        loading = judge(row, class_name, config, mapped, tried_whole=True)
+        if isinstance(loading, str):
+            yield _not_checked(config_path or path, loading)
+            return
     missing = loading.missing
     if missing:
         towers, missing = _towers(row, config, missing)
@@ -218,7 +232,8 @@ def judged_tensors(config: dict[str, object],
                    else _DROPPED_NO_FIX)
     for mismatch in loading.mismatched:
         name = mismatch.tensor.split("[", 1)[0]
-        reasons = [f"dimension {i} is {got} where config.json's {field} gives {want}"
+        reasons = [f"dimension {i} is {got} where " + (f"config.json's {field} gives {want}" if field else
+                                                        f"the class built from config.json has {want}")
                    for i, (got, want, field) in enumerate(zip(mismatch.shape, mismatch.expected, mismatch.fields))
                    if want is not None and got != want]
         if not reasons:
@@ -229,6 +244,11 @@ def judged_tensors(config: dict[str, object],
             f"({class_name} refuses to load it)",
             tensor=name,
         )
+
+
+def _any(loading: object) -> bool:
+    return bool(loading.missing or loading.missing_experts or loading.unexpected  # type: ignore[attr-defined]  # a Loading record
+                or loading.mismatched)  # type: ignore[attr-defined]  # as above
 
 
 _TOWERS = {"vision_config": "vision tower", "audio_config": "audio tower", "speech_config": "speech encoder",
