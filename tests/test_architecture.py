@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -544,3 +545,169 @@ def test_the_second_list_check_finds_a_copy(tmp_path: Path) -> None:
                                      'OTHER = ("a", "b")\n')
     found = second_lists({"READERS": frozenset("abc")}, package)
     assert found == ["pkg/copy.py:1 lists READERS' names again"]
+
+
+# Code named by imports (issue 48): every "module:function" string of every table goes through guard.lazy.resolve,
+# and each entry is checked against what its caller calls it with.  The references below are those calls'
+# signatures; an annotation given here must match the entry's (as written: every module has postponed annotations).
+if TYPE_CHECKING:  # the names the references' annotations spell, for a reader and a type checker
+    import numpy as np
+
+    from guard.config import Policy
+    from guard.convert.read.dequant import Read
+    from guard.convert.read.source import SourceModel
+    from guard.diff.change import ChangeReport
+    from guard.fix.context import ActionContext, Staged
+    from guard.fixes import Fix
+    from guard.inventory import ModelInventory
+    from guard.report import Report
+    from guard.sources import ByteSource
+    from guard.tensors import FileScan
+    from guard.training.dirs import TrainingDir
+
+
+def _reader(source: ByteSource) -> FileScan: ...  # guard.readers.reader_for
+def _renderer(report: Report) -> str: ...  # guard.reporters.render
+def _view(change: ChangeReport) -> str: ...  # guard.diff.render.render_change
+def _action(fix: Fix, ctx: ActionContext) -> Staged: ...  # guard.fix.actions.stage
+def _check(inventory: ModelInventory, policy: Policy): ...  # noqa: ANN201  # guard.rules.check_model: an iterable
+def _dequantize(module: Any, quant: Any, read: Read) -> dict[str, np.ndarray]: ...  # guard.convert.read.dequant
+def _claim(directory: str, names: frozenset[str]) -> TrainingDir | None: ...  # guard.training.dirs
+def _scan(found: TrainingDir, *, name: str) -> FileScan: ...  # guard.training.dirs
+def _find_checkpoint(src: Path) -> tuple[Path, Path] | None: ...  # guard.convert.read.source_training
+def _open_checkpoint(checkpoint: Path) -> SourceModel: ...  # likewise
+def _adapter(source: SourceModel, config: dict[str, Any] | None) -> SourceModel: ...  # likewise
+def _reference(src: Path, config: dict[str, Any], input_ids: Any) -> dict[str, Any] | None: ...  # guard.against.run
+def _smoke() -> str: ...  # guard.envs.build: an environment's smoke test
+
+
+def _annotation(value: object) -> str:
+    return str(value).replace(" ", "").replace("'", "")
+
+
+def signature_breaks(found: object, reference: object) -> str | None:
+    """Why ``found`` cannot be called as ``reference`` is (its arguments, keywords and annotated types), or None."""
+    import inspect
+
+    if not callable(found):
+        return f"{found!r} is not callable"
+    got, want = inspect.signature(found), inspect.signature(reference)  # type: ignore[arg-type]  # a callable
+    params = [p for p in want.parameters.values() if p.name != "self"]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    try:
+        got.bind(*[None] * len(positional), **{p.name: None for p in params if p.kind == p.KEYWORD_ONLY})
+    except TypeError as exc:
+        return f"{got} cannot be called as {want}: {exc}"
+    taken = [p for p in got.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    pairs = [*zip(positional, taken), *((p, got.parameters[p.name]) for p in params if p.kind == p.KEYWORD_ONLY
+                                        and p.name in got.parameters)]
+    for w, g in pairs:
+        if w.annotation is not w.empty and g.annotation is not g.empty \
+                and _annotation(w.annotation) != _annotation(g.annotation):
+            return f"{got}: {g.name} is {g.annotation}, its caller passes {w.annotation}"
+    if want.return_annotation is not want.empty and got.return_annotation is not got.empty \
+            and _annotation(want.return_annotation) != _annotation(got.return_annotation):
+        return f"{got} returns {got.return_annotation}, its caller expects {want.return_annotation}"
+    return None
+
+
+def named_code() -> list[tuple[str, str, object]]:
+    """(where, "module:function" or "module", what it must be) for every entry of every table that names code."""
+    import click
+
+    from guard.cli.convert import OwnLayout, Writer
+    from guard.cli.root import COMMANDS
+    from guard.convert.read.dequant import DEQUANTIZERS
+    from guard.diff.render import VIEWS
+    from guard.envs.registry import ENVIRONMENTS
+    from guard.fixes import ACTIONS
+    from guard.readers import READERS
+    from guard.reporters import REPORTERS
+    from guard.rules import CHECKS, Deferred
+    from guard.targets.table import TARGETS
+    from guard.training.registry import TRAINERS
+    from guard.worker.side import Side
+
+    entries: list[tuple[str, str, object]] = []
+    entries += [(f"READERS[{k}]", v, _reader) for k, v in READERS.items()]
+    entries += [(f"REPORTERS[{k}]", v, _renderer) for k, v in REPORTERS.items()]
+    entries += [(f"VIEWS[{k}]", v, _view) for k, v in VIEWS.items()]
+    entries += [(f"ACTIONS[{k}]", v, _action) for k, v in ACTIONS.items()]
+    entries += [(f"DEQUANTIZERS[{k}]", v, _dequantize) for k, v in DEQUANTIZERS.items()]
+    entries += [(f"CHECKS[{code}]", check.dotted, _check) for code, check in CHECKS if isinstance(check, Deferred)]
+    entries += [(f"COMMANDS[{k}]", v, click.Command) for k, (v, _) in COMMANDS.items()]
+    entries += [(f"ENVIRONMENTS[{k}].smoke", v.smoke, _smoke) for k, v in ENVIRONMENTS.items() if v.smoke]
+    for name, row in TARGETS.items():
+        for field, protocol in (("writer", Writer.__call__), ("back_writer", Writer.__call__),
+                                ("own_layout", OwnLayout.__call__), ("side", Side),
+                                ("conventional_reference", _reference)):
+            if getattr(row, field):
+                entries.append((f"TARGETS[{name}].{field}", getattr(row, field), protocol))
+    for trainer in TRAINERS:
+        where = f"TRAINERS[{trainer.layout}]"
+        entries += [(f"{where}.claim", trainer.claim, _claim), (f"{where}.scan", trainer.scan, _scan)]
+        if trainer.source:
+            entries += [(f"{where}.source", f"{trainer.source}:find_checkpoint", _find_checkpoint),
+                        (f"{where}.source", f"{trainer.source}:open_checkpoint", _open_checkpoint)]
+        entries += [(f"{where}.adapters", adapter, _adapter) for adapter in trainer.adapters]
+    return entries
+
+
+def protocol_breaks(entries: list[tuple[str, str, object]]) -> list[str]:
+    from guard.lazy import resolve
+
+    breaks: list[str] = []
+    for where, dotted, protocol in entries:
+        try:
+            found = resolve(dotted)
+        except (ImportError, AttributeError) as exc:
+            breaks.append(f"{where} = {dotted!r} does not resolve: {exc}")
+            continue
+        if isinstance(protocol, type):  # a module implementing a runtime Protocol, or an instance of a class
+            if not isinstance(found, protocol):
+                breaks.append(f"{where} = {dotted!r} is no {protocol.__name__}")
+        elif (why := signature_breaks(found, protocol)) is not None:
+            breaks.append(f"{where} = {dotted!r}: {why}")
+    return breaks
+
+
+def test_every_table_entry_that_names_code_resolves_and_meets_its_callers_signature() -> None:
+    entries = named_code()
+    assert len(entries) >= 80
+    assert protocol_breaks(entries) == []
+
+
+def test_the_protocol_check_finds_a_wrong_entry() -> None:
+    from guard.cli.convert import Writer
+
+    wrong = [("READERS[x]", "guard.readers.nowhere:read", _reader),
+             ("READERS[y]", "guard.readers.safetensors:no_such_reader", _reader),
+             ("REPORTERS[z]", "guard.reporters.text:render_text", _action),  # called with two arguments
+             ("TARGETS[t].writer", "guard.cli.convert_maxtext:is_maxtext_source", Writer.__call__),  # Path, not options
+             ("ACTIONS[a]", "guard.fix.actions.cast:stage_set_cast", _smoke),
+             ("COMMANDS[c]", "guard.cli.convert:write_hf_layout", __import__("click").Command)]
+    assert [line.split(" ")[0] for line in protocol_breaks(wrong)] == [w for w, _, _ in wrong]
+
+
+def test_no_code_resolves_a_table_entry_but_guard_lazy() -> None:
+    """One resolver: no module but guard.lazy imports a table's code by name (importlib.import_module, getattr
+    on __import__), so a table entry is resolved and checked one way."""
+    import re
+
+    found = set()
+    for path in sorted(GUARD.rglob("*.py")):
+        if path != GUARD / "lazy.py" and re.search(r"importlib\.import_module\(|__import__\(", path.read_text("utf-8")):
+            found.add(str(path.relative_to(GUARD).as_posix()))
+    assert found == set(EXTERNAL_IMPORTS)
+
+
+# Modules that import by a computed name that is no table's entry: a library's optional parts, probed or walked.
+EXTERNAL_IMPORTS: dict[str, str] = {
+    "diff/values.py": "numpy probed, for the one-line hint when it is missing",
+    "hub/service.py": "the service's optional libraries probed, likewise",
+    "hub/errors.py": "huggingface_hub's error classes where its version has them",
+    "parity/run.py": "parity's libraries probed before a run",
+    "envs/build.py": "in the environment being built (no guard there yet): its imports, and its row's smoke test",
+    "worker/flax_side.py": "transformers 4's Flax modules, warmed",
+    "worker/tunix_side.py": "tunix's per-architecture model and params modules",
+}

@@ -18,7 +18,8 @@ import click
 import pytest
 
 from guard.envs.registry import ENVIRONMENTS
-from guard.targets import TARGETS, against_choices, resolve, to_choices
+from guard.lazy import resolve
+from guard.targets import TARGETS, against_choices, to_choices
 from guard.targets.doc import markdown_table
 from guard.worker.side import Side
 

@@ -24,7 +24,7 @@ from guard.catalogue import make_finding
 from guard.errors import UsageError
 from guard.findings import Finding, Severity
 from guard.inventory import display_path
-from guard.targets import resolve
+from guard.lazy import resolve
 
 SEQ_LEN, BATCH = 16, 2
 

@@ -11,14 +11,15 @@ import importlib.util
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import click
 
 from guard.errors import GuardError, MissingExtraError, UsageError
+from guard.lazy import resolve
 from guard.records import Record
 from guard.reporters import REPORTERS
-from guard.targets import TARGETS, resolve, to_choices, to_help
+from guard.targets import TARGETS, to_choices, to_help
 
 CONVERT_MODULES = ("numpy", "ml_dtypes", "msgpack", "torch", "jax", "flax")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*$", re.IGNORECASE)
@@ -81,13 +82,30 @@ class TableChoice(click.Choice):
         pass
 
 
-def writer_of(options: ConvertOptions) -> Callable[[ConvertOptions], int]:
+class Writer(Protocol):
+    """What a target row's ``writer`` and ``back_writer`` name (``write_hf_layout``, ``convert_maxtext.write``):
+    convert's options in, the exit code out.  tests/test_architecture.py resolves every row's and checks it."""
+
+    def __call__(self, options: ConvertOptions, /) -> int: ...
+
+
+class OwnLayout(Protocol):
+    """What a target row's ``own_layout`` names (``convert_maxtext.is_maxtext_source``): is SRC in its layout."""
+
+    def __call__(self, src: Path, /) -> bool: ...
+
+
+def writer_of(options: ConvertOptions) -> Writer:
     """The row's writer for ``--to``; for a SRC in a target's own layout (a MaxText checkpoint), the way back
     that row declares for this ``--to``."""
     for row in TARGETS.values():
-        if row.back_writer and row.back_to == options.to and resolve(row.own_layout)(options.src):
-            return resolve(row.back_writer)  # a writer, by the table's contract
-    return resolve(TARGETS[options.to].writer)
+        if row.back_writer and row.back_to == options.to:
+            in_own_layout: OwnLayout = resolve(row.own_layout)
+            if in_own_layout(options.src):
+                back: Writer = resolve(row.back_writer)
+                return back
+    writer: Writer = resolve(TARGETS[options.to].writer)
+    return writer
 
 
 @click.command(short_help="Convert between PyTorch and Flax, bit-exactly.")
@@ -191,6 +209,9 @@ def write_hf_layout(options: ConvertOptions) -> int:
             click.echo(line, file=report_stdout())
     emit(report, fmt, output)
     return report.exit_code
+
+
+_HF_WRITER: Writer = write_hf_layout  # the flax and torch rows' writer meets the protocol: mypy checks it
 
 
 def parity_requirements(src: Path, to: str, *, variant: str | None, dequantize: bool,

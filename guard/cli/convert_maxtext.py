@@ -11,7 +11,7 @@ import click
 from guard.errors import UsageError
 
 if TYPE_CHECKING:
-    from guard.cli.convert import ConvertOptions
+    from guard.cli.convert import ConvertOptions, OwnLayout, Writer
 
 
 def is_maxtext_source(src: Path) -> bool:
@@ -29,6 +29,11 @@ def write(options: ConvertOptions) -> int:
                            scan_layers=options.scan_layers, allow_lossy=options.allow_lossy,
                            run_parity=options.run_parity, max_shard_size=parse_size(options.max_shard_size),
                            fmt=options.fmt, output=options.output, summaries=_summaries, next_step=next_step)
+
+
+if TYPE_CHECKING:  # the maxtext row's writer, back_writer and own_layout meet convert's protocols: mypy checks it
+    _WRITER: Writer = write
+    _OWN_LAYOUT: OwnLayout = is_maxtext_source
 
 
 def convert_maxtext(src: Path, to: str, out: Path, *, dtype: str, keep_fp32: tuple[str, ...], scan_layers: bool,

@@ -9,25 +9,26 @@ import click
 from guard import __version__, lazy
 from guard.errors import GuardError
 
-# name -> (module, attribute, short help); the short help is here so `--help` loads no command.
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "scan": ("guard.cli.scan", "scan", "Scan checkpoints and model directories."),
-    "rules": ("guard.cli.rules", "rules", "List the rules, or explain one."),
-    "report": ("guard.cli.report", "report_cmd", "Render a saved JSON result in another format."),
-    "fix": ("guard.cli.fix", "fix", "Plan and apply mechanical fixes of findings (dry run by default)."),
-    "diff": ("guard.cli.diff", "diff", "What a change did: tensors, dtypes, sizes, findings."),
-    "textconv": ("guard.cli.textconv", "textconv", "Print a weight file as text for `git diff` (one line per tensor)."),
-    "convert": ("guard.cli.convert", "convert", "Convert between PyTorch and Flax, bit-exactly."),
-    "parity": ("guard.cli.parity", "parity", "Compare PyTorch and Flax outputs of one model."),
-    "hub": ("guard.cli.hub", "hub", "Scan Hub repositories remotely, gate uploads, review pushes."),
-    "env": ("guard.cli.env", "env", "Install, list and remove the environments targets run in."),
+# name -> ("module:attribute" of its click command, short help); the short help is here so `--help` loads
+# no command.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "scan": ("guard.cli.scan:scan", "Scan checkpoints and model directories."),
+    "rules": ("guard.cli.rules:rules", "List the rules, or explain one."),
+    "report": ("guard.cli.report:report_cmd", "Render a saved JSON result in another format."),
+    "fix": ("guard.cli.fix:fix", "Plan and apply mechanical fixes of findings (dry run by default)."),
+    "diff": ("guard.cli.diff:diff", "What a change did: tensors, dtypes, sizes, findings."),
+    "textconv": ("guard.cli.textconv:textconv", "Print a weight file as text for `git diff` (one line per tensor)."),
+    "convert": ("guard.cli.convert:convert", "Convert between PyTorch and Flax, bit-exactly."),
+    "parity": ("guard.cli.parity:parity", "Compare PyTorch and Flax outputs of one model."),
+    "hub": ("guard.cli.hub:hub", "Scan Hub repositories remotely, gate uploads, review pushes."),
+    "env": ("guard.cli.env:env", "Install, list and remove the environments targets run in."),
 }
 
 
 class LazyGroup(click.Group):
     """A group whose commands are imported on first use."""
 
-    def __init__(self, *args: Any, commands: dict[str, tuple[str, str, str]], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, commands: dict[str, tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # click.Group's own arguments, passed through
         self.lazy = commands
 
@@ -37,12 +38,11 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.lazy:
             return None
-        module, attribute, _ = self.lazy[cmd_name]
-        command: click.Command = lazy.attribute(module, attribute)
+        command: click.Command = lazy.resolve(self.lazy[cmd_name][0])
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, help_) for name, (_, _, help_) in self.lazy.items()]
+        rows = [(name, help_) for name, (_, help_) in self.lazy.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from guard.diff.change import ChangeReport
-from guard.lazy import attribute
+from guard.lazy import resolve
 
 # format -> "module:function"
 VIEWS: dict[str, str] = {
@@ -18,8 +18,7 @@ VIEWS: dict[str, str] = {
 
 
 def render_change(change: ChangeReport, fmt: str, *, color: bool = False) -> str:
-    module, _, function = VIEWS[fmt].partition(":")
-    view = attribute(module, function)
+    view = resolve(VIEWS[fmt])
     return str(view(change, color=color) if fmt == "text" else view(change))
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from guard.catalogue import make_finding
 from guard.errors import MalformedCheckpoint
-from guard.lazy import attribute
+from guard.lazy import resolve
 from guard.readers.lfs import is_lfs_pointer
 from guard.sources import ByteSource
 from guard.tensors import FileScan
@@ -53,8 +53,7 @@ READERS: dict[str, str] = {
 
 
 def reader_for(fmt: str) -> Reader:
-    module, _, function = READERS[fmt].partition(":")
-    reader: Reader = attribute(module, function)
+    reader: Reader = resolve(READERS[fmt])
     return reader
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from guard.lazy import attribute
+from guard.lazy import resolve
 from guard.report import Report
 
 Renderer = Callable[..., str]
@@ -26,8 +26,7 @@ REPORTERS: dict[str, str] = {
 
 
 def renderer(fmt: str) -> Renderer:
-    module, _, function = REPORTERS[fmt].partition(":")
-    found: Renderer = attribute(module, function)
+    found: Renderer = resolve(REPORTERS[fmt])
     return found
 
 

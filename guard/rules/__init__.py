@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from guard.config import Policy
 from guard.findings import Finding
 from guard.inventory import ModelInventory
-from guard.lazy import attribute
+from guard.lazy import resolve
+from guard.records import Record
 from guard.rules.config_dtype import check_config_dtype
 from guard.rules.copies import check_copies_agree
 from guard.rules.dtype_policy import check_float64, check_mixed_float_dtypes, check_unexpected_dtype
@@ -31,20 +32,22 @@ from guard.rules.variants import check_variant_dtype, check_variant_shards
 Check = Callable[[ModelInventory, Policy], Iterable[Finding]]
 
 
-def _when(applies: Callable[[ModelInventory], bool], module: str, name: str) -> Check:
+class Deferred(Record):
     """A check whose module is imported only for a model it can say something about.
 
     ``applies`` is a necessary condition of the check's first finding (the sets it would skip, tested
-    the way it tests them): a pre-commit hook's plain safetensors commit imports neither module.
+    the way it tests them): a pre-commit hook's plain safetensors commit imports none of these modules.
+    ``dotted`` names the check, a ``Check`` (tests/test_architecture.py resolves it and checks its signature).
     """
-    def check(inventory: ModelInventory, policy: Policy) -> Iterable[Finding]:
-        if not applies(inventory):
-            return ()
-        found: Check = attribute(module, name)
-        return found(inventory, policy)
 
-    check.__name__ = check.__qualname__ = name
-    return check
+    applies: Callable[[ModelInventory], bool]
+    dotted: str  # "module:function"
+
+    def __call__(self, inventory: ModelInventory, policy: Policy) -> Iterable[Finding]:
+        if not self.applies(inventory):
+            return ()
+        found: Check = resolve(self.dotted)
+        return found(inventory, policy)
 
 
 def _has_torch_set(inventory: ModelInventory) -> bool:
@@ -65,14 +68,11 @@ def _has_token_files(inventory: ModelInventory) -> bool:
     return bool(inventory.token_files)  # guard.rules.eos.applies: a generation config or a tokenizer's files
 
 
-_PICKLE_ONLY, _QUANTIZED, _LOADING = "guard.rules.pickle_only", "guard.rules.quantized", "guard.rules.loading"
-_QUANT_TARGETS = "guard.rules.quantized_targets"
-
 # Reader-level codes (CG001-CG003, CG005, CG006) come from the readers and the inventory;
 # CG007 (and CG001 for a declared count none of which was read) from no_tensor_findings, per file.
-CHECKS: tuple[tuple[str, Check], ...] = (
+CHECKS: tuple[tuple[str, Check | Deferred], ...] = (  # a Deferred is a Check (mypy reads no __call__ on a record)
     ("CG004", check_shard_index),
-    ("CG008", _when(_has_torch_set, _PICKLE_ONLY, "check_pickle_only")),
+    ("CG008", Deferred(_has_torch_set, "guard.rules.pickle_only:check_pickle_only")),
     ("CG101", check_unexpected_dtype),
     ("CG102", check_mixed_float_dtypes),
     ("CG103", check_config_dtype),
@@ -83,18 +83,20 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("CG107", check_copies_agree),
     ("CG108", check_variant_dtype),
     ("CG109", check_variant_shards),
-    ("CG110", _when(_has_quantized_set, _QUANTIZED, "check_quantized_components")),
-    ("CG111", _when(_has_quantized_set, _QUANTIZED, "check_quantized_shapes")),
-    ("CG112", _when(_has_quantized_set, _QUANTIZED, "check_quantization_method")),
-    ("CG113", _when(_has_quantized_set, _QUANTIZED, "check_quantized_modules")),
-    ("CG110", _when(_has_quantized_set, _QUANT_TARGETS, "check_targeted_modules")),  # config groups vs tensors
-    ("CG129", _when(_has_quantized_set, _QUANT_TARGETS, "check_runtime_caveats")),
-    ("CG123", _when(_names_model_type, _LOADING, "check_filled_at_random")),  # CG123-125, CG127: one judgement
-    ("CG124", _when(_names_model_type, _LOADING, "check_dropped")),  # per set, shared through its memo
-    ("CG125", _when(_names_model_type, _LOADING, "check_shapes")),
-    ("CG126", _when(_names_model_type, _LOADING, "check_narrowed_keeps")),
-    ("CG127", _when(_names_model_type, _LOADING, "check_not_checked")),
-    ("CG128", _when(_has_token_files, "guard.rules.eos", "check_eos_tokens")),  # generation config vs tokenizer
+    ("CG110", Deferred(_has_quantized_set, "guard.rules.quantized:check_quantized_components")),
+    ("CG111", Deferred(_has_quantized_set, "guard.rules.quantized:check_quantized_shapes")),
+    ("CG112", Deferred(_has_quantized_set, "guard.rules.quantized:check_quantization_method")),
+    ("CG113", Deferred(_has_quantized_set, "guard.rules.quantized:check_quantized_modules")),
+    # config groups vs tensors
+    ("CG110", Deferred(_has_quantized_set, "guard.rules.quantized_targets:check_targeted_modules")),
+    ("CG129", Deferred(_has_quantized_set, "guard.rules.quantized_targets:check_runtime_caveats")),
+    # CG123-125, CG127: one judgement per set, shared through its memo
+    ("CG123", Deferred(_names_model_type, "guard.rules.loading:check_filled_at_random")),
+    ("CG124", Deferred(_names_model_type, "guard.rules.loading:check_dropped")),
+    ("CG125", Deferred(_names_model_type, "guard.rules.loading:check_shapes")),
+    ("CG126", Deferred(_names_model_type, "guard.rules.loading:check_narrowed_keeps")),
+    ("CG127", Deferred(_names_model_type, "guard.rules.loading:check_not_checked")),
+    ("CG128", Deferred(_has_token_files, "guard.rules.eos:check_eos_tokens")),  # generation config vs tokenizer
 )
 
 

@@ -7,17 +7,14 @@ maxtext  -> MaxText's own layout, one row per architecture, as data
 doc      -> docs/jax.md's table of targets, generated (``python -m guard.targets``)
 
 The steps a mapping names are interpreted in one place, ``guard.convert.steps``.  Nothing here imports
-above ``guard.envs``: writers, sides and a target's causes are dotted strings, imported by ``resolve``.
+above ``guard.envs``: writers, sides and a target's causes are dotted strings, imported by ``guard.lazy.resolve``.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from guard.targets.table import TARGETS, Load, Target
 
-__all__ = ["TARGETS", "Load", "Target", "against_choices", "against_help", "resolve", "to_choices", "to_help"]
+__all__ = ["TARGETS", "Load", "Target", "against_choices", "against_help", "to_choices", "to_help"]
 
 
 def to_choices() -> tuple[str, ...]:
@@ -40,9 +37,3 @@ def against_help() -> str:
             f"converted first, in a temporary directory) with that JAX stack's own loader, compare every parameter "
             f"it holds with the file and its forward with PyTorch's ({stacks}; their page: at the end of this help).")
 
-
-def resolve(dotted: str) -> Any:
-    """``"package.module:name"`` -> that object; ``"package.module"`` -> the module (imported now)."""
-    module, _, name = dotted.partition(":")
-    loaded = importlib.import_module(module)
-    return getattr(loaded, name) if name else loaded

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
-from guard.lazy import attribute
+from guard.lazy import resolve
 from guard.readers import unreadable
 from guard.records import Record
 from guard.sources import BytesSource
@@ -27,8 +27,7 @@ class TrainingDir(Record):
 
 
 def _function(dotted: str) -> Callable[..., Any]:
-    module, _, name = dotted.partition(":")
-    return cast("Callable[..., Any]", attribute(module, name))
+    return cast("Callable[..., Any]", resolve(dotted))
 
 
 def claim_training_dirs(directory: str, names: frozenset[str]) -> tuple[TrainingDir, ...]:

@@ -11,13 +11,13 @@ worker early (``guard.envs.worker.Started``) has them done by the time it asks.
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from guard.envs.protocol import PROTOCOL
+from guard.lazy import resolve
 from guard.targets import TARGETS
 from guard.worker.side import Side
 
@@ -25,7 +25,7 @@ SIDES = {name: row.side for name, row in TARGETS.items() if row.side}  # target 
 
 
 def side_of(target: str) -> Side:
-    side = importlib.import_module(SIDES[target])
+    side = resolve(SIDES[target])
     if not isinstance(side, Side):
         raise TypeError(f"{SIDES[target]} does not implement guard.worker.side.Side")
     return side

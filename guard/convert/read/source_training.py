@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from guard.convert.read.source import SourceModel
-from guard.lazy import attribute
+from guard.lazy import resolve
 from guard.records import Record
 from guard.training.registry import TRAINERS, trainer
 
 
 def _function(dotted: str) -> Callable[..., Any]:
-    module, _, name = dotted.partition(":")
-    return cast("Callable[..., Any]", attribute(module, name))
+    return cast("Callable[..., Any]", resolve(dotted))
 
 
 class TrainingSource(Record):

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from guard.fix.context import ActionContext, Staged
 from guard.fixes import ACTIONS, Fix
-from guard.lazy import attribute
+from guard.lazy import resolve
 
 __all__ = ["ACTIONS", "stage"]
 
 
 def stage(fix: Fix, ctx: ActionContext) -> Staged:
-    module, _, function = ACTIONS[fix.action].partition(":")
-    staged: Staged = attribute(module, function)(fix, ctx)
+    staged: Staged = resolve(ACTIONS[fix.action])(fix, ctx)
     return staged

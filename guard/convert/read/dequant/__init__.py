@@ -20,9 +20,10 @@ that finding and nothing is written.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+
+from guard.lazy import resolve
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -77,7 +78,7 @@ def dequantizer(method: str) -> Any:
     row = DEQUANTIZERS.get(method)
     if row is None:
         return None
-    return importlib.import_module(row.split(":")[0])
+    return resolve(row.partition(":")[0])  # the module: its dequantize, and its outputs where it has them
 
 
 def is_floating(array: np.ndarray) -> bool:
