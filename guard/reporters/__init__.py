@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from guard.lazy import resolve
-from guard.report import Report
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: cli/flags.py reads REPORTERS on the hook's line
+if TYPE_CHECKING:
+    from guard.report import Report
 
 Renderer = Callable[..., str]
 
