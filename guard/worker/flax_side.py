@@ -41,11 +41,14 @@ def warm() -> None:
     """What every request needs, imported before the request comes (``python -m guard.worker --warm flax``)."""
     import importlib
 
-    import jax  # noqa: F401
+    try:
+        import jax  # noqa: F401
 
-    for module in ("transformers.modeling_flax_utils", "transformers.models.auto.configuration_auto",
-                   "transformers.models.auto.modeling_flax_auto"):  # transformers 4's Flax base and find_pair's maps
-        importlib.import_module(module)
+        for module in ("transformers.modeling_flax_utils", "transformers.models.auto.configuration_auto",
+                       "transformers.models.auto.modeling_flax_auto"):  # transformers 4's Flax base, find_pair's maps
+            importlib.import_module(module)
+    except ImportError:
+        return  # a head start only: the request meets the same import and says which transformers it found
 
     from guard.parity import jax_cache
 
