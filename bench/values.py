@@ -252,11 +252,11 @@ def write_docs(f: dict) -> None:  # type: ignore[type-arg]
             f"| {r['ratio']:.1f}x | {cat['cpu_s']:.2f} s | {scan['cpu_s']:.2f} s | {r['cpu_ratio']:.1f}x "
             f"| {fp16['wall_s']:.2f} s | {r['ratio_fp16_target']:.1f}x "
             f"| {scan['peak_rss'] / 1e6:.0f} MB | {cat['peak_rss'] / 1e6:.1f} MB |")
-    lines += ["", "Tensor data is read with `preadv` into one reused 256 KiB buffer per worker thread (tensors "
-              "are scanned on up to 4 threads; numpy and `preadv` release the GIL) and examined on its raw bits, "
+    lines += ["", "Tensor data is read with `preadv` into one reused 1 MiB buffer per worker thread (tensors "
+              "are scanned on up to 2 threads; numpy and `preadv` release the GIL) and examined on its raw bits, "
               "so peak RSS is the interpreter, numpy and a few chunk-sized work arrays, whatever the model "
-              "size. The fp16 range figures are computed on every scan; `--target torch:fp16` adds the CG201/"
-              "CG202 findings, not work.", "",
+              "size. With no cast in play a read costs four reductions (issue 47); `--target torch:fp16` also "
+              "gathers the values under 2^-17 of every 256 KiB chunk for fp16's underflow counts.", "",
               "Issue 23, first round: the chunk went from 1 MiB to 256 KiB (a chunk and its work arrays stay "
               "in a core's L2 cache across the passes over them; 128 KiB and 512 KiB measured slower again in "
               "the second round), and this benchmark runs the package from compiled bytecode, as an installed "
