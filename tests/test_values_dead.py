@@ -128,6 +128,7 @@ def test_an_untrained_lora_adapter_is_not_dead(tmp_path: Path, capsys: pytest.Ca
 
 def test_without_values_nothing_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = llama(tmp_path / "m", zero_mlp)
+    capsys.readouterr()  # what writing the model printed
     main(["scan", "--format", "json", str(path)])
     assert dead(json.loads(capsys.readouterr().out)["findings"]) == []
 
@@ -135,6 +136,7 @@ def test_without_values_nothing_is_read(tmp_path: Path, capsys: pytest.CaptureFi
 def test_diff_values_introduces_the_dead_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The reviewer's view: a new revision whose MLP weights are zero introduces CG207."""
     old, new = llama(tmp_path / "old"), llama(tmp_path / "new", zero_mlp)
+    capsys.readouterr()  # what writing the models printed
     code = main(["diff", "--values", "--fail-on", "warning", "--format", "json", str(old), str(new)])
     report = json.loads(capsys.readouterr().out)
     introduced = [f for f in report["introduced"] if f["code"] == "CG207"]
