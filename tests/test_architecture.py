@@ -714,3 +714,33 @@ EXTERNAL_IMPORTS: dict[str, str] = {
     "worker/flax_side.py": "transformers 4's Flax modules, warmed",
     "worker/tunix_side.py": "tunix's per-architecture model and params modules",
 }
+
+
+def _marker_files(marker: str) -> set[str]:
+    import re
+
+    pattern = re.compile((r"(?m)^" if marker[0].isupper() else r"(?<![\w.])") + re.escape(marker))
+    return {path.relative_to(GUARD.parent).as_posix() for path in GUARD.rglob("*.py")
+            if pattern.search(path.read_text(encoding="utf-8"))}
+
+
+def test_the_speed_tricks_are_where_the_page_says() -> None:
+    """docs/architecture.md lists every speed trick on the hook's line with its figure (issue 48): each row's
+    marker stands in exactly the files the row names (or as many modules as it counts), and no row is stale."""
+    import re
+
+    rows = [line.split("|")[1:4] for line in _section("Speed tricks on the hook's line").splitlines()
+            if line.startswith("| ") and "(`" in line]
+    assert len(rows) >= 8
+    for trick, where, figure in rows:
+        marker = re.findall(r"\(`([^`]+)`", trick)[-1]
+        if marker.startswith("guard."):
+            continue  # a module's way of working, held by its own test (test_the_hooks_scan_imports_no_pathlib)
+        found = _marker_files(marker)
+        counted = re.fullmatch(r"\s*(\d+) modules\s*", where)
+        if counted:
+            assert len(found) == int(counted[1]), (marker, sorted(found))
+        else:
+            named = set(re.findall(r"`(guard/[\w/]+\.py)`", where.split("(")[0]))
+            assert found == named, (marker, sorted(found))
+        assert re.search(r"\d", figure) or "not measured" in figure, trick
