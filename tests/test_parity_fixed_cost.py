@@ -107,12 +107,23 @@ def test_a_cache_folder_the_user_set_for_jax_is_used_instead(tmp_path: Path, mon
     assert programs(tmp_path / "theirs") and not (tmp_path / "home" / "jax-cache").exists()
 
 
-def _importtime_python(tmp_path: Path, tf4: Path) -> tuple[Path, Path]:
-    """A wrapper of the transformers-4 Python that logs the worker's imports (``-X importtime``), not the probe's."""
-    log = tmp_path / "imports.log"
+# run as `python -m guard.worker ...`, then every module the worker holds at its exit, one a line, into sys.argv[1]
+# (-X importtime misses what importlib.import_module imports, as transformers' lazy modules and warm() do)
+MODULES_AT_EXIT = ("import atexit, runpy, sys\n"
+                   "log, sys.argv = sys.argv[1], ['guard.worker', *sys.argv[2:]]\n"
+                   "atexit.register(lambda: open(log, 'w').write('\\n'.join(sorted(sys.modules))))\n"
+                   "runpy.run_module('guard.worker', run_name='__main__', alter_sys=True)\n")
+
+
+def _logging_python(tmp_path: Path, tf4: Path) -> tuple[Path, Path]:
+    """A wrapper of the transformers-4 Python that logs the worker's modules (``MODULES_AT_EXIT``), not the
+    probe's."""
+    log = tmp_path / "modules.log"
+    script = tmp_path / "modules_at_exit.py"
+    script.write_text(MODULES_AT_EXIT)
     wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nif [ "$2" = guard.worker ]; then exec "{tf4}" -X importtime "$@" 2>>"{log}"; fi\n'
-                       f'exec "{tf4}" "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nif [ "$2" = guard.worker ]; then shift 2; exec "{tf4}" "{script}" "{log}" "$@"\n'
+                       f'fi\nexec "{tf4}" "$@"\n')
     wrapper.chmod(0o755)
     return wrapper, log
 
@@ -122,13 +133,13 @@ def test_the_flax_side_imports_neither_torch_nor_tensorflow(tmp_path: Path) -> N
     import importlib.util
 
     assert importlib.util.find_spec("torch") and importlib.util.find_spec("tensorflow")  # installed, so avoidable
-    wrapper, log = _importtime_python(tmp_path, legacy_python())
+    wrapper, log = _logging_python(tmp_path, legacy_python())
     src = tiny_llama(tmp_path / "src")
     parity = convert_parity(src, tmp_path / "flax", tmp_path / "r.json", "--flax-python", str(wrapper))
     assert parity["passed"] is True and parity["streamed"] is True and parity["blocks"] == 2
     assert "not_located" not in parity  # the Flax side streamed by the PyTorch side's own block names
-    imported = {line.split("|")[-1].strip() for line in log.read_text().splitlines() if line.startswith("import time:")}
-    assert {"jax", "flax", "transformers", "transformers.modeling_flax_utils"} <= imported
+    imported = set(log.read_text().split())
+    assert {"jax", "flax", "transformers", "transformers.modeling_flax_utils", "guard.worker.flax_side"} <= imported
     assert not {m for m in imported if m.split(".")[0] in ("torch", "tensorflow", "sklearn", "hqq", "torchao")}
 
 
@@ -157,3 +168,53 @@ def test_a_worker_never_asked_is_ended(tmp_path: Path, monkeypatch: pytest.Monke
     process = started[0]._proc
     assert process is not None and process.poll() is not None  # ended, and waited for
     assert not os.path.exists(started[0]._path_dir.name)
+
+
+# run in a fresh interpreter (this one has imported transformers): convert --parity, then what it imported
+IMPORTED = """
+import importlib.util, json, sys
+from guard.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "imported": sorted({m.split(".")[0] for m, v in sys.modules.items() if v is not None}),
+                  "findable": [n for n in ("hqq", "torchao", "kernels") if importlib.util.find_spec(n) is not None]}))
+"""
+
+
+@pytest.mark.slow
+def test_the_pytorch_side_imports_neither_hqq_nor_torchao_nor_kernels(tmp_path: Path) -> None:
+    """transformers imports them because they are installed; parity runs none of them (hqq brings torch's
+    compiler): hidden while transformers is first imported, findable again after."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from guard.parity.unneeded import UNNEEDED
+
+    assert all(importlib.util.find_spec(n) for n in UNNEEDED)  # installed here, so the test means something
+    src = tiny_llama(tmp_path / "src")
+    report = tmp_path / "r.json"
+    env = {**os.environ, "CKPT_GUARD_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-c", IMPORTED, "convert", str(src), "--to", "flax", "--out",
+                           str(tmp_path / "flax"), "--parity", "--flax-python", str(legacy_python()), "-f", "json",
+                           "-o", str(report)], capture_output=True, text=True, env=env, check=True)
+    answer = json.loads(done.stdout.splitlines()[-1])
+    parity = json.loads(report.read_text())["extra"]["parity"]
+    assert answer["code"] == 0 and parity["passed"] is True and parity["streamed"] is True
+    assert {"torch", "transformers"} <= set(answer["imported"])
+    assert not set(UNNEEDED) & set(answer["imported"])
+    assert answer["findable"] == list(UNNEEDED)  # the process can import them again after parity
+
+
+def test_hidden_leaves_a_process_that_imported_transformers_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from guard.parity.unneeded import UNNEEDED, hidden
+
+    assert "transformers" in sys.modules  # imported at the top of this file
+    before = {n: sys.modules.get(n, "absent") for n in UNNEEDED}
+    with hidden():
+        assert {n: sys.modules.get(n, "absent") for n in UNNEEDED} == before
+    monkeypatch.delitem(sys.modules, "transformers")
+    with hidden():
+        assert all(sys.modules[n] is None for n in UNNEEDED if before[n] == "absent")
+    assert {n: sys.modules.get(n, "absent") for n in UNNEEDED} == before

@@ -206,6 +206,7 @@ def test_the_environment_variable_names_the_flax_side(monkeypatch: pytest.Monkey
     monkeypatch.setenv(needs.FLAX_PYTHON_ENV, str(legacy_python()))
     assert needs.flax_side_python(None) == Path(os.path.abspath(legacy_python()))
     monkeypatch.setenv(needs.FLAX_PYTHON_ENV, str(tmp_path / "missing" / "python"))
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # a folder without one is refused first
     assert main(["parity", str(tmp_path), str(tmp_path)]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line == f"ckpt-guard: error: parity: {needs.FLAX_PYTHON_ENV}={tmp_path / 'missing' / 'python'}: no such file"

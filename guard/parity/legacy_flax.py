@@ -7,6 +7,8 @@ found, through the worker protocol (``guard.envs.worker``, answered by ``guard.w
 subprocess, one request, started first (``--warm``) so that its imports (jax, flax, transformers 4's Flax
 classes; never torch or TensorFlow: ``USE_TORCH=0``, ``USE_TF=0``) run while this process imports its own
 side.  The worker says which transformers it imported: 5 is exit 2 (one line), never a CG303 note and a pass.
+This side imports transformers without the packages it imports only because they are installed and parity
+never runs (``guard.parity.unneeded``: hqq and with it torch's compiler, torchao, kernels).
 
 Order: the config first (what the source means, read here; what the Flax side reads, read there: a
 difference is CG302 and no output is compared), then the worker's seeded inputs through this side's
@@ -37,9 +39,12 @@ def run_parity_in_worker(torch_dir: Path, flax_dir: Path, python: Path, *, seed:
     figures: dict[str, Any] = {"torch_dir": display_path(torch_dir), "flax_dir": where, "seed": seed,
                                "available": False, "passed": None, "comparisons": [],
                                "flax_side": {"python": str(python)}}
+    from guard.parity.unneeded import hidden
+
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpt-guard-flax-side-")))
         worker = stack.enter_context(start_flax_side(python, tmp))
+        stack.enter_context(hidden())  # transformers' hqq, torchao and kernels: this side never runs them
         return _run(torch_dir, flax_dir, python, seed, drift, figures, where, worker, tmp)
 
 

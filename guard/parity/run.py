@@ -49,6 +49,9 @@ def run_parity(torch_dir: Path, flax_dir: Path, *, seed: int = 0, drift: bool | 
 
         return run_parity_in_worker(torch_dir, flax_dir, flax_python, seed=seed, drift=drift)
     _require_extras()
+    from guard.parity import jax_cache
+
+    jax_cache.enable()  # before this process compiles: JAX decides at its first compile whether the cache is on
     torch_dir, flax_dir = Path(torch_dir), Path(flax_dir)
     where = display_path(flax_dir)
     figures: dict[str, Any] = {"torch_dir": display_path(torch_dir), "flax_dir": where, "seed": seed,
