@@ -69,6 +69,11 @@ MODELS: dict[str, tuple[str, str, Callable[[], object]]] = {
         text_config=dict(**T, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}),
         vision_config=dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32,
                            fullatt_block_indexes=[0]))),
+    # saved under the older names (language_model.lm_head, untied): renamed before the base model's prefix
+    "llava": ("vision-language", "LlavaForConditionalGeneration", lambda: transformers.LlavaConfig(
+        text_config=dict(model_type="llama", **T),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                           num_attention_heads=4, image_size=28, patch_size=14, projection_dim=32))),
     # encoder-only, encoder-decoder, speech, vision
     "bert base": ("encoder-only", "BertModel", _config("bert", **T)),
     "bart": ("encoder-decoder", "BartForConditionalGeneration", _config(

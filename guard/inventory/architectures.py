@@ -208,10 +208,6 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
         if base_class:  # the base model: the table's names under the prefix, without it
             expected = {k[len(dotted):]: v for k, v in expected.items() if k.startswith(dotted)}
             files = {k[len(dotted):] if k.startswith(dotted) else k: v for k, v in files.items()}
-        elif (not any(k.startswith(dotted) for k in files)  # a base model's file loaded by a head class
-              and any(k.startswith(dotted) for k in expected)):  # (T5's head builds nothing under its prefix)
-            heads = {k for k in expected if not k.startswith(dotted)}
-            files = {(k if k in heads else dotted + k): v for k, v in files.items()}
     renames = [(re.compile(a), b) for a, b in row.renames]  # type: ignore[attr-defined]  # a table Row, typed object: the table is imported lazily
     if renames:
         # one search per name for all the renames: a 200,000-tensor set has almost no name to rename
@@ -227,6 +223,12 @@ def judge(row: object, class_name: str, config: Mapping[str, object],
             renamed[name] = shape
         if renames:
             files = renamed
+    if prefix and not base_class:  # after the renames, as transformers adds the prefix after its renamings (a
+        dotted = prefix + "."      # file of older names, llava's language_model.lm_head, is renamed out of it)
+        if (not any(k.startswith(dotted) for k in files)  # a base model's file loaded by a head class
+                and any(k.startswith(dotted) for k in expected)):  # (T5's head builds nothing under its prefix)
+            heads = {k for k in expected if not k.startswith(dotted)}
+            files = {(k if k in heads else dotted + k): v for k, v in files.items()}
     omittable = _omittable(row, config)
     if base_class:
         omittable = {k[len(prefix) + 1:] if k.startswith(prefix + ".") else k for k in omittable}
