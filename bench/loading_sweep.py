@@ -220,8 +220,8 @@ def _sweep(model_type: str, class_name: str, root: Path, started: float) -> dict
 
 def run(tasks: list[tuple[str, str, str]], workers: int, scratch: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Each task's (class, result) as it finishes: in this process, or in ``workers`` processes forked from a
-    server that imported torch, transformers and the scan once (each worker replaced after 16 classes: the
-    model modules a class imports stay).  A worker that dies (killed for memory, a crash in native code) takes
+    server that imported torch, transformers and the scan once (the workers replaced after 16 classes each:
+    the model modules a class imports stay).  A worker that dies (killed for memory, a crash in native code) takes
     the pool with it: the classes it was sweeping are counted apart and the rest go on in a fresh pool."""
     if workers <= 1:
         yield from map(sweep_class, tasks)
@@ -236,18 +236,24 @@ def run(tasks: list[tuple[str, str, str]], workers: int, scratch: Path) -> Itera
     started.mkdir(exist_ok=True)
     left = list(tasks)
     while left:
-        with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=16) as pool:
-            futures = {pool.submit(sweep_class, task): task for task in left}
+        # a fresh pool for each 16 classes a worker (the model modules a class imports stay in its worker; the
+        # executor's own max_tasks_per_child hangs once every worker has exited, on Python 3.11)
+        batch = left[:16 * workers]
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            futures = {pool.submit(sweep_class, task): task for task in batch}
             try:
                 for future in as_completed(futures):
                     key, result = future.result()
                     left.remove(futures[future])
                     yield key, result
             except BrokenProcessPool:
-                for marker in started.iterdir():  # the classes being swept when the pool broke
-                    key = marker.read_text()
-                    left = [t for t in left if f"{t[0]}/{t[1]}" != key]
+                dead = [marker.read_text() for marker in started.iterdir()]  # being swept when the pool broke
+                for marker in started.iterdir():
                     marker.unlink()
+                if not dead:  # (it died before it said which): the batch's first unfinished class, so it ends
+                    dead = [next(f"{t[0]}/{t[1]}" for t in batch if t in left)]
+                for key in dead:
+                    left = [t for t in left if f"{t[0]}/{t[1]}" != key]
                     yield key, {"error": "its worker died (killed for memory, or a crash in native code)"}
 
 
@@ -299,6 +305,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "loading_sweep"),
                         help="folder for results.jsonl (resumed from) and summary.json")
     parser.add_argument("--fresh", action="store_true", help="start over: the folder's results are not reused")
+    parser.add_argument("--summary-only", action="store_true", help="sweep nothing: the figure of what is done")
     args = parser.parse_args(argv)
     os.environ["LOADING_SWEEP_PER_CLASS_S"] = str(args.per_class_s)
     from guard.inventory.rows import model_types, rows_for
@@ -311,22 +318,33 @@ def main(argv: list[str]) -> int:
     types = [t for t in args.types.split(",") if t] if args.types else model_types()
     wanted = [(t, c) for t in types for c in rows_for(t) or {}]
     results: dict[str, dict[str, Any]] = {}
+    spans: list[list[float]] = []  # each run's start and its last result's time: the wall time of a resumed sweep
     if journal.exists():
         for line in journal.read_text().splitlines():
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, KeyError, TypeError):
                 record = json.loads(line)
+                if "run" in record:
+                    spans.append([record["run"], record["run"]])
+                    continue
                 results[record["class"]] = record["result"]
+                if spans and "at" in record:
+                    spans[-1][1] = record["at"]
     todo = [(t, c) for t, c in wanted if f"{t}/{c}" not in results]
     if args.limit:
         todo = todo[:args.limit]
+    if args.summary_only:
+        todo = []
     print(f"{len(wanted)} classes over {len(types)} model_types; {len(wanted) - len(todo)} done already, "
           f"{len(todo)} to sweep with {args.workers} worker(s) -> {out}", flush=True)
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="loading-sweep-") as scratch, journal.open("a") as keep:
         tasks = [(t, c, scratch) for t, c in todo]
+        if tasks:
+            spans.append([time.time(), time.time()])
+            keep.write(json.dumps({"run": spans[-1][0], "workers": args.workers}) + "\n")
         for n, (key, result) in enumerate(run(tasks, args.workers, Path(scratch)), 1):
             results[key] = result
-            keep.write(json.dumps({"class": key, "result": result}) + "\n")
+            spans[-1][1] = time.time()
+            keep.write(json.dumps({"class": key, "result": result, "at": spans[-1][1]}) + "\n")
             keep.flush()
             state = ("left out: " + result["left_out"] if "left_out" in result else
                      "error: " + result["error"] if "error" in result else
@@ -334,10 +352,7 @@ def main(argv: list[str]) -> int:
                      + "".join(f", {d} " + ("found" if result[d]["found"] else "a note" if result[d].get("note")
                                              else "MISSED") for d in DEFECTS if d in result))
             print(f"[{n}/{len(todo)}] {key}: {state} ({result.get('seconds', '-')} s)", flush=True)
-    elapsed = time.perf_counter() - started
-    previous = json.loads((out / "summary.json").read_text()).get("figures", {}) if (out / "summary.json").exists() \
-        and not args.fresh else {}
-    seconds = elapsed + (previous.get("seconds", 0.0) if len(todo) < len(wanted) else 0.0)  # a resumed run's total
+    seconds = sum(end - start for start, end in spans)  # every run's, a resumed sweep's included
     keys = {f"{t}/{c}" for t, c in wanted}
     considered = {k: v for k, v in results.items() if k in keys}
     figure = figures(considered, len(wanted), seconds, args.workers)
