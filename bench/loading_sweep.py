@@ -53,7 +53,13 @@ ENV = {"CKPT_GUARD_NO_BUILD": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE"
 MAX_PARAMETERS = 60_000_000
 
 
-def tiny_config(model_type: str) -> Any:
+# how a default config is made tiny, tried in turn until the class builds within MAX_PARAMETERS: its layer counts
+# two (the per-layer lists cut with them) and every size of 64 or more divided by 16; the counts alone; the sizes
+# alone; as it is
+VARIANTS = ((True, True), (True, False), (False, True), (False, False))
+
+
+def tiny_config(model_type: str, variant: tuple[bool, bool] = VARIANTS[0]) -> Any:
     if str(ROOT / "scripts") not in sys.path:
         sys.path.insert(0, str(ROOT / "scripts"))
     import architectures_table as generator
@@ -61,19 +67,46 @@ def tiny_config(model_type: str) -> Any:
     plan = generator.Plan(model_type)
     if plan.sample:  # the sample configs the table's own rows were fitted on
         return generator._config(model_type, {})
+    shrink, divide = variant
     data = json.loads(json.dumps(plan.default))
-    for key, value in plan.shrunk.items():
+    overrides: dict[str, int] = {}
+    for key in plan.sized(data) if divide else ():
         head, _, rest = key.rpartition(".")
-        (data[head] if head else data)[rest] = value
-    for key in plan.sized(data):
-        head, _, rest = key.rpartition(".")
-        where = data[head] if head else data
-        value = where[rest]
+        value = (data[head] if head else data)[rest]
         if value >= 64 and value % 16 == 0 and not generator.LAYER_COUNT.match(rest) and "heads" not in rest \
                 and "experts" not in rest:
-            where[rest] = value // 16
-    data.pop("transformers_version", None)
-    return plan.cls.from_dict(data)
+            overrides[key] = value // 16
+    return plan.config(overrides, shrink=shrink)
+
+
+def _tiny_model(model_type: str, class_name: str) -> Any:
+    """The class built from the first tiny config it accepts (sized on the meta device first), or why none."""
+    import torch
+    import transformers
+
+    cls = getattr(transformers, class_name)
+    first: str | None = None
+    for variant in VARIANTS:
+        try:
+            config = tiny_config(model_type, variant)
+            with torch.device("meta"):
+                params = sum(p.numel() for p in cls(config).parameters())
+            if params > MAX_PARAMETERS:
+                first = first or f"{params / 1e6:.0f}M parameters at its smallest"
+                continue
+            torch.manual_seed(0)
+            return cls(config)
+        except Exception as exc:  # noqa: BLE001  the next variant; the first reason is kept
+            first = first or _why(exc)
+        if generator_sample(model_type):
+            break  # one sample config: no variant
+    return first or "no tiny config"
+
+
+def generator_sample(model_type: str) -> bool:
+    import architectures_table as generator
+
+    return model_type in generator.CLASSES
 
 
 def scan_codes(root: Path) -> list[dict[str, Any]]:
@@ -171,20 +204,16 @@ def sweep_class(task: tuple[str, str, str]) -> tuple[str, dict[str, Any]]:
 
 def _sweep(model_type: str, class_name: str, root: Path, started: float) -> dict[str, Any]:
     import torch
-    import transformers
     from safetensors.torch import load_file, save_file
 
+    model = _tiny_model(model_type, class_name)
+    if isinstance(model, str):
+        return {"left_out": model}
     try:
-        config = tiny_config(model_type)
-        torch.manual_seed(0)
-        model = getattr(transformers, class_name)(config)
-        params = sum(p.numel() for p in model.parameters())
-        if params > MAX_PARAMETERS:
-            return {"left_out": f"{params / 1e6:.0f}M parameters tiny"}
         model.save_pretrained(root)
-        del model
     except Exception as exc:  # noqa: BLE001  counted apart, with its reason
-        return {"left_out": _why(exc)}
+        return {"left_out": f"save_pretrained: {_why(exc)}"}
+    del model
     found = scan_codes(root)
     result: dict[str, Any] = {"as_saved": [f"{f['code']} {f.get('tensor')}: {f['message'][:200]}" for f in found]}
     if found:
@@ -319,12 +348,14 @@ def main(argv: list[str]) -> int:
     wanted = [(t, c) for t in types for c in rows_for(t) or {}]
     results: dict[str, dict[str, Any]] = {}
     spans: list[list[float]] = []  # each run's start and its last result's time: the wall time of a resumed sweep
+    used: set[int] = set()  # the workers of each run
     if journal.exists():
         for line in journal.read_text().splitlines():
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 record = json.loads(line)
                 if "run" in record:
                     spans.append([record["run"], record["run"]])
+                    used.add(int(record.get("workers", 1)))
                     continue
                 results[record["class"]] = record["result"]
                 if spans and "at" in record:
@@ -340,6 +371,7 @@ def main(argv: list[str]) -> int:
         tasks = [(t, c, scratch) for t, c in todo]
         if tasks:
             spans.append([time.time(), time.time()])
+            used.add(args.workers)
             keep.write(json.dumps({"run": spans[-1][0], "workers": args.workers}) + "\n")
         for n, (key, result) in enumerate(run(tasks, args.workers, Path(scratch)), 1):
             results[key] = result
@@ -355,7 +387,7 @@ def main(argv: list[str]) -> int:
     seconds = sum(end - start for start, end in spans)  # every run's, a resumed sweep's included
     keys = {f"{t}/{c}" for t, c in wanted}
     considered = {k: v for k, v in results.items() if k in keys}
-    figure = figures(considered, len(wanted), seconds, args.workers)
+    figure = figures(considered, len(wanted), seconds, max(used, default=args.workers))
     (out / "summary.json").write_text(json.dumps({"figures": figure}, indent=1))
     print(summary_line(figure))
     for key, why in list(figure["not_clean"].items())[:40]:
