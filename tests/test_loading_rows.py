@@ -208,6 +208,7 @@ def test_what_a_row_cannot_vouch_for() -> None:
                                         for k, v in llama.containers.items()})
     assert "'attention'" in unvouched(hybrid, {"layer_types": ["mamba", "attention"]}, found).replace('"', "'")
     assert unvouched(hybrid, {"layer_types": ["mamba", "mamba"]}, found) == ""
+    assert "config.json has none" in unvouched(hybrid, {"layers_block_type": ["mamba"]}, found)
     fitted = Loading("X", (), (), (), (Mismatch("a", (16, 32), (256, 32), ("128*num_key_value_heads", "")),), ())
     assert "128*num_key_value_heads" in unvouched(llama, {}, fitted)
     assert unvouched(llama._replace(source="built"), {"attn_layer_period": 2}, found) == ""

@@ -335,7 +335,9 @@ def unvouched(row: object, config: Mapping[str, object], loading: Loading) -> st
             if not isinstance(kinds, list):
                 text = config.get("text_config")
                 kinds = text.get("layer_types") if isinstance(text, dict) else None
-            for kind in kinds if isinstance(kinds, list) else ():
+            if not isinstance(kinds, list):
+                return "the table's row picks its layers' kinds by layer_types, and config.json has none"
+            for kind in kinds:
                 if str(kind) not in layers.kinds:
                     return f"config.json's layer_types names {json_text(kind)}, a kind of layer the table's row lacks"
     tracked = {key.rsplit(".", 1)[-1] for key in row.flags}  # type: ignore[attr-defined]  # a table Row
