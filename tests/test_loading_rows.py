@@ -203,6 +203,8 @@ def test_what_a_row_cannot_vouch_for() -> None:
     # attention over a window or the whole sequence builds the same weights; linear attention does not
     assert unvouched(llama, {"layer_types": ["sliding_attention", "full_attention"]}, found) == ""
     assert "layer_types" in unvouched(llama, {"layer_types": ["linear_attention", "full_attention"]}, found)
+    assert unvouched(llama, {"attention_layers": ["global", "local"]}, found) == ""  # GPT-Neo's
+    assert "attn_layers" in unvouched(llama, {"attn_layers": ["local", "lsh"]}, found)  # Reformer's: other weights
     assert "attn_layer_period" in unvouched(llama, {"text_config": {"attn_layer_period": 2}}, found)
     hybrid = llama._replace(containers={k: v._replace(selector="layer_types", kinds={"mamba": v.kinds[""]})
                                         for k, v in llama.containers.items()})

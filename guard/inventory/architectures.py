@@ -344,9 +344,8 @@ def unvouched(row: object, config: Mapping[str, object], loading: Loading) -> st
     tracked |= {field for field, selector in _SELECTED.items() if selector in selectors}
     for where in (config, config.get("text_config")):
         for key, value in where.items() if isinstance(where, dict) else ():
-            if key == "layer_types" and isinstance(value, list) and all(isinstance(v, str) and v in _SAME_WEIGHTS
-                                                                        for v in value):
-                continue  # attention over a window or the whole sequence: the same weights
+            if isinstance(value, list) and all(isinstance(v, str) and v in _SAME_WEIGHTS for v in value):
+                continue  # attention over a window or the whole sequence (GPT-Neo's global and local): the same weights
             if _LAYER_PATTERN.match(key) and key not in tracked and value not in (None, [], 0):
                 return (f"config.json sets {key}, which picks which layers are which kind, and the table's row "
                         "does not follow it")
