@@ -293,6 +293,9 @@ def figures(results: dict[str, dict[str, Any]], in_table: int, seconds: float, w
         "classes_in_table": in_table, "classes": len(results), "swept": len(swept),
         "clean_as_saved": len(swept) - len(not_clean),
         "not_clean_transformers_agrees": sum(bool(v.get("transformers_as_saved")) for v in not_clean.values()),
+        "false_errors": sum(not v.get("transformers_as_saved") and any(not f.startswith("CG127") for f in v["as_saved"])
+                            for v in not_clean.values()),
+        "notes_as_saved": sum(all(f.startswith("CG127") for f in v["as_saved"]) for v in not_clean.values()),
         "seconds": round(seconds, 1), "workers": workers,
         "class_seconds": round(sum(v.get("seconds", 0.0) for v in results.values()), 1),
     }
@@ -317,8 +320,8 @@ def summary_line(f: dict[str, Any]) -> str:
                         for d in DEFECTS)
     return (f"{f['swept']} of {f['classes']} classes saved tiny and scanned ({f['classes_in_table']} in the table, "
             f"{len(f['left_out'])} left out); zero findings as saved {f['clean_as_saved']} of {f['swept']}, "
-            f"false findings {f['swept'] - f['clean_as_saved'] - f['not_clean_transformers_agrees']} (found where "
-            f"transformers reports nothing); {defects}; {f['seconds']} s with {f['workers']} worker(s)")
+            f"{f['false_errors']} with a false finding (where transformers reports nothing), {f['notes_as_saved']} "
+            f"with a note alone (the row could not vouch); {defects}; {f['seconds']} s with {f['workers']} worker(s)")
 
 
 def main(argv: list[str]) -> int:
