@@ -86,6 +86,9 @@ def test_the_cache_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pl
     assert home.venv_python(tmp_path) == tmp_path / ("Scripts/python.exe" if platform == "win32" else "bin/python")
     monkeypatch.setenv("CKPT_GUARD_HOME", str(tmp_path / "mine"))
     assert home.envs_home() == tmp_path / "mine" / "envs"
+    monkeypatch.chdir(tmp_path)  # a relative one (CKPT_GUARD_HOME=.envs) is the folder it names from here: a
+    monkeypatch.setenv("CKPT_GUARD_HOME", ".envs")  # worker runs elsewhere and must find the same folder
+    assert home.envs_home() == tmp_path / ".envs" / "envs"
 
 
 def test_constraints_are_package_data_and_keys_follow_the_pins() -> None:

@@ -30,7 +30,7 @@ STAMP = "ckpt-guard-env.json"
 def cache_root() -> Path:
     """ckpt-guard's folder in the user's cache directory (``$CKPT_GUARD_HOME`` overrides it)."""
     if os.environ.get(HOME_ENV):
-        return Path(os.environ[HOME_ENV])
+        return Path(os.environ[HOME_ENV]).absolute()  # a worker runs in another folder
     if sys.platform == "win32":
         return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "ckpt-guard" / "Cache"
     if sys.platform == "darwin":

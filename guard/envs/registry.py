@@ -74,11 +74,14 @@ ENVIRONMENTS: dict[str, Environment] = {
         env={"KERAS_BACKEND": "jax"}, imports=("numpy", "jax", "keras", "keras_hub", "sentencepiece"),
         smoke="guard.worker.keras_hub_side:smoke", no_deps=("keras-hub",)),
     "easydel": Environment(
-        name="easydel", constraints="easydel.txt", python="", requirements=("easydel", "Pillow"),
+        # kernels: transformers 5.5 imports it wherever it is installed (the Python this overlays has 0.19, which
+        # its hub_kernels refuses at import: "Either a revision or a version must be specified"), so the overlay
+        # holds the one 5.5 declares (kernels < 0.13)
+        name="easydel", constraints="easydel.txt", python="", requirements=("easydel", "Pillow", "kernels"),
         module="easydel", distribution="easydel", checked=("0.3.0",), kind="overlay",
         why="easydel 0.3.0 pins jax ~= 0.9, flax == 0.12.3 and transformers ~= 5.5, and imports Pillow without "
             "declaring it",
-        imports=("numpy", "jax", "flax.nnx", "torch", "PIL", "easydel"), borrows=("torch",)),
+        imports=("numpy", "jax", "flax.nnx", "torch", "PIL", "easydel", "easydel.modules.auto"), borrows=("torch",)),
     "maxtext": Environment(
         name="maxtext", constraints="maxtext.txt", python="3.12", requirements=("maxtext[tpu]",),
         module="maxtext", distribution="maxtext", checked=("0.2.5",), kind="venv",
