@@ -340,9 +340,11 @@ def _tie_key(plan: Plan, class_name: str, notes: list[str]) -> tuple[str, bool, 
 
 
 def _guess(values: dict[str, int], sized: list[str], dim: int) -> str | int | None:
-    """A head's dimension the type's first class did not build: the one sized field of that value, else unchecked."""
-    fields = [f for f in sized if values.get(f) == dim]
-    return fields[0] if len(fields) == 1 else None
+    """A head's dimension the type's first class did not build: unchecked.  Matching it to the one sized field of
+    that value was a coincidence as often as not (a token classifier's 2 labels read as type_vocab_size: every
+    fine-tuned one of 9 labels a false CG125; wav2vec2's 512 read as xvector_output_dim), and a head's own sizes
+    (num_labels, a projection) are not a config's size fields; building it again to check costs a build per head."""
+    return None
 
 
 def _row(model_type: str, class_name: str, plan: Plan | None = None,

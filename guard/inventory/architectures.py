@@ -353,7 +353,16 @@ def unvouched(row: object, config: Mapping[str, object], loading: Loading) -> st
         fitted = [f for f in mismatch.fields if _CONSTANT_TIMES.match(f)]
         if fitted:
             return f"the table's row fitted {fitted[0]} with a constant config.json may set otherwise"
+    numbered = {_INDEX.sub(".#", name) for name, _ in row.flat if _INDEX.search(name)}  # type: ignore[attr-defined]  # a table Row
+    if numbered:
+        for name in (*loading.missing, *loading.unexpected):
+            if _INDEX.sub(".#", name) in numbered or _INDEX.sub(".#", name.partition(".")[2]) in numbered:
+                return (f"the table's row lists {name.rpartition('.')[0]}'s siblings one by one, as many as the "
+                        "default config has (config.json may set another number, in a list the row does not follow)")
     return ""
+
+
+_INDEX = re.compile(r"\.\d+(?=\.|$)")  # a numbered module outside the row's layer containers (wav2vec2's tdnn.3)
 
 
 def whole(row: object, class_name: str, config: Mapping[str, object], names: Sequence[str],
