@@ -83,13 +83,15 @@ def _wheel(tmp: Path) -> Path:
     return wheel
 
 
-def _venv(folder: Path, base_python: str, wheel: Path, deps: Path) -> Path:
+def _venv(folder: Path, base_python: str, wheel: Path, deps: Path, *, with_its_pth: bool = False) -> Path:
     assert _run(base_python, "-m", "venv", folder).returncode == 0
     python = folder / "bin" / "python"
     done = _run(python, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", wheel)
     assert done.returncode == 0, done.stderr[-3000:]
     site = _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").stdout.strip()
-    Path(site, "zz-dependencies.pth").write_text(f"{deps}\n")  # a plain path: no .pth of the folder is read
+    # a plain path: no .pth of the folder is read; or the folder as a site (an overlay's own .pth adds its base)
+    line = f"import site; site.addsitedir({str(deps)!r})" if with_its_pth else str(deps)
+    Path(site, "zz-dependencies.pth").write_text(f"{line}\n")
     return python
 
 
@@ -164,15 +166,17 @@ def test_against_tunix_from_the_wheel(installed: dict[str, Any], tmp_path: Path,
     from against_envs import ensure
     from test_parity_against import save_tiny
 
-    ensure("tunix")  # the checkout's own (as make test builds it): keyed by its pins and Python alone
+    # the checkout's own, as make test builds it: an overlay on the checkout's Python, so this wheel's Python (another
+    # one) names it (a managed one of its own would be an overlay on it: `env install tunix` there)
+    tunix = ensure("tunix").python
     args, kwargs, _ = TUNIX_CASES[case]
     src = save_tiny(tmp_path / "m", *args, **kwargs)
     report = tmp_path / "r.json"
-    env = {**installed["env"], "CKPT_GUARD_HOME": CHECKOUT_HOME}
-    done = _run(installed["bin"], "parity", src, "--against", "tunix", "-f", "json", "-o", report, env=env)
+    done = _run(installed["bin"], "parity", src, "--against", "tunix", "--against-python", tunix, "-f", "json", "-o",
+                report, env=installed["env"])
     assert done.returncode in (0, 1), done.stderr[-3000:]
     data = json.loads(report.read_text())
-    assert data["extra"]["parity"]["environment"]["where"] == "managed"
+    assert data["extra"]["parity"]["environment"]["where"] == "named"
     _assert_tunix_verdict(case, done.returncode, data)
 
 
@@ -193,13 +197,14 @@ def test_against_maxtext_from_the_wheel(installed: dict[str, Any], tmp_path: Pat
 
 @pytest.fixture(scope="module")
 def in_tunix(installed: dict[str, Any]) -> Path:
-    """The wheel installed into a child of tunix's own environment (its packages on the path, nothing copied)."""
+    """The wheel installed into a child of tunix's own environment (its packages on the path, nothing copied; tunix's
+    is an overlay, whose .pth adds the Python it overlays)."""
     from against_envs import ensure
 
     tunix = ensure("tunix").python
     site = _run(tunix, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").stdout.strip()
     child = installed["tmp"] / "tunix-child"
-    return _venv(child, str(tunix), installed["wheel"], Path(site))
+    return _venv(child, str(tunix), installed["wheel"], Path(site), with_its_pth=True)
 
 
 @pytest.mark.parametrize("case", list(TUNIX_CASES))

@@ -56,11 +56,12 @@ ENVIRONMENTS: dict[str, Environment] = {
         imports=("numpy", "jax", "flax", "torch", "transformers", "transformers.modeling_flax_utils"),
         borrows=("torch",)),
     "tunix": Environment(
-        name="tunix", constraints="tunix.txt", python="", requirements=("google-tunix", "jax", "flax"),
+        # kernels: as EasyDeL's (below), transformers 5.12 refuses the 0.19 of the Python this overlays at import
+        name="tunix", constraints="tunix.txt", python="", requirements=("google-tunix", "jax", "flax", "kernels"),
         module="tunix", distribution="google-tunix", checked=("0.1.7",), kind="overlay",
         why="google-tunix 0.1.7 pins safetensors < 0.8 (ours is 0.8)",
         imports=("numpy", "jax", "flax.nnx", "torch", "tunix.models.llama3.model", "tunix.models.llama3.params",
-                 "tunix.models.qwen3.model", "tunix.models.qwen3.params"),
+                 "tunix.models.qwen3.model", "tunix.models.qwen3.params", "transformers.activations"),
         borrows=("torch",)),
     "keras-hub": Environment(
         name="keras-hub", constraints="keras-hub.txt", python="",
@@ -81,7 +82,9 @@ ENVIRONMENTS: dict[str, Environment] = {
         module="easydel", distribution="easydel", checked=("0.3.0",), kind="overlay",
         why="easydel 0.3.0 pins jax ~= 0.9, flax == 0.12.3 and transformers ~= 5.5, and imports Pillow without "
             "declaring it",
-        imports=("numpy", "jax", "flax.nnx", "torch", "PIL", "easydel", "easydel.modules.auto"), borrows=("torch",)),
+        imports=("numpy", "jax", "flax.nnx", "torch", "PIL", "easydel", "easydel.modules.auto",
+                 "transformers.activations"),
+        borrows=("torch",)),
     "maxtext": Environment(
         name="maxtext", constraints="maxtext.txt", python="3.12", requirements=("maxtext[tpu]",),
         module="maxtext", distribution="maxtext", checked=("0.2.5",), kind="venv",
