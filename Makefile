@@ -197,7 +197,7 @@ LATEST_TORCH := torch==2.13.0
 # dependency's regression shows up the week it ships.
 # (test_convert*.py with transformers models need transformers 4's Flax classes, which the latest
 # transformers no longer has; the fixer hook's pre-commit tests install torch into pre-commit's own
-# venv: minutes.)  ~3 min on 2 CPUs, plus ~20 s reinstalling the tree.
+# venv: minutes.)  ~5 min on 2 CPUs (the drift test regenerates 10 types: 151 s), plus ~20 s reinstalling the tree.
 LATEST_TESTS := tests/test_scan_cli.py tests/test_scan_hot_path.py tests/test_safetensors_reader.py \
 	tests/test_safetensors_compact.py tests/test_safetensors_templates.py tests/test_precommit.py tests/test_values.py \
 	tests/test_values_chunks.py tests/test_values_minifloats.py tests/test_convert_stream.py tests/test_speedups.py \
