@@ -307,7 +307,9 @@ SAMPLERS_A: dict[str, Callable[[], list[bytes]]] = {
 
 # (category, formats, we accept, pattern): Known records of fuzz_inputs; docs/reliability.md explains each
 KNOWN_A: tuple[tuple[str, tuple[str, ...], bool, str], ...] = (
-    ("unknown-dtype", FORMATS_A, True, r"^CG005$"),
+    # a GGUF type outside ggml's registry or with no block size is CG009 (an error: llama.cpp refuses the file), read
+    # all the same; GGUFReader raises ("... is not a valid GGMLQuantizationType")
+    ("unknown-dtype", FORMATS_A, True, r"^CG00[59]$"),
     # llama.cpp's layout rules (gguf.cpp): tensors follow one another at aligned offsets, at most
     # 4 dims, alignment up to 1 MiB; GGUFReader checks none of them.  Arrays nested deeper than 8.
     ("ggml-layout", ("gguf",), False,

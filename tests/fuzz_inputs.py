@@ -319,8 +319,9 @@ class Known:
 
 _TORCH = ("torch-zip", "torch-legacy")
 KNOWN_DISAGREEMENTS: tuple[Known, ...] = (
-    # Our CG005 is a warning on a readable file; every reference refuses an unknown dtype.
-    Known("unknown-dtype", ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack"), True, r"^CG005$"),
+    # Our CG005 is a warning on a readable file; every reference refuses an unknown dtype (a GGUF type outside
+    # ggml's registry: our CG009 error, fuzz_formats_a's row).
+    Known("unknown-dtype", ("safetensors", "torch-zip", "torch-legacy", "flax-msgpack"), True, r"^CG00[59]$"),
     # A valid header whose dtype torch cannot build (F6_*, F4): safe_open + get_tensor fails.
     Known("torch-lacks-dtype", ("safetensors",), True, r"^get_tensor: KeyError"),
     # A header naming a tensor twice: serde_json keeps the last entry, as json.loads does, and the Rust reader
@@ -394,7 +395,7 @@ def explain(fmt: str, ours: BoundedScan, theirs: Inventory | str) -> str | None:
         if fmt not in known.formats or known.we_accept != ours.valid:
             continue
         if known.category == "unknown-dtype":
-            if "CG005" in codes:
+            if codes & {"CG005", "CG009"}:
                 return known.category
             continue
         reason = theirs if ours.valid else ours.reason
