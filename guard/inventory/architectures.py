@@ -359,6 +359,13 @@ def unvouched(row: object, config: Mapping[str, object], loading: Loading) -> st
             if _INDEX.sub(".#", name) in numbered or _INDEX.sub(".#", name.partition(".")[2]) in numbered:
                 return (f"the table's row lists {name.rpartition('.')[0]}'s siblings one by one, as many as the "
                         "default config has (config.json may set another number, in a list the row does not follow)")
+    model_type = config.get("model_type")
+    if isinstance(model_type, str):
+        from guard.inventory.rows import sampled_types
+
+        if model_type not in sampled_types():
+            return (f"the table's row for {model_type} was generated from its default config alone, which may build "
+                    "other modules than this config does")
     return ""
 
 

@@ -150,8 +150,17 @@ def model_types() -> list[str]:
     return list(types) if isinstance(types, dict) else []
 
 
-def write(path: str, version: str, rows: dict[str, dict[str, dict[str, object]]], figures: dict[str, object]) -> int:
-    """Write the data: ``rows`` is model_type -> class name -> the row's JSON form.  Returns its size."""
+def sampled_types() -> frozenset[str]:
+    """The model_types whose rows were fitted from sample configs, every size field moved in turn (the others'
+    from their default config alone: a finding of theirs is asked of the class built from config.json)."""
+    names = index().get("sampled")
+    return frozenset(str(n) for n in names) if isinstance(names, list) else frozenset()
+
+
+def write(path: str, version: str, rows: dict[str, dict[str, dict[str, object]]], figures: dict[str, object], *,
+          sampled: tuple[str, ...] = ()) -> int:
+    """Write the data: ``rows`` is model_type -> class name -> the row's JSON form; ``sampled`` the model_types
+    generated from sample configs.  Returns its size."""
     import json
     import zlib
 
@@ -163,7 +172,8 @@ def write(path: str, version: str, rows: dict[str, dict[str, dict[str, object]]]
         at += len(blob)
     blob = zlib.compress(json.dumps(figures, separators=(",", ":")).encode(), 9)  # after the rows: read on demand
     blobs.append(blob)
-    head = json.dumps({"version": version, "types": types, "figures": [at, len(blob)]}, separators=(",", ":")).encode()
+    head = json.dumps({"version": version, "types": types, "figures": [at, len(blob)], "sampled": sorted(sampled)},
+                      separators=(",", ":")).encode()
     data = head + b"\n" + b"".join(blobs)
     with open(path, "wb") as f:
         f.write(data)
