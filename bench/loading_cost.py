@@ -16,10 +16,8 @@ taken out of git with ``git archive``), medians of CPU (the steadier figure on a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -49,33 +47,15 @@ def generate_llama(out: Path, layers: int = 20, hidden: int = 256) -> Path:
               "mlp.up_proj.weight": [inter, hidden], "self_attn.k_proj.weight": [kv * head_dim, hidden],
               "self_attn.o_proj.weight": [hidden, hidden], "self_attn.q_proj.weight": [hidden, hidden],
               "self_attn.v_proj.weight": [kv * head_dim, hidden]}
-    weight_map: dict[str, str] = {}
-    total = 0
-    for shard in range(layers):
-        file = f"model-{shard + 1:05d}-of-{layers:05d}.safetensors"
+    shards: list[list[tuple[str, list[int]]]] = []
+    for shard in range(layers):  # one layer a shard, the embedding in the first, the norm and the head in the last
         tensors = {f"model.layers.{shard}.{k}": v for k, v in shapes.items()}
         if shard == 0:
             tensors["model.embed_tokens.weight"] = [vocab, hidden]
         if shard == layers - 1:
             tensors.update({"model.norm.weight": [hidden], "lm_head.weight": [vocab, hidden]})
-        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-        offset = 0
-        for name, shape in sorted(tensors.items()):
-            size = 2
-            for dim in shape:
-                size *= dim
-            header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
-            weight_map[name] = file
-            offset += size
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)
-        (root / file).write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
-        total += offset
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (root / ".built").touch()
-    return root
+        shards.append(list(tensors.items()))
+    return scan_bench.write_bf16_shards(root, shards, config)
 
 
 def inputs(out: Path, cases: list[str]) -> dict[str, Path]:

@@ -406,13 +406,20 @@ def generate_moe(out: Path, *, shards: int = 100, missing: bool = False) -> Path
     root.mkdir(parents=True, exist_ok=True)
     tensors = moe_tensors(MOE_CONFIG, missing=missing)
     per_shard = -(-len(tensors) // shards)
+    return write_bf16_shards(root, [tensors[shard * per_shard:(shard + 1) * per_shard] for shard in range(shards)],
+                             MOE_CONFIG)
+
+
+def write_bf16_shards(root: Path, shards: list[list[tuple[str, list[int]]]], config: dict[str, object]) -> Path:
+    """``shards`` (each a list of (name, shape)) as save_pretrained shards them: bf16 safetensors files with compact
+    headers and zeros for data, the index, config.json, and the ``.built`` mark the generators look for."""
     weight_map: dict[str, str] = {}
     total = 0
-    for shard in range(shards):
-        file = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
+    for number, tensors in enumerate(shards):
+        file = f"model-{number + 1:05d}-of-{len(shards):05d}.safetensors"
         header: dict[str, object] = {"__metadata__": {"format": "pt"}}
         offset = 0
-        for name, shape in sorted(tensors[shard * per_shard:(shard + 1) * per_shard]):
+        for name, shape in sorted(tensors):
             size = 2
             for dim in shape:
                 size *= dim
@@ -425,7 +432,7 @@ def generate_moe(out: Path, *, shards: int = 100, missing: bool = False) -> Path
         total += offset
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    (root / "config.json").write_text(json.dumps(MOE_CONFIG, indent=2, sort_keys=True) + "\n")
+    (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (root / ".built").touch()
     return root
 

@@ -63,6 +63,15 @@ def scanned(capsys: pytest.CaptureFixture[str], root: Path) -> tuple[set[str], l
     return {f["code"] for f in found}, found
 
 
+def removed_is_cg123(capsys: pytest.CaptureFixture[str], root: Path, class_name: str, name: str) -> None:
+    """``name`` taken out of the file: transformers reports it missing, and the scan says CG123 naming it."""
+    state = load_file(root / "model.safetensors")
+    del state[name]
+    save_file(state, root / "model.safetensors", metadata={"format": "pt"})
+    assert verdict(root, class_name) == {"CG123"}
+    found, findings = scanned(capsys, root)
+    assert found == {"CG123"} and findings[0]["tensor"] == name, findings
+
 def test_falcon_40b_layout_is_judged_against_its_own_config(tmp_path: Path, cache: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     root = save(tmp_path / "falcon", "FalconForCausalLM", **FALCON_40B)
@@ -71,12 +80,7 @@ def test_falcon_40b_layout_is_judged_against_its_own_config(tmp_path: Path, cach
     assert found == set(), findings  # no CG125 from 4*hidden_size, no CG124 for ln_attn / ln_mlp
     assert len(list((cache / "rows").glob("*.json"))) == 1  # the build, kept for the next scan
     # a defect planted in the same layout is found, as transformers reports it
-    state = load_file(root / "model.safetensors")
-    del state["transformer.h.1.ln_mlp.weight"]
-    save_file(state, root / "model.safetensors", metadata={"format": "pt"})
-    assert verdict(root, "FalconForCausalLM") == {"CG123"}
-    found, findings = scanned(capsys, root)
-    assert found == {"CG123"} and findings[0]["tensor"] == "transformer.h.1.ln_mlp.weight", findings
+    removed_is_cg123(capsys, root, "FalconForCausalLM", "transformer.h.1.ln_mlp.weight")
 
 
 def test_the_cached_build_is_reused(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,12 +185,7 @@ def test_a_finding_the_row_cannot_vouch_for_is_asked_of_the_class(tmp_path: Path
     (root / "config.json").write_text(json.dumps(config))
     assert scanned(capsys, root)[0] == set()
     assert not (cache / "rows").exists()  # a healthy file never pays for the question
-    state = load_file(root / "model.safetensors")
-    del state["model.layers.1.mlp.up_proj.weight"]
-    save_file(state, root / "model.safetensors", metadata={"format": "pt"})
-    assert verdict(root, "LlamaForCausalLM") == {"CG123"}
-    found, findings = scanned(capsys, root)
-    assert found == {"CG123"} and findings[0]["tensor"] == "model.layers.1.mlp.up_proj.weight", findings
+    removed_is_cg123(capsys, root, "LlamaForCausalLM", "model.layers.1.mlp.up_proj.weight")
     assert len(list((cache / "rows").glob("*.json"))) == 1  # the class built from config.json answered
     monkeypatch.setenv(build_rows.NO_BUILD_ENV, "1")
     found, findings = scanned(capsys, root)
