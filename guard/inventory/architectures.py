@@ -325,7 +325,8 @@ def unvouched(row: object, config: Mapping[str, object], loading: Loading) -> st
     """Why a table row's findings for this config may be the row's own error, not the file's ("" where the row
     vouches for them): a layer kind the config names that the row was never built with; a field picking which
     layers are which that the row does not follow; a shape the row fitted with a constant where the config may
-    set the field it stood for (a default config's ``head_dim``).  The caller then asks the class itself."""
+    set the field it stood for (a default config's ``head_dim``); a row generated from its type's default config
+    alone (every type but the data's ``sampled``).  The caller then asks the class itself."""
     if getattr(row, "source", "table") != "table":
         return ""
     selectors = {layers.selector for layers in row.containers.values()}  # type: ignore[attr-defined]  # a table Row
@@ -353,12 +354,6 @@ def unvouched(row: object, config: Mapping[str, object], loading: Loading) -> st
         fitted = [f for f in mismatch.fields if _CONSTANT_TIMES.match(f)]
         if fitted:
             return f"the table's row fitted {fitted[0]} with a constant config.json may set otherwise"
-    numbered = {_INDEX.sub(".#", name) for name, _ in row.flat if _INDEX.search(name)}  # type: ignore[attr-defined]  # a table Row
-    if numbered:
-        for name in (*loading.missing, *loading.unexpected):
-            if _INDEX.sub(".#", name) in numbered or _INDEX.sub(".#", name.partition(".")[2]) in numbered:
-                return (f"the table's row lists {name.rpartition('.')[0]}'s siblings one by one, as many as the "
-                        "default config has (config.json may set another number, in a list the row does not follow)")
     model_type = config.get("model_type")
     if isinstance(model_type, str):
         from guard.inventory.rows import sampled_types
@@ -368,8 +363,6 @@ def unvouched(row: object, config: Mapping[str, object], loading: Loading) -> st
                     "other modules than this config does")
     return ""
 
-
-_INDEX = re.compile(r"\.\d+(?=\.|$)")  # a numbered module outside the row's layer containers (wav2vec2's tdnn.3)
 
 
 def whole(row: object, class_name: str, config: Mapping[str, object], names: Sequence[str],
